@@ -1,0 +1,34 @@
+"""The mlxq HTTP API: a Flask app factory that gunicorn calls (`api:create_app()`)."""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from api import (
+    auth,
+    batches,
+    chat,
+    completions,
+    errors,
+    files,
+    health,
+    models,
+    openapi,
+    responses,
+)
+from api.broker import Broker
+from shared.config import Settings
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    settings = settings or Settings()
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    Broker(settings).init_app(app)
+    errors.init_app(app)
+    auth.init_app(app, settings)
+    for blueprint in (chat.bp, completions.bp, models.bp, health.bp, openapi.bp):
+        app.register_blueprint(blueprint)
+    for blueprint in (responses.bp, files.bp, batches.bp):
+        app.register_blueprint(blueprint)
+    return app

@@ -1,0 +1,212 @@
+"""The API's side of Redis: model liveness, the RQ queues, the event relay, cancellation.
+
+`Broker.init_app(app)` attaches one Broker per API process (Flask's extension pattern);
+routes reach it with `broker()`. Any Redis failure surfaces as BackendUnavailableError (503).
+A new interactive job is admitted in one round trip (shared/backlog.py): 404 when no live
+worker serves its model, 429 with Retry-After when its queue is over the cap of jobs or of
+prompt tokens. Every submitted job is watched until its request ends (api/watch.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from flask import Flask, current_app
+from redis.exceptions import RedisError
+from rq import Queue, Retry
+from rq.serializers import JSONSerializer
+
+from api.context_window import ContextWindows
+from api.relay import EventRelay, Subscription
+from api.watch import JobWatch
+from shared import backlog
+from shared.backlog import Verdict
+from shared.config import Settings
+from shared.connection import connect, connect_blocking
+from shared.errors import BackendUnavailableError, ModelNotFoundError, QueueFullError
+from shared.jobs import JOB_FUNCTION, GenerationJob, JobLimits
+from shared.keys import Keys
+from shared.liveness import horizon
+
+T = TypeVar("T")
+# Bulk jobs enqueued per Redis round trip.
+BULK_CHUNK = 500
+
+
+@contextmanager
+def _redis_errors() -> Iterator[None]:
+    try:
+        yield
+    except RedisError as err:
+        raise BackendUnavailableError(f"Redis is unreachable: {err}") from err
+
+
+class Broker:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self.redis = connect(settings)
+        self.relay = EventRelay(connect_blocking(settings), settings.redis_timeout_s)
+        self.windows = ContextWindows(self.redis, self.keys)
+        self.watch = JobWatch(
+            self.redis, self.keys, settings.heartbeat_s, self.relay.is_open, self.withdraw
+        )
+        self._admit = self.redis.register_script(backlog.ADMIT)
+        self._release = self.redis.register_script(backlog.RELEASE)
+        self._queues: dict[str, Queue] = {}
+
+    def init_app(self, app: Flask) -> None:
+        app.extensions["mlxq.broker"] = self
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        with _redis_errors():
+            return fn()
+
+    def ping(self) -> bool:
+        return bool(self._call(self.redis.ping))
+
+    def live_models(self) -> list[tuple[str, float]]:
+        oldest = horizon(time.time(), self.settings.heartbeat_s)
+        rows: list[Any] = self._call(
+            lambda: self.redis.zrangebyscore(self.keys.models(), oldest, "+inf", withscores=True)
+        )
+        return [(bytes(name).decode(), float(score)) for name, score in rows]
+
+    def require_model(self, model: str) -> None:
+        score = self._call(lambda: self.redis.zscore(self.keys.models(), model))
+        if score is None or score < horizon(time.time(), self.settings.heartbeat_s):
+            raise ModelNotFoundError(
+                f"The model '{model}' does not exist or no live worker serves it.", param="model"
+            )
+
+    def queue(self, model: str) -> Queue:
+        return self._queue(self.keys.queue(model))
+
+    def bulk_queue(self, model: str) -> Queue:
+        """Background responses and batch lines: workers take them after interactive jobs."""
+        return self._queue(self.keys.bulk_queue(model))
+
+    def _queue(self, name: str) -> Queue:
+        if name not in self._queues:
+            self._queues[name] = Queue(name, connection=self.redis, serializer=JSONSerializer)
+        return self._queues[name]
+
+    def interactive_limits(self) -> JobLimits:
+        """The limits of a job a client waits on: it must start soon and not run forever."""
+        return JobLimits(
+            queue_deadline=time.time() + self.settings.queue_timeout_s,
+            run_limit_s=self.settings.run_limit_s,
+            on_run_limit=self.settings.run_limit_action,
+        )
+
+    def submit(self, job: GenerationJob) -> Subscription:
+        """Check, admit, subscribe, then enqueue, so that no event of the job can be missed.
+
+        The admission (one Lua call) also refuses a model no live worker serves."""
+        self._call(lambda: self.windows.check(job))  # before the job is queued
+        queue = self.queue(job.model)
+        self.admit(job, queue)
+        try:
+            sub = self.relay.subscribe(self.keys.events(job.job_id))
+            try:
+                self._call(lambda: self._enqueue(queue, job))
+            except BaseException:
+                self.relay.unsubscribe(sub)
+                raise
+        except BaseException:
+            self._call(lambda: self.release(job.job_id, job.model))
+            raise
+        self.watch.add(job.job_id, job.model, sub)
+        return sub
+
+    def admit(self, job: GenerationJob, queue: Queue) -> None:
+        """Refuse at once what cannot be served soon: no live worker (404), a full queue (429)."""
+        keys = [self.keys.workers(job.model), queue.key]
+        keys += [self.keys.backlog(job.model), self.keys.backlog_tokens(job.model)]
+        args: list[str | float] = [
+            horizon(time.time(), self.settings.heartbeat_s),
+            self.keys.presence(""),
+            self.settings.queue_cap,
+            self.settings.queue_token_cap,
+            job.job_id,
+            backlog.estimate_tokens(job),
+        ]
+        verdict = Verdict(self._call(lambda: self._admit(keys=keys, args=args)))
+        retry_after = self.settings.retry_after_s
+        if verdict is Verdict.NO_WORKER:
+            raise ModelNotFoundError(
+                f"The model '{job.model}' does not exist or no live worker serves it.",
+                param="model",
+            )
+        if verdict is Verdict.TOO_MANY_JOBS:
+            raise QueueFullError(
+                f"The queue for '{job.model}' holds {self.settings.queue_cap} jobs, its cap; "
+                f"retry in {retry_after} s.",
+                retry_after_s=retry_after,
+            )
+        if verdict is Verdict.TOO_MANY_TOKENS:
+            raise QueueFullError(
+                f"The queue for '{job.model}' holds {self.settings.queue_token_cap} prompt "
+                f"tokens, its cap; retry in {retry_after} s.",
+                retry_after_s=retry_after,
+            )
+
+    def release(self, job_id: str, model: str) -> None:
+        """Take a job's prompt tokens out of its model's backlog (idempotent)."""
+        keys = [self.keys.backlog(model), self.keys.backlog_tokens(model)]
+        self._release(keys=keys, args=[job_id])
+
+    def withdraw(self, job_id: str, model: str) -> None:
+        """Cancel a job nobody will wait for, and take it off its queue if it is still there."""
+        self.cancel(job_id)
+        queue = self.queue(model)
+        self._call(lambda: queue.remove(job_id))
+        self._call(lambda: self.release(job_id, model))
+
+    def _job_options(self, job: GenerationJob) -> dict[str, Any]:
+        """What RQ gets for every generation job: the one function, the payload, the TTLs."""
+        return {
+            "args": (job.model_dump(mode="json"),),
+            "job_id": job.job_id,
+            "timeout": self.settings.job_timeout_s,
+            "result_ttl": self.settings.result_ttl_s,
+            "failure_ttl": self.settings.result_ttl_s,
+        }
+
+    def _enqueue(self, queue: Queue, job: GenerationJob) -> None:
+        queue.enqueue_call(JOB_FUNCTION, **self._job_options(job))
+
+    def submit_bulk(self, jobs: list[GenerationJob], retries: int | None = None) -> None:
+        """Enqueue jobs on their models' bulk queues, in order (no admission check).
+
+        No client waits on a bulk job, so when its worker is lost it is retried from scratch,
+        up to `retries` times (default `bulk_retries`; worker/reaper.py), instead of failed.
+        """
+        if retries is None:
+            retries = self.settings.bulk_retries
+        retry = Retry(max=retries) if retries else None
+        for start in range(0, len(jobs), BULK_CHUNK):
+            pipe = self.redis.pipeline(transaction=False)
+            for job in jobs[start : start + BULK_CHUNK]:
+                data = Queue.prepare_data(
+                    JOB_FUNCTION,
+                    **self._job_options(job),
+                    retry=retry,
+                    description=job.job_id,  # RQ's default repeats the whole payload
+                )
+                self.bulk_queue(job.model).enqueue_many([data], pipeline=pipe)
+            self._call(pipe.execute)
+
+    def cancel(self, job_id: str) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(self.keys.cancelled(job_id), 1, ex=self.settings.job_timeout_s)
+        pipe.publish(self.keys.cancel_channel(), job_id)
+        self._call(pipe.execute)
+
+
+def broker() -> Broker:
+    found: Broker = current_app.extensions["mlxq.broker"]
+    return found

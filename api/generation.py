@@ -1,0 +1,185 @@
+"""The core both completion endpoints share: run a job and read its events.
+
+`start` submits the job and waits for its first event, so that anything the worker refuses
+(a prompt too long for the context window, say) still becomes a proper HTTP error before a
+stream has begun. `RunningJob.batches` then yields the tokens and the final event. Closing a
+job that has not finished cancels it: that is how a client that went away frees its slot.
+A job that is not started by its queue deadline is withdrawn and answered 503 `queue_timeout`;
+a job whose worker is lost is ended by the job watch (api/watch.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from api.broker import Broker
+from api.relay import Subscription
+from api.sse import DONE, KEEPALIVE, frame
+from shared.errors import (
+    BackendUnavailableError,
+    GenerationError,
+    MLXQError,
+    QueueTimeoutError,
+    error_from_detail,
+)
+from shared.events import DoneEvent, ErrorEvent, Event, StartedEvent, TokenEvent, decode_event
+from shared.jobs import GenerationJob
+
+# How often a waiting stream wakes up to send a keepalive comment.
+KEEPALIVE_S = 5.0
+# How long past its queue deadline a request still waits for a worker that took the job just in
+# time (and is tokenizing its prompt) before giving up.
+START_GRACE_S = 1.0
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(16)}"
+
+
+@dataclass
+class Keepalive:
+    """Nothing arrived for KEEPALIVE_S; a stream sends a comment to keep the line open."""
+
+
+@dataclass
+class RunningJob:
+    job: GenerationJob
+    started: StartedEvent
+    sub: Subscription
+    broker: Broker
+    early: list[Event] = field(default_factory=list)  # events that came with the start
+    finished: bool = False
+
+    def batches(self) -> Iterator[list[TokenEvent | DoneEvent] | Keepalive]:
+        """Tokens as they arrive, in batches of whatever is waiting, the last ending with the
+        DoneEvent; a Keepalive after a silence; raises the job's error if it fails."""
+        if self.early:
+            yield self._take(self.early)
+        timeout_s = self.broker.settings.event_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while not self.finished:
+            events = _next_events(self.sub, deadline, KEEPALIVE_S)
+            if not events:
+                yield Keepalive()
+                continue
+            deadline = time.monotonic() + timeout_s
+            yield self._take(events)
+
+    def _take(self, events: list[Event]) -> list[TokenEvent | DoneEvent]:
+        batch: list[TokenEvent | DoneEvent] = []
+        for event in events:
+            if isinstance(event, TokenEvent | DoneEvent):
+                batch.append(event)
+                self.finished = isinstance(event, DoneEvent)
+            else:
+                self.finished = True
+                raise _as_error(event)
+        return batch
+
+    def close(self) -> None:
+        self.broker.relay.unsubscribe(self.sub)
+        if not self.finished:
+            # If Redis is gone, the job ends on its own (max_tokens, run limit).
+            with contextlib.suppress(BackendUnavailableError):
+                self.broker.cancel(self.job.job_id)
+
+
+def start(broker: Broker, job: GenerationJob) -> RunningJob:
+    job = job.model_copy(update={"limits": broker.interactive_limits()})
+    sub = broker.submit(job)
+    limit_s = broker.settings.queue_timeout_s
+    late = QueueTimeoutError(
+        f"The job waited in the queue for more than {limit_s:g} s and was not started; "
+        "the service is overloaded, retry later."
+    )
+    try:
+        first, *rest = _next_events(sub, time.monotonic() + limit_s + START_GRACE_S, None, late)
+    except BaseException:
+        broker.relay.unsubscribe(sub)
+        _withdraw_quietly(broker, job)
+        raise
+    if not isinstance(first, StartedEvent):
+        broker.relay.unsubscribe(sub)
+        raise _as_error(first)
+    return RunningJob(job=job, started=first, sub=sub, broker=broker, early=rest)
+
+
+def _withdraw_quietly(broker: Broker, job: GenerationJob) -> None:
+    with contextlib.suppress(BackendUnavailableError):
+        broker.withdraw(job.job_id, job.model)
+
+
+def _next_events(
+    sub: Subscription, deadline: float, wake_s: float | None, late: MLXQError | None = None
+) -> list[Event]:
+    """The events waiting (at least one); [] after `wake_s` of silence; `late` (an error, by
+    default a GenerationError) past `deadline`."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise late or GenerationError("the worker sent nothing in time", code="timeout")
+        messages = sub.next_messages(min(left, wake_s) if wake_s else left)
+        if messages:
+            return [decode_event(m) for m in messages]
+        if wake_s is not None and time.monotonic() < deadline:
+            return []
+
+
+def _as_error(event: Event | None) -> MLXQError:
+    if isinstance(event, ErrorEvent):
+        return error_from_detail(event.status, event.error)
+    return GenerationError(f"unexpected event from the worker: {event!r}")
+
+
+@dataclass(frozen=True)
+class Collected:
+    text: str
+    done: DoneEvent
+
+
+def collect(running: RunningJob) -> Collected:
+    """Run a job to its end and join its text (the non-streaming responses)."""
+    parts: list[str] = []
+    try:
+        for batch in running.batches():
+            for event in batch if isinstance(batch, list) else ():
+                if isinstance(event, TokenEvent):
+                    parts.append(event.text)
+                else:
+                    return Collected("".join(parts), event)
+    finally:
+        running.close()
+    raise GenerationError("the job ended without a final event")
+
+
+def stream_frames(
+    running: RunningJob,
+    opening: list[bytes],
+    token_frame: Callable[[str], bytes],
+    done_frames: Callable[[DoneEvent], list[bytes]],
+) -> Iterator[bytes]:
+    """A job's SSE stream: opening frames, one frame per token, the closing frames, [DONE].
+
+    A failure after the stream began is sent as an OpenAI error object in a `data:` frame.
+    The `finally` runs when the client goes away too, and then cancels the job.
+    """
+    try:
+        yield from opening
+        for batch in running.batches():
+            if isinstance(batch, Keepalive):
+                yield KEEPALIVE
+                continue
+            frames = [
+                token_frame(e.text) if isinstance(e, TokenEvent) else b"".join(done_frames(e))
+                for e in batch
+            ]
+            yield b"".join(frames)
+        yield DONE
+    except MLXQError as err:
+        yield frame(err.body())
+    finally:
+        running.close()

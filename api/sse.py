@@ -1,0 +1,50 @@
+"""Server-sent event framing: the one place that writes SSE bytes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+from flask import Response, stream_with_context
+from pydantic import BaseModel
+
+DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keepalive\n\n"
+
+
+def frame(payload: BaseModel) -> bytes:
+    """One `data:` event holding the model as JSON (JSON never contains a raw newline)."""
+    return (
+        b"data: " + payload.__pydantic_serializer__.to_json(payload, exclude_none=False) + b"\n\n"
+    )
+
+
+# A placeholder no model output can contain; its JSON form marks where the text goes.
+_SLOT = "\u0000mlxq-text-slot\u0000"
+_SLOT_JSON = json.dumps(_SLOT).encode()
+
+
+def text_framer(template: Callable[[str], BaseModel]) -> Callable[[str], bytes]:
+    """A fast `frame(template(text))` for the per-token path: the payload is rendered once
+    with a placeholder, and each token only JSON-escapes its own text between the halves."""
+    prefix, suffix = frame(template(_SLOT)).split(_SLOT_JSON)
+
+    def framed(text: str) -> bytes:
+        return prefix + json.dumps(text, ensure_ascii=False).encode() + suffix
+
+    return framed
+
+
+def sse_response(frames: Iterator[bytes]) -> Response:
+    """A streaming response; headers go out before the first frame."""
+    return Response(
+        stream_with_context(frames),
+        mimetype="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def event_frame(name: str, payload: BaseModel, event_id: int) -> bytes:
+    """A named event with an id (a client resumes with `Last-Event-ID`), as the Responses API
+    streams them."""
+    return f"id: {event_id}\nevent: {name}\n".encode() + frame(payload)

@@ -1,0 +1,1 @@
+"""mlxq's benchmark: the engine alone, the peer (mlx_lm.server) and mlxq, side by side."""

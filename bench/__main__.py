@@ -1,0 +1,38 @@
+"""`python -m bench serve|relay`: the benchmarks mlxq ships (see README, Benchmarks)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bench import relay, serve
+from shared.config import Settings
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--out", default="bench/results", help="folder for JSON, PNG and table")
+    sub = p.add_subparsers(dest="mode", required=True)
+    s = sub.add_parser("serve", help="engine vs mlx_lm.server vs mlxq, streaming clients")
+    s.add_argument("--concurrency", default="1,4,16,32")
+    s.add_argument("--max-tokens", type=int, default=64)
+    s.add_argument("--per-client", type=int, default=2, help="requests each client sends")
+    s.add_argument("--skip-naive", action="store_true", help="skip the 4-bit/no-OpenBLAS runs")
+    s.set_defaults(func=serve.main)
+    r = sub.add_parser("relay", help="one API process relaying a SYNTHETIC engine's tokens")
+    r.add_argument("--streams", default="100,500")
+    r.add_argument("--tokens", type=int, default=100, help="tokens per stream")
+    r.add_argument("--step-ms", type=float, default=20.0, help="synthetic engine step")
+    r.set_defaults(func=relay.main)
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
+    args.models_dir = Settings().models_dir
+    args.out = Path(args.out)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

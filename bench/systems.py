@@ -1,0 +1,106 @@
+"""The systems under test, each started by the benchmark and stopped after its runs.
+
+- mlxq: a private redis-server, worker process(es) and the API under gunicorn.
+- the peer: `mlx_lm.server` on the same model directory.
+Both get the system OpenBLAS preloaded where it exists, as the mlxq worker does for itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from worker.blas import find_openblas
+from worker.launch import (
+    environment,
+    free_port,
+    http_answers,
+    start_api,
+    start_redis,
+    start_worker,
+    stop,
+    wait_until,
+)
+
+
+@dataclass
+class Running:
+    """A started system: where to send requests and which processes to account CPU to."""
+
+    port: int
+    model: str
+    api_pids: list[int] = field(default_factory=list)
+
+
+def blas_env() -> dict[str, str]:
+    library = find_openblas()
+    return {"LD_PRELOAD": library} if library and sys.platform.startswith("linux") else {}
+
+
+def _serves(port: int, model: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as r:
+            return model in {m["id"] for m in json.load(r)["data"]}
+    except OSError:
+        return False
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User+system CPU time of these processes so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def mlxq(
+    model_dir: Path, batch_size: int, settings: dict[str, str] | None = None, workers: int = 1
+) -> Iterator[Running]:
+    settings = settings or {}
+    redis_port, api_port = free_port(), free_port()
+    defaults = {
+        "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "MLXQ_NAMESPACE": "bench",
+        "MLXQ_MODEL": str(model_dir),
+        "MLXQ_BATCH_SIZE": str(batch_size),
+        "MLXQ_API_BIND": f"127.0.0.1:{api_port}",
+    }
+    env = environment(**{**defaults, **blas_env(), **settings})
+    name = settings.get("MLXQ_MODEL", model_dir.name)
+    with ExitStack() as stack:
+        stack.callback(stop, start_redis(redis_port))
+        for _ in range(workers):
+            stack.callback(stop, start_worker(env))
+        api = start_api(env)
+        stack.callback(stop, api)
+        wait_until(lambda: _serves(api_port, name), 300, "mlxq to serve the model")
+        yield Running(api_port, name, [api.pid, *children(api.pid)])
+
+
+@contextmanager
+def peer(model_dir: Path) -> Iterator[Running]:
+    port = free_port()
+    args = ["--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
+    env = environment(**blas_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlx_lm", "server", *args], env=env, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_until(lambda: http_answers(f"http://127.0.0.1:{port}/v1/models"), 300, "the peer")
+        yield Running(port, str(model_dir), [proc.pid])
+    finally:
+        stop(proc)

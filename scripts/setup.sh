@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Set up everything mlxq needs on this machine, idempotently: system packages where missing
+# (redis-server; OpenBLAS on Linux), the virtualenv .venv with the project and its dev tools,
+# and the default model. Sourced or run by scripts/run.sh and scripts/test.sh.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
+
+apt_install() {
+  command -v apt-get >/dev/null || return 1
+  as_root apt-get install -y -q "$@" >/dev/null 2>&1 ||
+    { as_root apt-get update -q >/dev/null 2>&1 && as_root apt-get install -y -q "$@" >/dev/null 2>&1; }
+}
+
+if ! command -v redis-server >/dev/null; then
+  echo "setup: installing redis-server"
+  if [ "$(uname)" = Darwin ]; then brew install redis; else apt_install redis-server ||
+    echo "setup: could not install redis-server; install it, or point REDIS_URL at a running Redis"; fi
+fi
+
+if [ "$(uname)" = Linux ] && ! ls /usr/lib/*/libopenblas.so.0 /usr/lib64/libopenblas.so.0 >/dev/null 2>&1; then
+  echo "setup: installing OpenBLAS (MLX's CPU backend is much faster with it)"
+  apt_install libopenblas0-pthread || echo "setup: could not install OpenBLAS; the worker will run slower"
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+if ! .venv/bin/python -c "import api, worker, shared, mlx_lm, openai, pytest" >/dev/null 2>&1 ||
+   [ pyproject.toml -nt .venv/.installed ]; then
+  echo "setup: installing mlxq and its dependencies into .venv"
+  log=$(mktemp)
+  if ! { .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip &&
+         .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"; } >"$log" 2>&1; then
+    cat "$log" >&2
+    exit 1
+  fi
+  rm -f "$log"
+  touch .venv/.installed
+fi
+
+.venv/bin/mlxq prepare-model >/dev/null

@@ -1,0 +1,75 @@
+"""A model's backlog: may a new interactive job join its queue? One atomic check, two scripts.
+
+`ADMIT` runs in Redis as one round trip per request and decides, in this order:
+1. no live worker serves the model (the rule of shared/liveness.py: a fresh heartbeat and a
+   subscriber on the worker's presence channel) -> `NO_WORKER`;
+2. the queue holds `queue_cap` jobs or more -> `TOO_MANY_JOBS`;
+3. the jobs already queued hold prompt tokens and this one would push them past
+   `queue_token_cap` -> `TOO_MANY_TOKENS` (a lone job is admitted whatever its size);
+4. else the job's tokens are recorded (`{ns}:backlog:{model}` hash, summed in
+   `{ns}:backlog_tokens:{model}`) -> `ADMITTED`.
+`RELEASE` takes a job's tokens back out; it is idempotent, and whoever removes the job from the
+queue calls it: the worker that takes it, or the API that withdraws it. An empty queue resets
+the sum, so a backlog that drifted (a queue emptied by hand) heals itself.
+
+The API has no tokenizer, so prompt tokens are estimated: UTF-8 bytes / 4, plus a few per
+message. Nothing here talks to Redis; callers register the scripts (`redis.register_script`).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from shared.jobs import GenerationJob
+
+
+class Verdict(IntEnum):
+    ADMITTED = 0
+    NO_WORKER = 1
+    TOO_MANY_JOBS = 2
+    TOO_MANY_TOKENS = 3
+
+
+# KEYS: workers zset, RQ queue list, backlog hash, backlog sum.
+# ARGV: heartbeat horizon, presence channel prefix, queue cap, token cap, job id, job tokens.
+ADMIT = """
+local live = 0
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf')) do
+  if tonumber(redis.call('PUBSUB', 'NUMSUB', ARGV[2] .. id)[2]) > 0 then live = live + 1 end
+end
+if live == 0 then return 1 end
+local queued = redis.call('LLEN', KEYS[2])
+local tokens = tonumber(redis.call('GET', KEYS[4]) or '0')
+if queued == 0 and tokens ~= 0 then
+  redis.call('DEL', KEYS[3], KEYS[4])
+  tokens = 0
+end
+if queued >= tonumber(ARGV[3]) then return 2 end
+if tokens > 0 and tokens + tonumber(ARGV[6]) > tonumber(ARGV[4]) then return 3 end
+redis.call('HSET', KEYS[3], ARGV[5], ARGV[6])
+redis.call('INCRBY', KEYS[4], ARGV[6])
+return 0
+"""
+
+# KEYS: backlog hash, backlog sum. ARGV: job id. Returns 1 if the job's tokens were released.
+RELEASE = """
+local tokens = redis.call('HGET', KEYS[1], ARGV[1])
+if not tokens then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('DECRBY', KEYS[2], tokens)
+return 1
+"""
+
+_PER_MESSAGE = 4
+
+
+def estimate_tokens(job: GenerationJob) -> int:
+    """A prompt-token estimate for the token cap (no tokenizer on the API side)."""
+    if job.messages is not None:
+        texts = [m.text() for m in job.messages]
+        return sum(_bytes_to_tokens(t) + _PER_MESSAGE for t in texts)
+    return _bytes_to_tokens(job.prompt or "")
+
+
+def _bytes_to_tokens(text: str) -> int:
+    return max(1, -(-len(text.encode()) // 4))

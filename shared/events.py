@@ -1,0 +1,73 @@
+"""The events a worker publishes on a job's channel, and their encoding.
+
+A job's channel carries, in order: one `StartedEvent` (the prompt is tokenized and admitted),
+`TokenEvent`s, then exactly one final event, `DoneEvent` or `ErrorEvent`. A job refused before
+it starts sends only an `ErrorEvent`. A bulk job whose worker died is retried from scratch: its
+replay log is reset to one `RequeuedEvent` and the sequence above starts over (readers drop what
+they had of the lost attempt). `encode_event` and `decode_event` are the only places
+that turn events into bytes and back.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+
+from shared.completions import FinishReason, Usage
+from shared.errors import ErrorDetail, MLXQError
+
+
+class StartedEvent(BaseModel):
+    type: Literal["started"] = "started"
+    prompt_tokens: int
+
+
+class TokenEvent(BaseModel):
+    type: Literal["token"] = "token"
+    text: str
+
+
+class DoneEvent(BaseModel):
+    type: Literal["done"] = "done"
+    finish_reason: FinishReason
+    usage: Usage
+
+
+class ErrorEvent(BaseModel):
+    type: Literal["error"] = "error"
+    status: int
+    error: ErrorDetail
+
+    @classmethod
+    def from_error(cls, err: MLXQError) -> ErrorEvent:
+        return cls(status=err.status, error=err.detail())
+
+
+class RequeuedEvent(BaseModel):
+    """The job's worker was lost; the job is back on its queue for attempt number `attempt`."""
+
+    type: Literal["requeued"] = "requeued"
+    attempt: int
+
+
+Event = Annotated[
+    StartedEvent | TokenEvent | DoneEvent | ErrorEvent | RequeuedEvent,
+    Field(discriminator="type"),
+]
+_EVENT = TypeAdapter[Event](Event)
+
+
+class EventDecodeError(ValueError):
+    """Bytes on a job channel that are not an mlxq event."""
+
+
+def encode_event(event: Event) -> bytes:
+    return event.__pydantic_serializer__.to_json(event)
+
+
+def decode_event(data: bytes | str) -> Event:
+    try:
+        return _EVENT.validate_json(data)
+    except ValidationError as err:
+        raise EventDecodeError(str(err)) from err

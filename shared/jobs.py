@@ -1,0 +1,100 @@
+"""The generation job: what the API puts on a model's RQ queue and the worker reads back.
+
+RQ carries it as plain JSON (RQ's JSON serializer), as the single argument of the one job
+function the worker runs (`JOB_FUNCTION`). Exactly one of `messages` (chat) and `prompt`
+(text completion) is set. Its time limits travel with it (`JobLimits`), so each producer sets
+its own: an interactive request gives up after seconds, a batch line may wait for hours. A stored
+response sets `replay_ttl_s` (its event log is its record); a batch line sets `batch_line`
+(the worker records its answer in the batch).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from shared.batches import BatchLine
+from shared.completions import ChatCompletionRequest, ChatMessage, CompletionRequest
+from shared.keys import ID_PATTERN, MODEL_NAME_PATTERN
+from shared.responses import ResponsesRequest
+
+JOB_FUNCTION = "worker.jobs.run_generation"
+
+
+class SamplingParams(BaseModel):
+    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    seed: int | None = None
+
+
+class JobLimits(BaseModel):
+    """When a job gives up; None means no limit."""
+
+    # Unix time after which the job must not start: a worker that takes it later fails it.
+    queue_deadline: float | None = None
+    # Seconds the generation may run once started; then it ends as `on_run_limit` says.
+    run_limit_s: Annotated[float, Field(gt=0)] | None = None
+    on_run_limit: Literal["length", "error"] = "length"
+
+
+class GenerationJob(BaseModel):
+    job_id: Annotated[str, Field(pattern=ID_PATTERN)]
+    model: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
+    messages: list[ChatMessage] | None = None
+    prompt: str | None = None
+    # None means "up to the context window".
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    sampling: SamplingParams = SamplingParams()
+    stop: Annotated[list[str], Field(max_length=4)] = []
+    limits: JobLimits = JobLimits()
+    # Keep the job's event log this long once it ends (instead of the worker's default).
+    replay_ttl_s: Annotated[int, Field(ge=1)] | None = None
+    batch_line: BatchLine | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerationJob:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("a job has exactly one of messages and prompt")
+        return self
+
+
+class JobOutcome(BaseModel):
+    """What the job function returns to RQ (stored as the job's result)."""
+
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def job_for(
+    job_id: str, req: ChatCompletionRequest | CompletionRequest | ResponsesRequest
+) -> GenerationJob:
+    """The generation job that answers a validated request of any of the three endpoints."""
+    sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p)
+    if isinstance(req, ResponsesRequest):
+        return GenerationJob(
+            job_id=job_id,
+            model=req.model,
+            messages=req.chat_messages(),
+            max_tokens=req.max_output_tokens,
+            sampling=sampling,
+        )
+    sampling.seed = req.seed
+    if isinstance(req, ChatCompletionRequest):
+        return GenerationJob(
+            job_id=job_id,
+            model=req.model,
+            messages=req.messages,
+            max_tokens=req.token_limit(),
+            sampling=sampling,
+            stop=req.stop_strings(),
+        )
+    return GenerationJob(
+        job_id=job_id,
+        model=req.model,
+        prompt=req.prompt,
+        max_tokens=req.max_tokens,
+        sampling=sampling,
+        stop=req.stop_strings(),
+    )

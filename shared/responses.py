@@ -1,0 +1,292 @@
+"""Wire formats of /v1/responses (text only): the request, the response object, its stored record.
+
+A response is one generation job; its state is derived from the job's events
+(shared/response_state.py). Choices where OpenAI's documents leave room: `instructions` become a
+system message before the input; `queue_position` (an mlxq extension, present only while queued)
+counts the background jobs ahead of this one (0: it is next).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
+
+from shared.completions import (
+    MAX_CONTENT_CHARS,
+    MAX_CONTENT_PARTS,
+    MAX_MESSAGES,
+    MAX_METADATA,
+    MODEL_NAME_PATTERN,
+    ChatMessage,
+    TokenCount,
+    Usage,
+)
+from shared.errors import InvalidRequestError, UnsupportedParameterError
+
+Text = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+    Field(max_length=MAX_METADATA),
+]
+ResponseStatus = Literal["queued", "in_progress", "completed", "failed", "cancelled", "incomplete"]
+FINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "incomplete"})
+
+# OpenAI request fields that mlxq does not implement: any value but the default is a 400 naming it.
+UNSUPPORTED = (
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "max_tool_calls",
+    "previous_response_id",
+    "conversation",
+    "reasoning",
+    "include",
+    "prompt",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+    "service_tier",
+    "top_logprobs",
+    "stream_options",
+    "background_options",
+    "context_management",
+)
+
+
+class InputText(BaseModel):
+    """A text part of an input message (`output_text` when an assistant turn is passed back)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Annotated[str, Field(max_length=64)]
+    text: Text = ""
+    annotations: Annotated[list[Any], Field(max_length=MAX_CONTENT_PARTS)] | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> InputText:
+        if self.type not in ("input_text", "output_text"):
+            raise UnsupportedParameterError(
+                f"'{self.type}' content is not supported: only text is", param="input"
+            )
+        return self
+
+
+class InputMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Text | Annotated[list[InputText], Field(max_length=MAX_CONTENT_PARTS)]
+    # An output item passed back as input keeps its id and status; neither changes the prompt.
+    id: Annotated[str, Field(max_length=128)] | None = None
+    status: Annotated[str, Field(max_length=32)] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"] = "text"
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: TextFormat = TextFormat()
+
+
+class ResponsesRequest(BaseModel):
+    """The body of POST /v1/responses."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
+    input: Text | Annotated[list[InputMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
+    instructions: Text | None = None
+    max_output_tokens: TokenCount | None = None
+    temperature: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    stream: bool = False
+    background: bool = False
+    store: bool = True
+    metadata: Metadata | None = None
+    user: Annotated[str, Field(max_length=256)] | None = None
+    text: TextConfig | None = None
+    truncation: Literal["disabled"] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    max_tool_calls: int | None = None
+    previous_response_id: str | None = None
+    conversation: Any = None
+    reasoning: Any = None
+    include: list[str] | None = None
+    prompt: Any = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    top_logprobs: int | None = None
+    stream_options: Any = None
+    background_options: Any = None
+    context_management: Any = None
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> ResponsesRequest:
+        for name in UNSUPPORTED:
+            value = getattr(self, name)
+            if value is not None and value != []:
+                raise UnsupportedParameterError(
+                    f"'{name}' is not supported by this server", param=name
+                )
+        if self.background and not self.store:
+            raise InvalidRequestError("background responses must be stored", param="store")
+        return self
+
+    def chat_messages(self) -> list[ChatMessage]:
+        messages = []
+        if self.instructions:
+            messages.append(ChatMessage(role="system", content=self.instructions))
+        if isinstance(self.input, str):
+            messages.append(ChatMessage(role="user", content=self.input))
+        else:
+            messages.extend(ChatMessage(role=m.role, content=m.text()) for m in self.input)
+        return messages
+
+
+class StoredResponse(BaseModel):
+    """What the API stores when it creates a response; everything else is derived."""
+
+    id: str
+    created_at: int
+    background: bool
+    request: ResponsesRequest
+
+    def item_id(self) -> str:
+        return "msg_" + self.id.removeprefix("resp_")
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[Any] = []
+    logprobs: list[Any] = []
+
+
+class OutputMessage(BaseModel):
+    type: Literal["message"] = "message"
+    id: str
+    status: Literal["in_progress", "completed", "incomplete"]
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText]
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails = InputTokensDetails()
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = OutputTokensDetails()
+    total_tokens: int
+
+    @classmethod
+    def of(cls, usage: Usage) -> ResponseUsage:
+        return cls(
+            input_tokens=usage.prompt_tokens,
+            output_tokens=usage.completion_tokens,
+            total_tokens=usage.total_tokens,
+        )
+
+
+class ResponseError(BaseModel):
+    code: str
+    message: str
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens"]
+
+
+class ResponseObject(BaseModel):
+    """OpenAI's response object; `queue_position` (our extension) only while queued."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: ResponseStatus
+    background: bool
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+    instructions: str | None
+    max_output_tokens: int | None
+    model: str
+    output: list[OutputMessage]
+    parallel_tool_calls: bool = False
+    previous_response_id: None = None
+    reasoning: None = None
+    store: bool
+    temperature: float
+    text: TextConfig = TextConfig()
+    tool_choice: Literal["auto"] = "auto"
+    tools: list[Any] = []
+    top_p: float
+    truncation: Literal["disabled"] = "disabled"
+    usage: ResponseUsage | None = None
+    user: str | None = None
+    metadata: dict[str, str] = {}
+    queue_position: int | None = None  # an mlxq extension
+
+    @model_serializer(mode="wrap")
+    def _queue_position_only_when_queued(
+        self, handler: SerializerFunctionWrapHandler
+    ) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("queue_position") is None:
+            data.pop("queue_position", None)
+        return data
+
+    def output_text(self) -> str:
+        return "".join(part.text for item in self.output for part in item.content)
+
+
+class ResponseDeleted(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    deleted: bool = True
+
+
+class RetrieveQuery(BaseModel):
+    """The query of GET /v1/responses/{id}."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stream: bool = False
+    starting_after: Annotated[int, Field(ge=-1)] | None = None
+    include: list[str] | None = None
+    include_obfuscation: bool | None = None
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> RetrieveQuery:
+        if self.include:
+            raise UnsupportedParameterError("'include' is not supported", param="include")
+        if self.include_obfuscation:
+            raise UnsupportedParameterError(
+                "stream obfuscation is not implemented", param="include_obfuscation"
+            )
+        return self

@@ -1,0 +1,154 @@
+"""API keys, owners and isolation, through the Flask app on the real Redis (no worker needed)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from flask import Blueprint, Flask, Response, jsonify
+from flask.testing import FlaskClient
+from redis import Redis
+
+from api import create_app
+from api.auth import ANONYMOUS, ApiKeys, OpenBindError, check_bind, owner_id, require_owner
+from shared.config import Settings
+from shared.keys import is_valid_id
+from tests.api.test_errors import assert_openai_error
+
+KEYS = ("sk-first-0123456789", "sk-second-9876543210")
+CHAT = "/v1/chat/completions"
+BODY = {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+# A stand-in for the stored resources (responses, batches, files): each record is stamped with
+# owner_id() when created and read back through require_owner, exactly as those routes do.
+notes = Blueprint("notes", __name__)
+
+
+def _redis() -> Redis:
+    from api.broker import broker
+
+    return broker().redis
+
+
+@notes.post("/v1/test-notes/<note_id>")
+def create_note(note_id: str) -> Response:
+    _redis().hset(f"mlxqtest:note:{note_id}", "owner", owner_id())
+    return jsonify(id=note_id)
+
+
+@notes.get("/v1/test-notes/<note_id>")
+def get_note(note_id: str) -> Response:
+    owner = _redis().hget(f"mlxqtest:note:{note_id}", "owner")
+    require_owner(owner.decode() if owner else None, "note", note_id)
+    return jsonify(id=note_id)
+
+
+@pytest.fixture
+def keyed_app(settings: Settings) -> Flask:
+    app = create_app(settings.model_copy(update={"api_keys": Settings(api_keys=KEYS).api_keys}))
+    app.register_blueprint(notes)
+    return app
+
+
+@pytest.fixture
+def keyed(keyed_app: Flask) -> FlaskClient:
+    return keyed_app.test_client()
+
+
+def test_missing_key_is_a_401_invalid_api_key(keyed: FlaskClient) -> None:
+    response = keyed.post(CHAT, json=BODY)
+    assert_openai_error(response, 401)
+    assert response.get_json()["error"]["code"] == "invalid_api_key"
+    assert "Authorization" in response.get_json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Bearer sk-wrong",
+        "Bearer ",
+        "Basic c2stZmlyc3Q=",
+        f"Bearer {KEYS[0]}x",
+        KEYS[0],
+        "Bearer \u00e9",
+    ],
+)
+def test_wrong_key_is_a_401_that_does_not_echo_it(keyed: FlaskClient, header: str) -> None:
+    response = keyed.post(CHAT, json=BODY, headers={"Authorization": header})
+    assert_openai_error(response, 401)
+    assert response.get_json()["error"]["code"] == "invalid_api_key"
+    assert "sk-" not in response.get_data(as_text=True)
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_each_configured_key_is_let_in(keyed: FlaskClient, key: str) -> None:
+    response = keyed.post(CHAT, json=BODY, headers=bearer(key))
+    assert_openai_error(response, 404)  # past the key check: the model has no worker
+    assert response.get_json()["error"]["code"] == "model_not_found"
+    assert keyed.get("/v1/models", headers={"Authorization": f"bearer {key}"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("get", "/v1/models"), ("get", "/v1/models/x"), ("post", "/v1/completions"),
+     ("get", "/v1/nothing-here"), ("delete", CHAT)],
+)  # fmt: skip
+def test_every_v1_route_needs_a_key_even_unknown_ones(
+    keyed: FlaskClient, method: str, path: str
+) -> None:
+    assert_openai_error(getattr(keyed, method)(path), 401)
+
+
+def test_health_stays_public(keyed: FlaskClient) -> None:
+    assert keyed.get("/health").status_code == 200
+
+
+def test_without_keys_every_caller_is_anonymous(app: Flask) -> None:
+    with app.test_request_context("/v1/models"):
+        assert owner_id() == ANONYMOUS
+
+
+def test_owner_ids_are_per_key_fixed_and_safe_in_redis_keys() -> None:
+    keys = ApiKeys(KEYS)
+    first, second = keys.owner(KEYS[0]), keys.owner(KEYS[1])
+    assert first is not None and second is not None and first != second
+    assert first == ApiKeys(reversed(KEYS)).owner(KEYS[0])
+    assert re.fullmatch("[0-9a-f]{32}", first) and is_valid_id(first)
+    assert KEYS[0] not in first
+    assert keys.owner("sk-") is None and not ApiKeys([])
+
+
+def test_a_record_of_another_key_is_404_like_a_missing_one(keyed: FlaskClient) -> None:
+    assert keyed.post("/v1/test-notes/n1", headers=bearer(KEYS[0])).status_code == 200
+    assert keyed.get("/v1/test-notes/n1", headers=bearer(KEYS[0])).status_code == 200
+    foreign = keyed.get("/v1/test-notes/n1", headers=bearer(KEYS[1]))
+    missing = keyed.get("/v1/test-notes/n2", headers=bearer(KEYS[1]))
+    assert_openai_error(foreign, 404)
+    assert foreign.get_json()["error"]["message"] == "No note found with id 'n1'."
+    assert missing.get_json()["error"]["message"] == "No note found with id 'n2'."
+
+
+@pytest.mark.parametrize(
+    "bind", ["127.0.0.1:8000", "localhost:9", "[::1]:8000", "unix:/tmp/mlxq.sock", "127.0.0.2"]
+)
+def test_without_keys_loopback_binds_are_allowed_and_said(bind: str) -> None:
+    line = check_bind([bind], keys_configured=False)
+    assert line is not None and "loopback" in line and "MLXQ_API_KEYS" in line
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0:8000", ":8000", "[::]:8000", "10.1.2.3:80", "host:80"])
+def test_without_keys_an_open_bind_is_refused(bind: str) -> None:
+    with pytest.raises(OpenBindError, match="MLXQ_API_KEYS"):
+        check_bind(["127.0.0.1:8000", bind], keys_configured=False)
+    assert check_bind([bind], keys_configured=True) is None
+
+
+def test_keys_are_secret_in_settings() -> None:
+    settings = Settings(api_keys="sk-a-secret, sk-b-secret")
+    assert len(settings.api_keys) == 2
+    assert "secret" not in repr(settings) and "secret" not in str(settings.model_dump())

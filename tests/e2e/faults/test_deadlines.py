@@ -1,0 +1,91 @@
+"""Deadlines: a job that waited too long is not served late; a generation that runs too long
+ends as configured ("length", or an error).
+
+Point 7 of the fault contract. One worker with a single slot, so a second job must queue; the
+API gives interactive jobs a 1 s queue deadline and a 1.5 s run limit (MLXQ_QUEUE_TIMEOUT_S,
+MLXQ_RUN_LIMIT_S). Jobs enqueued directly carry their own limits (shared/jobs.py JobLimits).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from bench.cluster import MODEL, Cluster
+from shared.events import DoneEvent, ErrorEvent, Event, decode_event
+from shared.jobs import JOB_FUNCTION, GenerationJob, JobLimits
+from tests.e2e.faults.conftest import HEARTBEAT_S, chat_body, post, rq_job, wait_for
+
+CHAT = "/v1/chat/completions"
+RUN_LIMIT_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    env = {
+        "MLXQ_BATCH_SIZE": "1",
+        "MLXQ_QUEUE_TIMEOUT_S": "1",
+        "MLXQ_RUN_LIMIT_S": str(RUN_LIMIT_S),
+    }
+    c = Cluster(namespace="mlxqdeadline", heartbeat_s=HEARTBEAT_S, env=env)
+    c.start(workers=1)
+    yield c
+    c.stop()
+
+
+def _run_directly(cluster: Cluster, job: GenerationJob) -> list[Event]:
+    """Enqueue a job as a producer other than the API would; its events once it ended."""
+    redis = cluster.redis()
+    queue = Queue(cluster.keys.queue(MODEL), connection=redis, serializer=JSONSerializer)
+    queue.enqueue_call(JOB_FUNCTION, args=(job.model_dump(mode="json"),), job_id=job.job_id)
+    wait_for(lambda: rq_job(redis, job.job_id).get_status() == "finished", 60, job.job_id)
+    return [decode_event(e) for e in redis.lrange(cluster.keys.replay(job.job_id), 0, -1)]
+
+
+def test_a_generation_past_its_run_limit_ends_with_length_and_a_queued_job_past_its_deadline_fails(
+    cluster: Cluster,
+) -> None:
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(post, cluster.api_url, CHAT, chat_body(max_tokens=2000))
+        time.sleep(0.3)
+        late = post(cluster.api_url, CHAT, chat_body(max_tokens=4))  # behind it, one slot
+        reply = long.result(timeout=60)
+
+    assert reply.status == 200
+    assert reply.body["choices"][0]["finish_reason"] == "length"
+    usage = reply.body["usage"]
+    assert 0 < usage["completion_tokens"] < 2000
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert RUN_LIMIT_S <= reply.seconds < RUN_LIMIT_S + 3
+    assert late.status == 503
+    assert late.body["error"]["code"] == "queue_timeout"
+    assert late.seconds < 3.0
+
+
+def test_a_worker_fails_a_job_it_takes_after_its_queue_deadline_without_running_it(
+    cluster: Cluster,
+) -> None:
+    stale = JobLimits(queue_deadline=time.time() - 1)
+    job = GenerationJob(job_id="chatcmpl-stale", model=MODEL, prompt="Once", limits=stale)
+    events = _run_directly(cluster, job)
+    assert len(events) == 1
+    assert isinstance(events[0], ErrorEvent)
+    assert events[0].error.code == "queue_timeout"
+    assert rq_job(cluster.redis(), job.job_id).return_value()["finish_reason"] == "error"  # type: ignore[index]
+
+
+def test_a_run_limit_can_end_the_generation_with_an_error_instead(cluster: Cluster) -> None:
+    limits = JobLimits(run_limit_s=0.5, on_run_limit="error")
+    job = GenerationJob(
+        job_id="chatcmpl-slow", model=MODEL, prompt="Once", max_tokens=2000, limits=limits
+    )
+    events = _run_directly(cluster, job)
+    assert isinstance(events[-1], ErrorEvent)
+    assert events[-1].status == 504
+    assert events[-1].error.code == "generation_timeout"
+    assert not any(isinstance(e, DoneEvent) for e in events)

@@ -1,0 +1,94 @@
+"""A worker breaks without dying: one sequence fails, or the engine loop wedges.
+
+Point 2 of the fault contract. The worker runs with fault injection (worker/faults.py): a
+prompt holding `[[fault:raise]]` makes its own sequence fail at its third token, one holding
+`[[fault:wedge]]` blocks the engine loop there while the process and its heartbeat live on.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from api.broker import Broker
+from bench.cluster import MODEL, Cluster
+from shared.config import Settings
+from shared.events import DoneEvent, RequeuedEvent, decode_event
+from shared.jobs import GenerationJob
+from tests.e2e.faults.conftest import (
+    HEARTBEAT_S,
+    Stream,
+    chat_body,
+    exactly_workers,
+    post,
+    rq_job,
+    wait_for,
+)
+from worker.faults import RAISE, WEDGE
+from worker.serve import EXIT_WEDGED
+
+# Well above one step of the real model on a loaded 2-core machine, still quick to fire.
+WATCHDOG_S = 3.0
+FAULTY = {"MLXQ_FAULT_INJECTION": "true", "MLXQ_WATCHDOG_S": str(WATCHDOG_S)}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster(namespace="mlxqwedge", heartbeat_s=HEARTBEAT_S, env={"MLXQ_BATCH_SIZE": "4"})
+    c.start(workers=1, **FAULTY)
+    post(c.api_url, "/v1/chat/completions", chat_body(max_tokens=2))  # warm up
+    yield c
+    c.stop()
+
+
+def ask(text: str, **extra: object) -> dict[str, object]:
+    return chat_body(messages=[{"role": "user", "content": text}], **extra)
+
+
+def test_an_exception_in_one_sequence_fails_that_sequence_only(cluster: Cluster) -> None:
+    (worker,) = exactly_workers(cluster, 1, **FAULTY)
+    healthy = Stream(cluster.api_url, chat_body(max_tokens=24))
+    healthy.read_tokens(1)
+    broken = Stream(cluster.api_url, ask(f"Tell me a story. {RAISE}", max_tokens=24))
+
+    error = json.loads(broken.rest()[-1])
+    assert error["error"]["code"] == "generation_failed"
+    assert "injected fault" in error["error"]["message"]
+    rest = healthy.rest()
+    assert rest[-1] == "[DONE]"
+    assert json.loads(rest[-2])["choices"][0]["finish_reason"] in ("stop", "length")
+    after = post(cluster.api_url, "/v1/chat/completions", chat_body(max_tokens=4))
+    assert after.status == 200
+    assert worker.proc.poll() is None
+
+
+def test_a_wedged_loop_is_caught_by_the_watchdog_its_jobs_handed_on_and_the_worker_exits(
+    cluster: Cluster,
+) -> None:
+    (worker,) = exactly_workers(cluster, 1, **FAULTY)
+    redis = cluster.redis()
+    stream = Stream(cluster.api_url, chat_body(max_tokens=2000))
+    stream.read_tokens(2)
+    settings = Settings(
+        redis_url=cluster.redis_url, namespace=cluster.namespace, heartbeat_s=HEARTBEAT_S
+    )
+    bulk = GenerationJob(
+        job_id="batch_req_wedge", model=MODEL, prompt=f"Once {WEDGE}", max_tokens=6
+    )
+    Broker(settings).submit_bulk([bulk])
+    wedge_from = time.monotonic()
+
+    error = json.loads(stream.rest()[-1])
+    assert error["error"]["code"] == "worker_lost"
+    assert time.monotonic() - wedge_from < WATCHDOG_S + 4 * HEARTBEAT_S + 3
+    assert worker.proc.wait(timeout=10) == EXIT_WEDGED
+    assert rq_job(redis, bulk.job_id).get_status() == "queued"  # handed back, not lost
+
+    cluster.start_worker(MLXQ_FAULT_INJECTION="false")  # what its supervisor would do
+    wait_for(lambda: rq_job(redis, bulk.job_id).get_status() == "finished", 60, "the bulk job")
+    events = [decode_event(e) for e in redis.lrange(cluster.keys.replay(bulk.job_id), 0, -1)]
+    assert events[0] == RequeuedEvent(attempt=2)
+    assert sum(isinstance(e, DoneEvent) for e in events) == 1

@@ -1,0 +1,102 @@
+"""API keys and binding on the real stack: gunicorn with keys, the OpenAI SDK, the logs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from shared.config import Settings
+from tests.conftest import MODEL, ROOT, _answers, _stop, free_port, service_env, wait_until
+
+KEYS = ("sk-mlxq-test-alpha-5b1d0c", "sk-mlxq-test-beta-77e2f9")
+GUNICORN = [sys.executable, "-m", "gunicorn", "--config", "python:api.gunicorn_conf"]
+
+
+def start_api(settings: Settings, log: Path, **env: str) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [*GUNICORN, "api:create_app()"],
+            env=service_env(settings, **env),
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+@pytest.fixture(scope="module")
+def keyed_api(
+    settings: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path]]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("keyed") / "gunicorn.log"
+    proc = start_api(
+        settings,
+        log,
+        MLXQ_API_BIND=f"127.0.0.1:{port}",
+        MLXQ_API_KEYS=",".join(KEYS),
+        MLXQ_API_ACCESS_LOG="true",
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _answers(url), 30, "the keyed API")
+    yield url, log
+    _stop(proc)
+
+
+def test_the_sdk_works_with_a_key_and_gets_401_without(
+    keyed_api: tuple[str, Path], client: openai.OpenAI
+) -> None:
+    url, _ = keyed_api
+    keyed = openai.OpenAI(base_url=f"{url}/v1", api_key=KEYS[1], max_retries=0, timeout=60)
+    reply = keyed.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=2)
+    assert reply.choices[0].text
+    wrong = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-not-a-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as caught:
+        wrong.models.list()
+    assert caught.value.code == "invalid_api_key"
+    with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+        assert response.status == 200  # public
+
+
+def test_keys_never_reach_the_logs(keyed_api: tuple[str, Path]) -> None:
+    url, log = keyed_api
+    for key in (*KEYS, "sk-a-wrong-key-3c9f"):
+        request = urllib.request.Request(
+            f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}
+        )
+        try:
+            urllib.request.urlopen(request, timeout=5).close()
+        except urllib.error.HTTPError as err:
+            assert err.code == 401
+    text = log.read_text()
+    assert "/v1/models" in text  # the access log is on
+    assert not any(key in text for key in (*KEYS, "sk-a-wrong-key-3c9f"))
+
+
+def test_without_keys_an_open_bind_is_refused_at_start(settings: Settings, tmp_path: Path) -> None:
+    log = tmp_path / "open.log"
+    proc = start_api(settings, log, MLXQ_API_BIND=f"0.0.0.0:{free_port()}", MLXQ_API_KEYS="")
+    try:
+        assert proc.wait(timeout=30) != 0
+    finally:
+        _stop(proc)
+    assert "refusing to listen on 0.0.0.0" in log.read_text()
+    assert "Listening at" not in log.read_text()
+
+
+def test_without_keys_the_api_says_it_binds_to_loopback(settings: Settings, tmp_path: Path) -> None:
+    log = tmp_path / "loopback.log"
+    port = free_port()
+    proc = start_api(settings, log, MLXQ_API_BIND=f"127.0.0.1:{port}", MLXQ_API_KEYS="")
+    try:
+        wait_until(lambda: _answers(f"http://127.0.0.1:{port}"), 30, "the API")
+    finally:
+        _stop(proc)
+    assert "no API keys set (MLXQ_API_KEYS): listening on the loopback interface only" in (
+        log.read_text()
+    )

@@ -1,0 +1,60 @@
+"""A client that goes away frees its batch slot at once; a background job runs on without one.
+
+Point 5 of the fault contract, on the session's stack: the job record (RQ's result, written
+when the slot lets go of the job) shows the cancel within a second.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+from redis import Redis
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from api.broker import Broker
+from shared.config import Settings
+from shared.jobs import GenerationJob
+from shared.keys import Keys
+from tests.conftest import MODEL
+from tests.e2e.faults.conftest import Stream, chat_body, wait_for
+
+
+def _outcome(redis: Redis, job_id: str) -> dict[str, object] | None:
+    job = Job.fetch(job_id, connection=redis, serializer=JSONSerializer)
+    if job.get_status() != "finished":
+        return None
+    result = job.return_value()
+    assert isinstance(result, dict)
+    return result
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot_within_a_second(
+    api_url: str, worker_process: subprocess.Popen[bytes], redis: Redis
+) -> None:
+    stream = Stream(api_url, chat_body(max_tokens=2000))
+    job_id = stream.read_tokens(2)
+    stream.close()
+    left = time.monotonic()
+    wait_for(lambda: _outcome(redis, job_id) is not None, 5, "the job to end")
+    assert time.monotonic() - left < 1.0
+    outcome = _outcome(redis, job_id)
+    assert outcome is not None
+    assert outcome["finish_reason"] == "cancelled"
+    assert 0 < int(str(outcome["completion_tokens"])) < 2000
+
+
+def test_a_background_job_nobody_listens_to_runs_to_its_end(
+    settings: Settings, worker_process: subprocess.Popen[bytes], redis: Redis
+) -> None:
+    job = GenerationJob(job_id="resp_nobody_listens", model=MODEL, prompt="Once", max_tokens=8)
+    Broker(settings).submit_bulk([job])
+    wait_for(lambda: _outcome(redis, job.job_id) is not None, 60, "the job to end")
+    outcome = _outcome(redis, job.job_id)
+    assert outcome is not None
+    assert outcome["finish_reason"] == "length"
+    assert outcome["completion_tokens"] == 8
+    last = redis.lindex(Keys(settings.namespace).replay(job.job_id), -1)
+    assert json.loads(last or b"{}")["type"] == "done"

@@ -1,0 +1,81 @@
+"""Schemathesis against the real stack (gunicorn, Redis, the worker on the real model): generated
+valid requests that do generate get no 5xx and a response that matches /openapi.json.
+
+To keep the worker's time bounded (prefill on two CPU cores is slow), each generated generation
+request is pinned to the served model, to at most `MAX_TOKENS` tokens, and to a short prompt (the
+first few messages, each text cut to `MAX_CHARS`); everything else in it is as generated. The
+broad fuzzing (hundreds of requests per route, invalid ones included) is tests/api/test_openapi.py.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import openai
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.generation.modes import GenerationMode
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from api.openapi import document
+from tests.conftest import MODEL
+
+EXAMPLES = 30
+MAX_TOKENS = 3
+MAX_MESSAGES = 3
+MAX_CHARS = 120
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+statuses: dict[str, collections.Counter[int]] = collections.defaultdict(collections.Counter)
+
+schema = schemathesis.openapi.from_dict(document()).exclude(path="/openapi.json")
+schema.config.generation.update(modes=[GenerationMode.POSITIVE])
+
+
+def shorten(message: Any) -> Any:
+    if isinstance(message, dict) and isinstance(message.get("content"), str):
+        return {**message, "content": message["content"][:MAX_CHARS]}
+    if isinstance(message, dict) and isinstance(message.get("content"), list):
+        parts = message["content"][:MAX_MESSAGES]
+        short = [{**p, "text": p["text"][:MAX_CHARS]} if "text" in p else p for p in parts]
+        return {**message, "content": short}
+    return message
+
+
+def pin(body: dict[str, Any]) -> None:
+    body["model"] = MODEL
+    if isinstance(body.get("messages"), list):
+        body["messages"] = [shorten(m) for m in body["messages"][:MAX_MESSAGES]]
+    if isinstance(body.get("prompt"), str):
+        body["prompt"] = body["prompt"][:MAX_CHARS]
+    body["max_tokens"] = min(body.get("max_tokens") or MAX_TOKENS, MAX_TOKENS)
+    if body.get("max_completion_tokens") is not None:
+        body["max_completion_tokens"] = min(body["max_completion_tokens"], MAX_TOKENS)
+
+
+@schema.parametrize()
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+def test_generated_requests_to_the_live_stack(
+    case: Any, api_url: str, client: openai.OpenAI
+) -> None:
+    if isinstance(case.body, dict):
+        pin(case.body)
+    response = case.call(base_url=api_url, timeout=60)
+    statuses[case.path][response.status_code] += 1
+    case.validate_response(response, checks=CHECKS)
+
+
+def test_some_generated_requests_did_generate() -> None:
+    print("live statuses:", {path: dict(counts) for path, counts in statuses.items()})
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        assert statuses[path][200] > 0, dict(statuses)

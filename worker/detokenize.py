@@ -1,0 +1,74 @@
+"""Streaming detokenizers: token ids in, text out, one sequence each.
+
+For byte-level BPE vocabularies (GPT-2 style: SmolLM, Llama 3, Qwen) each token's bytes are
+computed once per model, and a sequence feeds them through an incremental UTF-8 decoder: a
+table lookup and a decode per token, and a character split over two tokens comes out whole.
+(mlx-lm's BPE detokenizer also drops a leading space from a sequence's first token, which is
+wrong for a text completion that continues its prompt.) Other vocabularies use mlx-lm's.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, StreamingDetokenizer, _byte_decoder
+
+
+class TextDecoder(Protocol):
+    def add(self, token: int) -> str:
+        """Take one token; return the text it completes (possibly empty)."""
+
+    def finish(self) -> str:
+        """Return whatever text is still pending at the end of the sequence."""
+
+
+class ByteLevelDecoder:
+    def __init__(self, token_bytes: Sequence[bytes]):
+        self._token_bytes = token_bytes
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def add(self, token: int) -> str:
+        piece = self._token_bytes[token] if token < len(self._token_bytes) else b""
+        return str(self._utf8.decode(piece))
+
+    def finish(self) -> str:
+        return str(self._utf8.decode(b"", final=True))
+
+
+class MlxLmDecoder:
+    """mlx-lm's streaming detokenizer behind the same two methods."""
+
+    def __init__(self, detokenizer: StreamingDetokenizer):
+        self._detokenizer = detokenizer
+
+    def add(self, token: int) -> str:
+        self._detokenizer.add_token(token)
+        return str(self._detokenizer.last_segment)
+
+    def finish(self) -> str:
+        self._detokenizer.finalize()
+        return str(self._detokenizer.last_segment)
+
+
+def byte_table(tokenmap: Sequence[str | None]) -> list[bytes]:
+    """Each byte-level token string back to the bytes it stands for."""
+    decoder: dict[str, int] = _byte_decoder()
+    table = []
+    for token in tokenmap:
+        text = token or ""
+        if all(ch in decoder for ch in text):
+            table.append(bytes(decoder[ch] for ch in text))
+        else:  # an added token written as plain text
+            table.append(text.encode())
+    return table
+
+
+def decoder_factory(tokenizer: Any) -> Callable[[], TextDecoder]:
+    """A constructor of per-sequence decoders suited to this mlx-lm TokenizerWrapper."""
+    template: StreamingDetokenizer = tokenizer.detokenizer
+    if isinstance(template, BPEStreamingDetokenizer):
+        table = byte_table(template.tokenmap)
+        return lambda: ByteLevelDecoder(table)
+    return lambda: MlxLmDecoder(tokenizer.detokenizer)

@@ -1,0 +1,231 @@
+"""The engine: a loaded model generating many sequences in one continuous batch.
+
+It knows nothing of Redis or HTTP. Its surface follows mlx-lm's BatchGenerator: `prepare` turns
+a job into prompt tokens and limits (and refuses what cannot run), `insert` adds it to the
+batch, `step` advances every sequence by one token and returns what each may show now,
+`remove` drops sequences (cancellation). Each sequence's state is a `Sequence` dataclass.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from mlx_lm import load
+from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from shared.errors import ContextLengthError, InvalidRequestError
+from shared.jobs import GenerationJob
+from worker.detokenize import TextDecoder, decoder_factory
+from worker.sampling import Sampler, make_sampler
+from worker.stop import StopStringMatcher, stop_token_ids
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """A job turned into what the batch needs; built outside the engine loop."""
+
+    job_id: str
+    prompt: list[int]
+    max_tokens: int
+    sampler: Sampler
+    stops: tuple[str, ...]
+
+
+@dataclass
+class Sequence:
+    """One running sequence's state."""
+
+    job_id: str
+    prompt_tokens: int
+    decoder: TextDecoder
+    matcher: StopStringMatcher
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step produced for one sequence: new visible text, and why it ended if it did.
+
+    A sequence whose own work failed ends with finish_reason "error" and the reason in `error`.
+    """
+
+    job_id: str
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+
+
+class BatchEngine(Protocol):
+    """What the engine loop and the job function need from an engine."""
+
+    def prepare(self, job: GenerationJob) -> PreparedJob: ...
+    def insert(self, prepared: PreparedJob) -> None: ...
+    def step(self) -> list[StepOutput]: ...
+    def remove(self, job_ids: list[str]) -> None: ...
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: Any  # an mlx.nn.Module
+    tokenizer: TokenizerWrapper
+    context_length: int
+    stop_ids: frozenset[int]
+    new_decoder: Callable[[], TextDecoder]
+
+
+def load_model(path: str) -> LoadedModel:
+    model, tokenizer, config = load(path, return_config=True)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        context_length=_context_length(config),
+        stop_ids=stop_token_ids(
+            tokenizer.eos_token_ids, _generation_config_eos(Path(path)), _token_lookup(tokenizer)
+        ),
+        new_decoder=decoder_factory(tokenizer),
+    )
+
+
+def _context_length(config: dict[str, Any]) -> int:
+    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "context_length"):
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    return 4096
+
+
+def _generation_config_eos(path: Path) -> list[int]:
+    file = path / "generation_config.json"
+    if not file.is_file():
+        return []
+    eos = json.loads(file.read_text()).get("eos_token_id")
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else [int(i) for i in eos]
+
+
+def _token_lookup(tokenizer: TokenizerWrapper) -> Any:
+    vocab: dict[str, int] = tokenizer.get_vocab()
+    return vocab.get
+
+
+class Engine:
+    """Continuous batching over mlx-lm's BatchGenerator, with our stop handling on top."""
+
+    def __init__(self, loaded: LoadedModel, batch_size: int, default_max_tokens: int):
+        self._loaded = loaded
+        self._default_max_tokens = default_max_tokens
+        self._stop_sequences = StopSequences([[i] for i in sorted(loaded.stop_ids)])
+        self._batch = BatchGenerator(
+            loaded.model,
+            completion_batch_size=batch_size,
+            prefill_batch_size=min(batch_size, 8),
+            prefill_step_size=512,
+        )
+        self._by_uid: dict[int, Sequence] = {}
+        self._uid_of: dict[str, int] = {}
+
+    @property
+    def active(self) -> int:
+        return len(self._by_uid)
+
+    def prepare(self, job: GenerationJob) -> PreparedJob:
+        """Tokenize the job and fix its limits; raises an InvalidRequestError if it cannot run."""
+        prompt = self._tokenize(job)
+        room = self._loaded.context_length - len(prompt)
+        if room < 1:
+            raise ContextLengthError(
+                f"The prompt has {len(prompt)} tokens; this model's context window is "
+                f"{self._loaded.context_length} tokens.",
+                param="messages" if job.messages is not None else "prompt",
+            )
+        wanted = job.max_tokens or self._default_max_tokens
+        return PreparedJob(
+            job_id=job.job_id,
+            prompt=prompt,
+            max_tokens=min(wanted, room),
+            sampler=make_sampler(job.sampling),
+            stops=tuple(job.stop),
+        )
+
+    def _tokenize(self, job: GenerationJob) -> list[int]:
+        tokenizer = self._loaded.tokenizer
+        if job.messages is not None:
+            messages = [{"role": m.role, "content": m.text()} for m in job.messages]
+            tokens: list[int] = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        else:
+            tokens = tokenizer.encode(job.prompt or "")
+        if not tokens:
+            raise InvalidRequestError("The prompt is empty.", param="prompt")
+        return tokens
+
+    def insert(self, prepared: PreparedJob) -> None:
+        (uid,) = self._batch.insert(
+            [prepared.prompt],
+            max_tokens=[prepared.max_tokens],
+            samplers=[prepared.sampler],
+            stop_sequences=[self._stop_sequences],
+        )
+        self._by_uid[uid] = Sequence(
+            job_id=prepared.job_id,
+            prompt_tokens=len(prepared.prompt),
+            decoder=self._loaded.new_decoder(),
+            matcher=StopStringMatcher(prepared.stops),
+        )
+        self._uid_of[prepared.job_id] = uid
+
+    def step(self) -> list[StepOutput]:
+        """Advance every sequence by one token (prompts by one chunk)."""
+        _, generated = self._batch.next()
+        outputs = [self._advance_one(r.uid, r.token, r.finish_reason) for r in generated]
+        finished = [o.job_id for o in outputs if o.finish_reason is not None]
+        self.remove(finished)
+        return outputs
+
+    def _advance_one(self, uid: int, token: int, finish_reason: str | None) -> StepOutput:
+        """One sequence's share of a step: if it fails, that sequence ends, not the batch."""
+        try:
+            return self._advance(uid, token, finish_reason)
+        except Exception as err:
+            seq = self._by_uid[uid]
+            return StepOutput(
+                job_id=seq.job_id,
+                text="",
+                finish_reason="error",
+                prompt_tokens=seq.prompt_tokens,
+                completion_tokens=seq.completion_tokens,
+                error=f"{type(err).__name__}: {err}",
+            )
+
+    def _advance(self, uid: int, token: int, finish_reason: str | None) -> StepOutput:
+        seq = self._by_uid[uid]
+        seq.completion_tokens += 1
+        text = ""
+        if token not in self._loaded.stop_ids:
+            text = seq.matcher.feed(seq.decoder.add(token))
+        if seq.matcher.matched:
+            finish_reason = "stop"
+        elif finish_reason is not None:
+            text += seq.matcher.feed(seq.decoder.finish()) + seq.matcher.flush()
+            finish_reason = "stop" if seq.matcher.matched else finish_reason
+        return StepOutput(
+            job_id=seq.job_id,
+            text=text,
+            finish_reason=finish_reason,
+            prompt_tokens=seq.prompt_tokens,
+            completion_tokens=seq.completion_tokens,
+        )
+
+    def remove(self, job_ids: list[str]) -> None:
+        uids = [self._uid_of.pop(j) for j in job_ids if j in self._uid_of]
+        if uids:
+            # Sequences mlx-lm already retired (stop token, max_tokens) are simply not found.
+            self._batch.remove(uids)
+            for uid in uids:
+                del self._by_uid[uid]

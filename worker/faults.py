@@ -1,0 +1,88 @@
+"""Fault injection, for the fault tests only: a worker started with MLXQ_FAULT_INJECTION=true
+fails on demand, so that tests can prove what happens when a sequence or the loop breaks.
+
+A job whose prompt contains `[[fault:raise]]` gets a text decoder that raises at its third
+token (one sequence's own work fails: the rest of the batch must go on); `[[fault:wedge]]` one
+that blocks forever there (the engine loop wedges while it holds work: the watchdog must see
+it). With the setting off (the default) serve.py uses the plain `Engine` and none of this runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+
+from typing_extensions import override
+
+from shared.jobs import GenerationJob
+from worker.detokenize import TextDecoder
+from worker.engine import Engine, LoadedModel, PreparedJob
+
+RAISE = "[[fault:raise]]"
+WEDGE = "[[fault:wedge]]"
+FAULT_AT_TOKEN = 3
+
+
+class InjectedFault(RuntimeError):
+    """The failure a test asked for."""
+
+
+class FaultyDecoder:
+    def __init__(self, inner: TextDecoder, fault: str):
+        self._inner = inner
+        self._fault = fault
+        self._tokens = 0
+
+    def add(self, token: int) -> str:
+        self._tokens += 1
+        if self._tokens == FAULT_AT_TOKEN:
+            if self._fault == WEDGE:
+                threading.Event().wait()  # forever: a deadlock inside the engine loop
+            raise InjectedFault("injected fault in one sequence")
+        return self._inner.add(token)
+
+    def finish(self) -> str:
+        return self._inner.finish()
+
+
+class FaultyEngine(Engine):
+    """The engine, but jobs that ask for a fault get a faulty text decoder."""
+
+    def __init__(self, loaded: LoadedModel, batch_size: int, default_max_tokens: int):
+        self._armed: dict[str, str] = {}
+        self._next_fault: str | None = None
+        wrapped = replace(loaded, new_decoder=self._decoders(loaded.new_decoder))
+        super().__init__(wrapped, batch_size, default_max_tokens)
+
+    @override
+    def prepare(self, job: GenerationJob) -> PreparedJob:
+        prepared = super().prepare(job)
+        fault = _fault_in(job)
+        if fault is not None:
+            self._armed[job.job_id] = fault
+        return prepared
+
+    @override
+    def insert(self, prepared: PreparedJob) -> None:
+        self._next_fault = self._armed.pop(prepared.job_id, None)
+        try:
+            super().insert(prepared)
+        finally:
+            self._next_fault = None
+
+    def _decoders(self, factory: Callable[[], TextDecoder]) -> Callable[[], TextDecoder]:
+        def make() -> TextDecoder:
+            decoder = factory()
+            fault = self._next_fault
+            return FaultyDecoder(decoder, fault) if fault is not None else decoder
+
+        return make
+
+
+def _fault_in(job: GenerationJob) -> str | None:
+    texts = [m.text() for m in job.messages or []] + [job.prompt or ""]
+    for fault in (RAISE, WEDGE):
+        if any(fault in text for text in texts):
+            return fault
+    return None

@@ -1,0 +1,74 @@
+"""The worker's announcement in Redis: which model it serves, refreshed while it lives.
+
+A worker is live while its heartbeat is younger than `LIVE_FACTOR` intervals and its presence
+channel has a subscriber (shared/liveness.py); a model is served while any worker serving it is
+live. The API reads the same zsets (keys.py). Each beat also looks for the worker's tombstone:
+if another worker declared this one dead and took over its jobs (it hung, or its Mac slept),
+it must not finish them too, so `on_tombstone` is called (it ends the process).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from shared.keys import Keys
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 0.25
+
+
+def beat(redis: Redis, keys: Keys, model: str, worker_id: str) -> bool:
+    """Announce the worker; False if it finds its tombstone instead."""
+    now = time.time()
+    pipe = redis.pipeline(transaction=False)
+    pipe.exists(keys.dead(worker_id))
+    pipe.zadd(keys.models(), {model: now})
+    pipe.zadd(keys.workers(model), {worker_id: now})
+    buried, *_ = pipe.execute()
+    return not buried
+
+
+def born(redis: Redis, keys: Keys, worker_id: str) -> None:
+    """Clear a tombstone an earlier process with the same id (hostname and pid) left."""
+    redis.delete(keys.dead(worker_id))
+
+
+def retire(redis: Redis, keys: Keys, model: str, worker_id: str) -> None:
+    """Leave: the worker no longer serves, and holds no job."""
+    pipe = redis.pipeline(transaction=False)
+    pipe.zrem(keys.workers(model), worker_id)
+    pipe.delete(keys.taking(worker_id))
+    pipe.execute()
+
+
+def keep_beating(
+    redis: Redis,
+    keys: Keys,
+    model: str,
+    worker_id: str,
+    interval_s: float,
+    stop: threading.Event,
+    on_tombstone: Callable[[], None],
+) -> threading.Thread:
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                if not beat(redis, keys, model, worker_id):
+                    on_tombstone()
+                    return
+            except RedisError as err:
+                log.warning("heartbeat failed (will retry): %s", err)
+                stop.wait(RETRY_S)  # back as soon as Redis is, before anyone judges it
+                continue
+            stop.wait(interval_s)
+
+    thread = threading.Thread(target=run, name="heartbeat", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,178 @@
+"""The engine loop: the one thread that owns the engine and drives every running sequence.
+
+Each turn runs the same phases in a fixed order, one method each:
+admit (wait for work only when idle) -> step -> publish the step's events in one Redis
+pipeline -> apply cancellations -> retire finished jobs (wake their RQ slot threads).
+Nothing on this path logs, validates JSON schemas or makes a Redis round trip per token.
+
+Jobs arrive through `submit` from RQ slot threads (worker/slots.py) and cancellations
+through `cancel` from the cancel listener; both are thread-safe hand-offs. `turns` counts the
+loop's turns, for the progress watchdog (worker/watchdog.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from shared.completions import Usage
+from shared.errors import GenerationError
+from shared.events import DoneEvent, ErrorEvent, Event, StartedEvent, TokenEvent
+from shared.jobs import JobOutcome
+from shared.keys import Keys
+from worker.engine import BatchEngine, PreparedJob, StepOutput
+from worker.publish import EventSink, Route
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Admission:
+    """A job handed to the loop, and the future its slot thread waits on."""
+
+    prepared: PreparedJob
+    route: Route
+    outcome: Future[JobOutcome] = field(default_factory=Future)
+    cancelled: bool = False
+    completion_tokens: int = 0
+
+
+class EngineLoop:
+    def __init__(self, engine: BatchEngine, sink: EventSink, keys: Keys):
+        self._engine = engine
+        self._sink = sink
+        self._keys = keys
+        self._inbox: queue.SimpleQueue[Admission] = queue.SimpleQueue()
+        self._cancels: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiting: dict[str, Admission] = {}
+        self._running: dict[str, Admission] = {}
+        self.turns = 0
+
+    def submit(self, prepared: PreparedJob) -> Future[JobOutcome]:
+        admission = Admission(prepared, Route.of(self._keys, prepared.job_id))
+        with self._lock:
+            self._waiting[prepared.job_id] = admission
+        self._inbox.put(admission)
+        return admission.outcome
+
+    def cancel(self, job_id: str) -> None:
+        self._cancels.put(job_id)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._running) or bool(self._waiting)
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.turns += 1
+            self._admit(block=not self._running)
+            if not self._running:
+                continue
+            outputs = self._step()
+            self._publish(outputs)
+            self._apply_cancellations()
+            self._retire(outputs)
+
+    def _admit(self, block: bool) -> None:
+        admitted: list[Admission] = []
+        try:
+            admission = self._inbox.get(timeout=0.2) if block else self._inbox.get_nowait()
+            while True:
+                admitted.append(admission)
+                admission = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            for a in admitted:
+                self._waiting.pop(a.prepared.job_id, None)
+        started = [a for a in admitted if not a.cancelled]
+        for a in started:
+            self._engine.insert(a.prepared)
+            self._running[a.prepared.job_id] = a
+        for a in admitted:
+            if a.cancelled:
+                a.outcome.set_result(_outcome(a.prepared, "cancelled", 0))
+        self._sink.send(
+            [(a.route, StartedEvent(prompt_tokens=len(a.prepared.prompt))) for a in started]
+        )
+
+    def _step(self) -> list[StepOutput]:
+        try:
+            return self._engine.step()
+        except Exception as err:  # one failed step must not take the worker down
+            log.exception("engine step failed; failing the %d running jobs", len(self._running))
+            self._fail_running(GenerationError(f"generation failed: {err}"))
+            return []
+
+    def _fail_running(self, err: GenerationError) -> None:
+        failed = list(self._running.values())
+        self._engine.remove([a.prepared.job_id for a in failed])
+        self._running.clear()
+        self._sink.send([(a.route, ErrorEvent.from_error(err)) for a in failed])
+        for a in failed:
+            a.outcome.set_result(_outcome(a.prepared, "error", 0))
+
+    def _publish(self, outputs: list[StepOutput]) -> None:
+        events: list[tuple[Route, Event]] = []
+        for out in outputs:
+            admission = self._running[out.job_id]
+            admission.completion_tokens = out.completion_tokens
+            route = admission.route
+            if out.text:
+                events.append((route, TokenEvent(text=out.text)))
+            if out.finish_reason is not None:
+                events.append((route, _final(out)))
+        self._sink.send(events)
+
+    def _apply_cancellations(self) -> None:
+        while True:
+            try:
+                job_id = self._cancels.get_nowait()
+            except queue.Empty:
+                return
+            self._cancel_one(job_id)
+
+    def _cancel_one(self, job_id: str) -> None:
+        with self._lock:
+            waiting = self._waiting.get(job_id)
+            if waiting is not None:
+                waiting.cancelled = True
+        running = self._running.pop(job_id, None)
+        if running is not None:
+            self._engine.remove([job_id])
+            running.outcome.set_result(
+                _outcome(running.prepared, "cancelled", running.completion_tokens)
+            )
+
+    def _retire(self, outputs: list[StepOutput]) -> None:
+        for out in outputs:
+            if out.finish_reason is None:
+                continue
+            admission = self._running.pop(out.job_id, None)
+            if admission is not None:
+                admission.outcome.set_result(
+                    _outcome(admission.prepared, out.finish_reason, out.completion_tokens)
+                )
+
+
+def _final(out: StepOutput) -> DoneEvent | ErrorEvent:
+    if out.error is not None:  # this sequence failed, the rest of the batch goes on
+        return ErrorEvent.from_error(GenerationError(f"generation failed: {out.error}"))
+    usage = Usage(
+        prompt_tokens=out.prompt_tokens,
+        completion_tokens=out.completion_tokens,
+        total_tokens=out.prompt_tokens + out.completion_tokens,
+    )
+    return DoneEvent(finish_reason="stop" if out.finish_reason == "stop" else "length", usage=usage)
+
+
+def _outcome(prepared: PreparedJob, finish_reason: str, completion_tokens: int) -> JobOutcome:
+    return JobOutcome(
+        finish_reason=finish_reason,
+        prompt_tokens=len(prepared.prompt),
+        completion_tokens=completion_tokens,
+    )

@@ -1,0 +1,53 @@
+"""Where a job's events go: its pub/sub channel (live readers) and its replay log.
+
+The replay log is a Redis list with a bounded TTL holding every event of the job in order, so
+a reader that comes late (a resumed stream, a poller of a background job, another API
+process) can read what it missed, then follow the channel. One pipeline per call: the engine
+loop calls `send` once per step with every event of that step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from shared.events import DoneEvent, ErrorEvent, Event, StartedEvent, encode_event
+from shared.keys import Keys
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Route:
+    """A job's two destinations, built once per job rather than once per token."""
+
+    channel: str
+    replay: str
+
+    @classmethod
+    def of(cls, keys: Keys, job_id: str) -> Route:
+        return cls(keys.events(job_id), keys.replay(job_id))
+
+
+class EventSink:
+    def __init__(self, redis: Redis, replay_ttl_s: int):
+        self._redis = redis
+        self._replay_ttl_s = replay_ttl_s
+
+    def send(self, events: list[tuple[Route, Event]]) -> None:
+        if not events:
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        for route, event in events:
+            data = encode_event(event)
+            pipe.rpush(route.replay, data)
+            if isinstance(event, StartedEvent | DoneEvent | ErrorEvent):
+                pipe.expire(route.replay, self._replay_ttl_s)
+            pipe.publish(route.channel, data)
+        try:
+            pipe.execute()
+        except RedisError as err:
+            log.warning("could not publish %d events: %s", len(events), err)

@@ -1,0 +1,41 @@
+"""Samplers: one per sequence, so each job keeps its own temperature, top_p and seed.
+
+Greedy sequences share one sampler object, which lets the batch sample them in one call.
+A seeded sampler draws from its own PRNG key, so a seed gives the same output whatever else
+runs in the batch; an unseeded one draws from MLX's global generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_top_p
+
+from shared.jobs import SamplingParams
+
+Sampler = Callable[[mx.array], mx.array]
+
+
+def greedy(logprobs: mx.array) -> mx.array:
+    return mx.argmax(logprobs, axis=-1)
+
+
+def make_sampler(params: SamplingParams) -> Sampler:
+    if params.temperature == 0:
+        return greedy
+    inverse_temperature = 1.0 / params.temperature
+    top_p = params.top_p
+    # OpenAI takes any 64-bit seed; MLX keys take unsigned ones: the same 64 bits, unsigned.
+    key = mx.random.key(params.seed % 2**64) if params.seed is not None else None
+
+    def sample(logprobs: mx.array) -> mx.array:
+        nonlocal key
+        if top_p < 1.0:
+            logprobs = apply_top_p(logprobs, top_p)
+        if key is None:
+            return mx.random.categorical(logprobs * inverse_temperature)
+        key, draw = mx.random.split(key)
+        return mx.random.categorical(logprobs * inverse_temperature, key=draw)
+
+    return sample

@@ -1,0 +1,82 @@
+"""Stop handling: which token ids end a sequence, and stop strings matched on decoded text.
+
+Stop tokens come from the tokenizer's eos ids, the model's generation config and, per model
+family, the end-of-turn tokens its chat template uses (a Llama 3 chat ends a turn with
+`<|eot_id|>` while its eos is `<|end_of_text|>`: both must stop). A stop token is never shown.
+
+Stop strings are matched on the decoded text, across token boundaries. While the tail of the
+output could still grow into a stop string it is held back, so no part of a stop string ever
+reaches the client, and the text before a match is cut exactly there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+# End-of-turn and end-of-text tokens by family (Llama 3, ChatML, Gemma, Mistral/Llama 2, Phi).
+FAMILY_STOP_TOKENS = (
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|im_end|>",
+    "<end_of_turn>",
+    "</s>",
+    "<|end|>",
+    "<|endoftext|>",
+)
+
+
+def stop_token_ids(
+    eos_ids: Iterable[int],
+    generation_config_eos: Iterable[int],
+    token_to_id: Callable[[str], int | None],
+) -> frozenset[int]:
+    """The ids that end a sequence: eos ids, the generation config's, and family extras."""
+    ids = set(eos_ids) | set(generation_config_eos)
+    for token in FAMILY_STOP_TOKENS:
+        token_id = token_to_id(token)
+        if token_id is not None:
+            ids.add(token_id)
+    return frozenset(ids)
+
+
+@dataclass
+class StopStringMatcher:
+    """Feeds decoded text in, lets out only text that cannot be part of a stop string."""
+
+    stops: tuple[str, ...]
+    _held: str = field(default="", init=False)
+    matched: bool = field(default=False, init=False)
+
+    def feed(self, text: str) -> str:
+        """Take new text; return what may be shown now. After a match, `matched` is True."""
+        if not self.stops:
+            return text
+        held = self._held + text
+        cut = self._first_match(held)
+        if cut is not None:
+            self.matched = True
+            self._held = ""
+            return held[:cut]
+        keep = self._longest_partial_suffix(held)
+        self._held = held[len(held) - keep :]
+        return held[: len(held) - keep]
+
+    def flush(self) -> str:
+        """The held-back text, released when the sequence ends for another reason."""
+        held, self._held = self._held, ""
+        return held
+
+    def _first_match(self, text: str) -> int | None:
+        found = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        return min(found) if found else None
+
+    def _longest_partial_suffix(self, text: str) -> int:
+        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+        best = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(text)), best, -1):
+                if text.endswith(stop[:n]):
+                    best = n
+                    break
+        return best

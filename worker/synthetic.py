@@ -1,0 +1,75 @@
+"""A synthetic engine: no model, tokens at a fixed rate. For relay benchmarks and plumbing tests.
+
+It has the real engine's surface (`BatchEngine`), so the whole worker (RQ slots, engine loop,
+publishing) runs as usual; only the model is replaced. Every step emits one token per running
+sequence whose text is the wall-clock time it was made (`"<unix time> "`), so a client can
+measure the latency the relay adds. A prompt "costs" one token per word. Labelled "synthetic"
+wherever it appears; never used unless MLXQ_ENGINE=synthetic.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from shared.jobs import GenerationJob
+from worker.engine import PreparedJob, StepOutput
+from worker.sampling import greedy
+
+
+@dataclass
+class _Running:
+    prepared: PreparedJob
+    generated: int = 0
+
+
+class SyntheticEngine:
+    def __init__(self, step_s: float, default_max_tokens: int):
+        self._step_s = step_s
+        self._default_max_tokens = default_max_tokens
+        self._running: dict[str, _Running] = {}
+        self._next_step_at = time.monotonic()
+
+    def prepare(self, job: GenerationJob) -> PreparedJob:
+        if job.messages is not None:
+            words = sum(len(m.text().split()) for m in job.messages)
+        else:
+            words = len((job.prompt or "").split())
+        return PreparedJob(
+            job_id=job.job_id,
+            prompt=[0] * max(1, words),
+            max_tokens=job.max_tokens or self._default_max_tokens,
+            sampler=greedy,
+            stops=tuple(job.stop),
+        )
+
+    def insert(self, prepared: PreparedJob) -> None:
+        self._running[prepared.job_id] = _Running(prepared)
+
+    def step(self) -> list[StepOutput]:
+        self._wait_for_tick()
+        stamp = f"{time.time():.6f} "
+        outputs = [self._advance(r, stamp) for r in self._running.values()]
+        self.remove([o.job_id for o in outputs if o.finish_reason is not None])
+        return outputs
+
+    def _wait_for_tick(self) -> None:
+        now = time.monotonic()
+        if self._next_step_at > now:
+            time.sleep(self._next_step_at - now)
+        self._next_step_at = max(now, self._next_step_at) + self._step_s
+
+    def _advance(self, run: _Running, stamp: str) -> StepOutput:
+        run.generated += 1
+        done = run.generated >= run.prepared.max_tokens
+        return StepOutput(
+            job_id=run.prepared.job_id,
+            text=stamp,
+            finish_reason="length" if done else None,
+            prompt_tokens=len(run.prepared.prompt),
+            completion_tokens=run.generated,
+        )
+
+    def remove(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            self._running.pop(job_id, None)
