@@ -112,8 +112,9 @@ def holder(cluster: Cluster, job_id: str) -> Worker:
     return cluster.worker_by_id(worker_of(job.worker_name))
 
 
-def started_ids(cluster: Cluster) -> list[str]:
-    """The interactive jobs running now: in RQ's started registry and marked started.
+def started_ids(cluster: Cluster, worker: Worker | None = None) -> list[str]:
+    """The interactive jobs running now (on `worker` if given): in RQ's started registry and
+    marked started.
 
     RQ adds a job to the registry a moment before it sets the job's status, and a job in that
     window still reads as queued to everyone else.
@@ -121,8 +122,15 @@ def started_ids(cluster: Cluster) -> list[str]:
     redis = cluster.redis()
     queue = Queue(cluster.keys.queue(MODEL), connection=redis, serializer=JSONSerializer)
     ids = list(queue.started_job_registry.get_job_ids(cleanup=False))
-    statuses = [redis.hget(Job.key_for(job_id), "status") for job_id in ids]
-    return [job_id for job_id, status in zip(ids, statuses, strict=True) if status == b"started"]
+    pipe = redis.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hmget(Job.key_for(job_id), ["status", "worker_name"])
+    return [
+        job_id
+        for job_id, (status, name) in zip(ids, pipe.execute(), strict=True)
+        if status == b"started"
+        and (worker is None or worker_of(name.decode() if name else "") == worker.worker_id)
+    ]
 
 
 def exactly_workers(cluster: Cluster, n: int, **env: str) -> list[Worker]:

@@ -58,7 +58,7 @@ def test_a_killed_worker_ends_streams_and_requests_with_an_error_within_two_hear
     stream.read_tokens(2)
     with ThreadPoolExecutor(1) as pool:
         whole = pool.submit(post, cluster.api_url, CHAT, chat_body(max_tokens=LONG))
-        wait_for(lambda: len(started_ids(cluster)) == 2, 60, "both jobs to run")
+        wait_for(lambda: len(started_ids(cluster, worker)) == 2, 60, "both jobs to run")
         cluster.kill_worker(worker)
         killed = time.monotonic()
         frames = stream.rest()
@@ -181,7 +181,7 @@ def test_with_no_worker_left_queued_requests_fail_in_the_heartbeat_window_and_ne
         pending = [
             pool.submit(post, cluster.api_url, CHAT, chat_body(max_tokens=LONG)) for _ in range(5)
         ]
-        wait_for(lambda: len(started_ids(cluster)) == 4, 60, "four jobs to run")
+        wait_for(lambda: len(started_ids(cluster, worker)) == 4, 60, "four jobs to run")
         wait_for(lambda: redis.llen(queue) == 1, 10, "the fifth job to wait in the queue")
         cluster.kill_worker(worker)
         killed = time.monotonic()
