@@ -54,10 +54,16 @@ def _refuse(param: str, why: str) -> None:
     raise UnsupportedParameterError(f"'{param}' is not supported: {why}", param=param)
 
 
+class PromptTokensDetails(BaseModel):
+    # Prompt tokens whose KV state came from the worker's prefix cache (worker/prefix_cache.py).
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
 
 
 class StreamOptions(BaseModel):

@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     engine: Literal["mlx", "synthetic"] = "mlx"
     synthetic_step_s: float = Field(default=0.05, gt=0)
     batch_size: int = Field(default=16, ge=1, le=1024)
+    # KV caches of prompts seen before, per worker (worker/prefix_cache.py); 0 entries: off.
+    prefix_cache_entries: int = Field(default=64, ge=0)
+    prefix_cache_mb: int = Field(default=512, ge=1)
     # Linux CPU workers: preload the system OpenBLAS, with this many threads (None: its default).
     openblas: bool = True
     blas_threads: int | None = Field(default=None, ge=1)

@@ -209,6 +209,9 @@ class ResponseUsage(BaseModel):
     def of(cls, usage: Usage) -> ResponseUsage:
         return cls(
             input_tokens=usage.prompt_tokens,
+            input_tokens_details=InputTokensDetails(
+                cached_tokens=usage.prompt_tokens_details.cached_tokens
+            ),
             output_tokens=usage.completion_tokens,
             total_tokens=usage.total_tokens,
         )

@@ -18,6 +18,7 @@ from typing_extensions import override
 from shared.jobs import GenerationJob
 from worker.detokenize import TextDecoder
 from worker.engine import Engine, LoadedModel, PreparedJob
+from worker.prefix_cache import PrefixCache
 
 RAISE = "[[fault:raise]]"
 WEDGE = "[[fault:wedge]]"
@@ -49,11 +50,17 @@ class FaultyDecoder:
 class FaultyEngine(Engine):
     """The engine, but jobs that ask for a fault get a faulty text decoder."""
 
-    def __init__(self, loaded: LoadedModel, batch_size: int, default_max_tokens: int):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        batch_size: int,
+        default_max_tokens: int,
+        prefixes: PrefixCache | None = None,
+    ):
         self._armed: dict[str, str] = {}
         self._next_fault: str | None = None
         wrapped = replace(loaded, new_decoder=self._decoders(loaded.new_decoder))
-        super().__init__(wrapped, batch_size, default_max_tokens)
+        super().__init__(wrapped, batch_size, default_max_tokens, prefixes)
 
     @override
     def prepare(self, job: GenerationJob) -> PreparedJob:

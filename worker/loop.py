@@ -18,7 +18,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from shared.completions import Usage
+from shared.completions import PromptTokensDetails, Usage
 from shared.errors import GenerationError
 from shared.events import DoneEvent, ErrorEvent, Event, StartedEvent, TokenEvent
 from shared.jobs import JobOutcome
@@ -166,6 +166,7 @@ def _final(out: StepOutput) -> DoneEvent | ErrorEvent:
         prompt_tokens=out.prompt_tokens,
         completion_tokens=out.completion_tokens,
         total_tokens=out.prompt_tokens + out.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=out.cached_tokens),
     )
     return DoneEvent(finish_reason="stop" if out.finish_reason == "stop" else "length", usage=usage)
 

@@ -37,6 +37,7 @@ from worker.faults import FaultyEngine
 from worker.fence import FencedSink
 from worker.heartbeat import beat, born, keep_beating, retire
 from worker.loop import EngineLoop
+from worker.prefix_cache import PrefixCache
 from worker.reaper import Reaper
 from worker.slots import LEAVE_S, SlotWorker, held, start_slots, stop_slots
 from worker.synthetic import SyntheticEngine
@@ -75,8 +76,13 @@ def build_engine(settings: Settings) -> tuple[str, BatchEngine, TokenizerSpec | 
     started = time.perf_counter()
     loaded = load_model(source)
     log.info("loaded %s in %.1f s", name, time.perf_counter() - started)
+    prefixes = (
+        PrefixCache(loaded.model, settings.prefix_cache_entries, settings.prefix_cache_mb << 20)
+        if settings.prefix_cache_entries
+        else None
+    )
     engine_class = FaultyEngine if settings.fault_injection else Engine
-    engine = engine_class(loaded, settings.batch_size, settings.default_max_tokens)
+    engine = engine_class(loaded, settings.batch_size, settings.default_max_tokens, prefixes)
     return name, engine, build_spec(loaded)
 
 

@@ -19,9 +19,10 @@ from api.broker import Broker
 from bench.cluster import MODEL, Cluster
 from shared.config import Settings
 from shared.events import RequeuedEvent, decode_event
-from shared.jobs import GenerationJob
+from shared.jobs import GenerationJob, SamplingParams
 from tests.e2e.faults.conftest import (
     HEARTBEAT_S,
+    STORY,
     Reply,
     Stream,
     chat_body,
@@ -98,7 +99,13 @@ def test_past_the_drain_timeout_running_jobs_are_handed_back_and_the_worker_exit
     settings = Settings(
         redis_url=cluster.redis_url, namespace=cluster.namespace, heartbeat_s=HEARTBEAT_S
     )
-    bulk = GenerationJob(job_id="batch_req_drain", model=MODEL, prompt="Once", max_tokens=2000)
+    bulk = GenerationJob(  # greedy on a long story: still running when the drain times out
+        job_id="batch_req_drain",
+        model=MODEL,
+        messages=STORY,
+        max_tokens=2000,
+        sampling=SamplingParams(temperature=0),
+    )
     Broker(settings).submit_bulk([bulk])
     wait_for(lambda: rq_job(redis, bulk.job_id).get_status() == "started", 30, "the bulk job")
 

@@ -1,0 +1,69 @@
+"""The prefix cache's rules, on a tiny randomly initialised llama (no weights to load)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models import llama
+from mlx_lm.models.cache import make_prompt_cache
+
+from worker.prefix_cache import MIN_SHARED_TOKENS, PrefixCache
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=100,
+    )
+    mx.random.seed(0)
+    return llama.Model(args)
+
+
+def _finished(model: Any, tokens: list[int]) -> list[Any]:
+    cache = make_prompt_cache(model)
+    model(mx.array([tokens]), cache=cache)
+    return cache
+
+
+def test_an_unseen_prompt_starts_from_nothing(model: Any) -> None:
+    reuse = PrefixCache(model, 8, 1 << 30).reuse(list(range(10)), shared=0)
+    assert (reuse.cache, reuse.tokens, reuse.hits) == (None, 0, 0)
+
+
+def test_a_finished_sequence_serves_the_prompts_that_extend_it(model: Any) -> None:
+    prefixes = PrefixCache(model, 8, 1 << 30)
+    prefixes.store(list(range(12)), _finished(model, list(range(12))))
+    reuse = prefixes.reuse([*range(12), 50, 51], shared=0)
+    assert reuse.tokens == reuse.hits == 12
+    assert reuse.cache is not None and reuse.cache[0].offset == 12
+
+
+def test_a_fully_cached_prompt_still_leaves_its_last_token_to_compute(model: Any) -> None:
+    prefixes = PrefixCache(model, 8, 1 << 30)
+    prefixes.store(list(range(20)), _finished(model, list(range(20))))
+    reuse = prefixes.reuse(list(range(20)), shared=0)
+    assert reuse.tokens == reuse.hits == 19
+
+
+def test_a_long_enough_history_is_prefilled_once_and_then_shared(model: Any) -> None:
+    prefixes = PrefixCache(model, 8, 1 << 30)
+    history = list(range(MIN_SHARED_TOKENS + 4))
+    first = prefixes.reuse([*history, 70, 71], shared=len(history))
+    second = prefixes.reuse([*history, 80], shared=len(history))
+    assert (first.tokens, first.hits) == (len(history), 0)  # computed now, not a cache hit
+    assert (second.tokens, second.hits) == (len(history), len(history))
+
+
+def test_a_short_history_is_left_to_the_batch(model: Any) -> None:
+    prefixes = PrefixCache(model, 8, 1 << 30)
+    history = list(range(MIN_SHARED_TOKENS - 1))
+    assert prefixes.reuse([*history, 70], shared=len(history)).tokens == 0

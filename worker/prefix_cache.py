@@ -1,0 +1,76 @@
+"""The prefix cache: KV caches of prompts seen before, so a shared prefix is prefilled once.
+
+On this CPU a prompt token costs about half a generated token, and chat prompts share a lot:
+the template's system prompt, a fixed instruction, the earlier turns of a conversation. The
+cache keeps the KV state of (1) each finished sequence, prompt and answer, so the next turn of
+a conversation or a repeated prompt starts where it ended, and (2) each chat request's history
+(everything before its last message's text), prefilled on its own the first time it is seen,
+so that a burst of requests sharing a system prompt computes it once, not once per request.
+
+Storage and lookup are mlx-lm's `LRUPromptCache` (a token trie with least-recently-used
+eviction by entries and bytes); this module decides what goes in and hands out a copy.
+Only the engine thread touches it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache, trim_prompt_cache
+
+# A history shorter than this is cheaper to prefill with the rest than on its own; a longer one
+# than this is left to the batch's chunked prefill, which lets the other sequences go on.
+MIN_SHARED_TOKENS = 16
+MAX_SHARED_TOKENS = 512
+_KEY = "model"  # one engine, one model: the trie's model key is a constant
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """A KV cache for the first `tokens` prompt tokens (None: start from nothing), of which
+    `hits` were in the cache before this request (the rest it has just prefilled itself)."""
+
+    cache: list[Any] | None
+    tokens: int
+    hits: int
+
+
+class PrefixCache:
+    def __init__(self, model: Any, entries: int, max_bytes: int):
+        self._model = model
+        self._lru = LRUPromptCache(max_size=entries, max_bytes=max_bytes)
+
+    def reuse(self, prompt: list[int], shared: int) -> Reuse:
+        """The longest cached prefix of `prompt`, leaving at least its last token to compute.
+
+        When less than the first `shared` tokens (the request's history) is cached and there
+        are enough of them, they are prefilled and stored first.
+        """
+        reuse = self._nearest(prompt)
+        if reuse.tokens < shared < len(prompt) and MIN_SHARED_TOKENS <= shared <= MAX_SHARED_TOKENS:
+            self._prefill(prompt[:shared], reuse)
+            return replace(self._nearest(prompt), hits=reuse.hits)
+        return reuse
+
+    def store(self, tokens: list[int], cache: list[Any]) -> None:
+        """Keep a finished sequence's cache (its prompt and answer)."""
+        if tokens:
+            self._lru.insert_cache(_KEY, list(tokens), cache, cache_type="assistant")
+
+    def _nearest(self, prompt: list[int]) -> Reuse:
+        cache, rest = self._lru.fetch_nearest_cache(_KEY, prompt)
+        if cache is None:
+            return Reuse(None, 0, 0)
+        if not rest:  # the whole prompt is cached: recompute its last token for the logits
+            trim_prompt_cache(cache, 1)
+            rest = prompt[-1:]
+        tokens = len(prompt) - len(rest)
+        return Reuse(cache, tokens, tokens)
+
+    def _prefill(self, history: list[int], start: Reuse) -> None:
+        cache = start.cache if start.cache is not None else make_prompt_cache(self._model)
+        self._model(mx.array([history[start.tokens :]]), cache=cache)
+        mx.eval([c.state for c in cache])
+        self._lru.insert_cache(_KEY, list(history), cache, cache_type="system")
