@@ -22,6 +22,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from shared.errors import ContextLengthError, InvalidRequestError
 from shared.jobs import GenerationJob
+from worker.decode import use_decode_batch
 from worker.detokenize import TextDecoder, decoder_factory
 from worker.prefix_cache import PrefixCache, Reuse
 from worker.sampling import Sampler, make_sampler
@@ -144,6 +145,7 @@ class Engine:
             prefill_batch_size=batch_size,
             prefill_step_size=512,
         )
+        use_decode_batch(self._batch)
         self._by_uid: dict[int, Sequence] = {}
         self._uid_of: dict[str, int] = {}
 

@@ -1,6 +1,8 @@
 """Samplers: one per sequence, so each job keeps its own temperature, top_p and seed.
 
-Greedy sequences share one sampler object, which lets the batch sample them in one call.
+A sampler takes a step's raw logits (worker/decode.py): argmax and categorical sampling need
+no normalisation, top-p normalises for itself. Greedy sequences share one sampler object, which
+lets the batch sample them in one call.
 A seeded sampler draws from its own PRNG key, so a seed gives the same output whatever else
 runs in the batch; an unseeded one draws from MLX's global generator.
 """
@@ -17,8 +19,8 @@ from shared.jobs import SamplingParams
 Sampler = Callable[[mx.array], mx.array]
 
 
-def greedy(logprobs: mx.array) -> mx.array:
-    return mx.argmax(logprobs, axis=-1)
+def greedy(logits: mx.array) -> mx.array:
+    return mx.argmax(logits, axis=-1)
 
 
 def make_sampler(params: SamplingParams) -> Sampler:
@@ -29,13 +31,13 @@ def make_sampler(params: SamplingParams) -> Sampler:
     # OpenAI takes any 64-bit seed; MLX keys take unsigned ones: the same 64 bits, unsigned.
     key = mx.random.key(params.seed % 2**64) if params.seed is not None else None
 
-    def sample(logprobs: mx.array) -> mx.array:
+    def sample(logits: mx.array) -> mx.array:
         nonlocal key
         if top_p < 1.0:
-            logprobs = apply_top_p(logprobs, top_p)
+            logits = apply_top_p(logits - mx.logsumexp(logits, axis=-1, keepdims=True), top_p)
         if key is None:
-            return mx.random.categorical(logprobs * inverse_temperature)
+            return mx.random.categorical(logits * inverse_temperature)
         key, draw = mx.random.split(key)
-        return mx.random.categorical(logprobs * inverse_temperature, key=draw)
+        return mx.random.categorical(logits * inverse_temperature, key=draw)
 
     return sample
