@@ -19,7 +19,8 @@ if ! command -v redis-server >/dev/null; then
     echo "setup: could not install redis-server; install it, or point REDIS_URL at a running Redis"; fi
 fi
 
-if [ "$(uname)" = Linux ] && ! ls /usr/lib/*/libopenblas.so.0 /usr/lib64/libopenblas.so.0 >/dev/null 2>&1; then
+has_openblas() { compgen -G "/usr/lib/*/libopenblas.so.0" >/dev/null || [ -e /usr/lib64/libopenblas.so.0 ]; }
+if [ "$(uname)" = Linux ] && ! has_openblas; then
   echo "setup: installing OpenBLAS (MLX's CPU backend is much faster with it)"
   apt_install libopenblas0-pthread || echo "setup: could not install OpenBLAS; the worker will run slower"
 fi
