@@ -1,10 +1,10 @@
 """The side-by-side benchmark: engine alone, mlx_lm.server (the peer) and mlxq, one run.
 
 For each concurrency level, every system gets the same streamed chat requests from the same
-client code (bench/load.py), one system at a time on this machine, so their ratios are
-comparable even on a noisy machine. The engine alone and the bare forward step run in a
-subprocess with the same weights; the naive set-up (4-bit weights as shipped, no OpenBLAS) is
-measured the same way for the engine-setup ratio.
+client code (bench/load.py), one system at a time on this machine, the peer and mlxq back to
+back at each level, so their ratios are comparable even on a noisy machine. The engine alone
+and the bare forward step run in a subprocess with the same weights; the naive set-up (4-bit
+weights as shipped, no OpenBLAS) is measured the same way for the engine-setup ratio.
 """
 
 from __future__ import annotations
@@ -40,21 +40,15 @@ def _as_row(system: str, concurrency: int, tokens_per_s: float, **extra: Any) ->
     return {"system": system, "concurrency": concurrency, "tokens_per_s": tokens_per_s, **extra}
 
 
-def _drive(
-    label: str, running: systems.Running, levels: list[int], args: Any, bar: tqdm[Any]
-) -> list[dict[str, Any]]:
-    rows = []
-    for c in levels:
-        cpu_before = systems.cpu_seconds(running.api_pids)
-        result: LoadResult = run_load(
-            label, running.port, running.model, c, args.per_client, args.max_tokens
-        )
-        api_cpu = systems.cpu_seconds(running.api_pids) - cpu_before
-        row = result.as_dict()
-        row["api_cpu_s_per_1k_tokens"] = 1000 * api_cpu / result.tokens if result.tokens else None
-        rows.append(row)
-        bar.update()
-    return rows
+def _drive(label: str, running: systems.Running, c: int, args: Any) -> dict[str, Any]:
+    cpu_before = systems.cpu_seconds(running.api_pids)
+    result: LoadResult = run_load(
+        label, running.port, running.model, c, args.per_client, args.max_tokens
+    )
+    api_cpu = systems.cpu_seconds(running.api_pids) - cpu_before
+    row = result.as_dict()
+    row["api_cpu_s_per_1k_tokens"] = 1000 * api_cpu / result.tokens if result.tokens else None
+    return row
 
 
 def run(args: Any) -> dict[str, Any]:
@@ -72,12 +66,14 @@ def run(args: Any) -> dict[str, Any]:
                 _as_row("forward step (ceiling)", c, engine[str(c)]["forward"]["tokens_per_s"])
             )
         bar.update()
-        bar.set_postfix_str("mlx_lm.server")
-        with systems.peer(model) as peer:
-            rows += _drive("mlx_lm.server", peer, levels, args, bar)
-        bar.set_postfix_str("mlxq")
-        with systems.mlxq(model, batch_size=max(levels)) as mlxq:
-            rows += _drive("mlxq", mlxq, levels, args, bar)
+        # Both stay up, idle while the other runs: at each level the peer and mlxq run back
+        # to back, so a machine that slows down during the run weighs on both alike.
+        with systems.peer(model) as peer, systems.mlxq(model, batch_size=max(levels)) as mlxq:
+            for c in levels:
+                for label, running in (("mlx_lm.server", peer), ("mlxq", mlxq)):
+                    bar.set_postfix_str(f"{label} c={c}")
+                    rows.append(_drive(label, running, c, args))
+                    bar.update()
         bar.set_postfix_str("engine set-ups")
         setups = engine_setups(args) if not args.skip_naive else {}
         bar.update()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -27,6 +28,10 @@ from worker.engine import BatchEngine, PreparedJob, StepOutput
 from worker.publish import EventSink, Route
 
 log = logging.getLogger(__name__)
+
+# An idle loop that got a job waits for more while they keep coming this close together.
+GATHER_GAP_S = 0.004
+GATHER_MAX_S = 0.04
 
 
 @dataclass
@@ -78,14 +83,7 @@ class EngineLoop:
             self._retire(outputs)
 
     def _admit(self, block: bool) -> None:
-        admitted: list[Admission] = []
-        try:
-            admission = self._inbox.get(timeout=0.2) if block else self._inbox.get_nowait()
-            while True:
-                admitted.append(admission)
-                admission = self._inbox.get_nowait()
-        except queue.Empty:
-            pass
+        admitted = self._gather() if block else self._drain()
         with self._lock:
             for a in admitted:
                 self._waiting.pop(a.prepared.job_id, None)
@@ -99,6 +97,33 @@ class EngineLoop:
         self._sink.send(
             [(a.route, StartedEvent(prompt_tokens=len(a.prepared.prompt))) for a in started]
         )
+
+    def _drain(self) -> list[Admission]:
+        admitted: list[Admission] = []
+        try:
+            while True:
+                admitted.append(self._inbox.get_nowait())
+        except queue.Empty:
+            return admitted
+
+    def _gather(self) -> list[Admission]:
+        """Wait for work; then for the jobs arriving right behind it.
+
+        Requests that come together reach the idle loop a few milliseconds apart (each slot
+        thread has its own Redis round trips); one prefill for all of them costs about what
+        a prefill for one costs, so they are admitted together.
+        """
+        try:
+            admitted = [self._inbox.get(timeout=0.2)]
+        except queue.Empty:
+            return []
+        until = time.monotonic() + GATHER_MAX_S
+        while (left := until - time.monotonic()) > 0:
+            try:
+                admitted.append(self._inbox.get(timeout=min(GATHER_GAP_S, left)))
+            except queue.Empty:
+                break
+        return admitted
 
     def _step(self) -> list[StepOutput]:
         try:
