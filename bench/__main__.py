@@ -16,7 +16,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="engine vs mlx_lm.server vs mlxq, streaming clients")
     s.add_argument("--concurrency", default="1,4,16,32")
     s.add_argument("--max-tokens", type=int, default=64)
-    s.add_argument("--per-client", type=int, default=2, help="requests each client sends")
+    s.add_argument("--per-client", type=int, default=4, help="requests each client sends")
     s.add_argument("--skip-naive", action="store_true", help="skip the 4-bit/no-OpenBLAS runs")
     s.set_defaults(func=serve.main)
     r = sub.add_parser("relay", help="one API process relaying a SYNTHETIC engine's tokens")

@@ -24,7 +24,7 @@ from shared.errors import ContextLengthError, InvalidRequestError
 from shared.jobs import GenerationJob
 from worker.decode import use_decode_batch
 from worker.detokenize import TextDecoder, decoder_factory
-from worker.prefix_cache import PrefixCache, Reuse
+from worker.prefix_cache import PrefixCache, Reuse, level
 from worker.sampling import Sampler, make_sampler
 from worker.stop import StopStringMatcher, stop_token_ids
 
@@ -146,12 +146,13 @@ class Engine:
             prefill_step_size=512,
         )
         use_decode_batch(self._batch)
+        self._pending: list[PreparedJob] = []
         self._by_uid: dict[int, Sequence] = {}
         self._uid_of: dict[str, int] = {}
 
     @property
     def active(self) -> int:
-        return len(self._by_uid)
+        return len(self._by_uid) + len(self._pending)
 
     def prepare(self, job: GenerationJob) -> PreparedJob:
         """Tokenize the job and fix its limits; raises an InvalidRequestError if it cannot run."""
@@ -201,31 +202,46 @@ class Engine:
         return same
 
     def insert(self, prepared: PreparedJob) -> None:
-        prompt = prepared.prompt
-        reuse = (
-            self._prefixes.reuse(prompt, prepared.shared_tokens)
-            if self._prefixes is not None
-            else Reuse(None, 0, 0)
+        """Queue the job for the batch; it enters at the next step, with whatever else came."""
+        self._pending.append(prepared)
+
+    def _enter_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        prompts = [p.prompt for p in pending]
+        reuses = [self._reuse(p) for p in pending]
+        if self._prefixes is not None:
+            reuses = level(prompts, reuses)
+        uids = self._batch.insert(
+            [p[r.tokens :] for p, r in zip(prompts, reuses, strict=True)],
+            max_tokens=[p.max_tokens for p in pending],
+            caches=[r.cache for r in reuses],
+            all_tokens=[p[: r.tokens] for p, r in zip(prompts, reuses, strict=True)],
+            samplers=[p.sampler for p in pending],
+            stop_sequences=[self._stop_sequences] * len(pending),
         )
-        (uid,) = self._batch.insert(
-            [prompt[reuse.tokens :]],
-            max_tokens=[prepared.max_tokens],
-            caches=[reuse.cache],
-            all_tokens=[prompt[: reuse.tokens]],
-            samplers=[prepared.sampler],
-            stop_sequences=[self._stop_sequences],
-        )
-        self._by_uid[uid] = Sequence(
-            job_id=prepared.job_id,
-            prompt_tokens=len(prompt),
-            cached_tokens=reuse.hits,
-            decoder=self._loaded.new_decoder(),
-            matcher=StopStringMatcher(prepared.stops),
-        )
-        self._uid_of[prepared.job_id] = uid
+        for uid, prepared, reuse in zip(uids, pending, reuses, strict=True):
+            self._by_uid[uid] = Sequence(
+                job_id=prepared.job_id,
+                prompt_tokens=len(prepared.prompt),
+                cached_tokens=reuse.hits,
+                decoder=self._new_decoder(prepared),
+                matcher=StopStringMatcher(prepared.stops),
+            )
+            self._uid_of[prepared.job_id] = uid
+
+    def _new_decoder(self, prepared: PreparedJob) -> TextDecoder:
+        return self._loaded.new_decoder()
+
+    def _reuse(self, prepared: PreparedJob) -> Reuse:
+        if self._prefixes is None:
+            return Reuse(None, 0, 0)
+        return self._prefixes.reuse(prepared.prompt, prepared.shared_tokens)
 
     def step(self) -> list[StepOutput]:
         """Advance every sequence by one token (prompts by one chunk)."""
+        self._enter_pending()
         _, generated = self._batch.next()
         outputs = [self._advance_one(r.uid, r.token, r.finish_reason) for r in generated]
         if self._prefixes is not None:
@@ -273,6 +289,7 @@ class Engine:
         )
 
     def remove(self, job_ids: list[str]) -> None:
+        self._pending = [p for p in self._pending if p.job_id not in job_ids]
         uids = [self._uid_of.pop(j) for j in job_ids if j in self._uid_of]
         if uids:
             # Sequences mlx-lm already retired (stop token, max_tokens) are simply not found.

@@ -10,8 +10,6 @@ it). With the setting off (the default) serve.py uses the plain `Engine` and non
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from dataclasses import replace
 
 from typing_extensions import override
 
@@ -58,9 +56,7 @@ class FaultyEngine(Engine):
         prefixes: PrefixCache | None = None,
     ):
         self._armed: dict[str, str] = {}
-        self._next_fault: str | None = None
-        wrapped = replace(loaded, new_decoder=self._decoders(loaded.new_decoder))
-        super().__init__(wrapped, batch_size, default_max_tokens, prefixes)
+        super().__init__(loaded, batch_size, default_max_tokens, prefixes)
 
     @override
     def prepare(self, job: GenerationJob) -> PreparedJob:
@@ -71,20 +67,10 @@ class FaultyEngine(Engine):
         return prepared
 
     @override
-    def insert(self, prepared: PreparedJob) -> None:
-        self._next_fault = self._armed.pop(prepared.job_id, None)
-        try:
-            super().insert(prepared)
-        finally:
-            self._next_fault = None
-
-    def _decoders(self, factory: Callable[[], TextDecoder]) -> Callable[[], TextDecoder]:
-        def make() -> TextDecoder:
-            decoder = factory()
-            fault = self._next_fault
-            return FaultyDecoder(decoder, fault) if fault is not None else decoder
-
-        return make
+    def _new_decoder(self, prepared: PreparedJob) -> TextDecoder:
+        decoder = super()._new_decoder(prepared)
+        fault = self._armed.pop(prepared.job_id, None)
+        return FaultyDecoder(decoder, fault) if fault is not None else decoder
 
 
 def _fault_in(job: GenerationJob) -> str | None:

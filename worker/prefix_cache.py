@@ -24,6 +24,8 @@ from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache, trim_prompt_c
 # than this is left to the batch's chunked prefill, which lets the other sequences go on.
 MIN_SHARED_TOKENS = 16
 MAX_SHARED_TOKENS = 512
+# See `level`: recomputing this many tokens per prompt costs less than the roll it avoids.
+MAX_LEVELLING_TOKENS = 16
 _KEY = "model"  # one engine, one model: the trie's model key is a constant
 
 
@@ -57,6 +59,10 @@ class PrefixCache:
     def store(self, tokens: list[int], cache: list[Any]) -> None:
         """Keep a finished sequence's cache (its prompt and answer)."""
         if tokens:
+            # mlx-lm hands the cache over as lazy slices of the running batch's arrays: made
+            # real now, they cost a copy; left lazy, they cost far more when first read
+            # (measured: a prefill of 16 prompts on them, 1.1 s instead of 0.45 s).
+            mx.eval([c.state for c in cache])
             self._lru.insert_cache(_KEY, list(tokens), cache, cache_type="assistant")
 
     def _nearest(self, prompt: list[int]) -> Reuse:
@@ -74,3 +80,32 @@ class PrefixCache:
         self._model(mx.array([history[start.tokens :]]), cache=cache)
         mx.eval([c.state for c in cache])
         self._lru.insert_cache(_KEY, list(history), cache, cache_type="system")
+
+
+def level(prompts: list[list[int]], reuses: list[Reuse]) -> list[Reuse]:
+    """Trim the caches of prompts admitted together so all have as many tokens left to
+    prefill, when that means recomputing at most MAX_LEVELLING_TOKENS tokens of each.
+
+    mlx-lm prefills prompts of unequal lengths right-padded, then rolls every layer's whole
+    KV cache into place with a gather, which MLX's CPU backend does slowly: measured with the
+    default model, 16 prompts of 10-13 tokens on 30 cached ones took 0.85-1.2 s to prefill,
+    of equal length 0.5 s.
+    """
+    rests = [len(p) - r.tokens for p, r in zip(prompts, reuses, strict=True)]
+    longest = max(rests, default=0)
+    give = [longest - rest for rest in rests]
+    if not any(give):
+        return reuses
+    if any(g > min(r.tokens, MAX_LEVELLING_TOKENS) for g, r in zip(give, reuses, strict=True)):
+        return reuses
+    return [_trimmed(r, g) for r, g in zip(reuses, give, strict=True)]
+
+
+def _trimmed(reuse: Reuse, tokens: int) -> Reuse:
+    if tokens == 0 or reuse.cache is None:
+        return reuse
+    if tokens == reuse.tokens:
+        return Reuse(None, 0, 0)
+    trim_prompt_cache(reuse.cache, tokens)
+    kept = reuse.tokens - tokens
+    return Reuse(reuse.cache, kept, min(reuse.hits, kept))

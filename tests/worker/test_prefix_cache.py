@@ -7,7 +7,13 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from worker.prefix_cache import MIN_SHARED_TOKENS, PrefixCache
+from worker.prefix_cache import (
+    MAX_LEVELLING_TOKENS,
+    MIN_SHARED_TOKENS,
+    PrefixCache,
+    Reuse,
+    level,
+)
 
 
 def _finished(model: Any, tokens: list[int]) -> list[Any]:
@@ -49,3 +55,22 @@ def test_a_short_history_is_left_to_the_batch(model: Any) -> None:
     prefixes = PrefixCache(model, 8, 1 << 30)
     history = list(range(MIN_SHARED_TOKENS - 1))
     assert prefixes.reuse([*history, 70], shared=len(history)).tokens == 0
+
+
+def _reuse_of(model: Any, tokens: int) -> Reuse:
+    return Reuse(_finished(model, list(range(tokens))), tokens, tokens)
+
+
+def test_prompts_admitted_together_are_levelled_to_equal_lengths_left(model: Any) -> None:
+    prompts = [list(range(40)), list(range(42)), list(range(43))]
+    reuses = [_reuse_of(model, 30), _reuse_of(model, 30), _reuse_of(model, 30)]
+    levelled = level(prompts, reuses)
+    assert [len(p) - r.tokens for p, r in zip(prompts, levelled, strict=True)] == [13, 13, 13]
+    assert [r.cache[0].offset for r in levelled if r.cache] == [27, 29, 30]
+    assert [r.hits for r in levelled] == [27, 29, 30]
+
+
+def test_levelling_never_recomputes_more_than_its_limit(model: Any) -> None:
+    prompts = [list(range(20)), list(range(20 + MAX_LEVELLING_TOKENS + 1))]
+    reuses = [_reuse_of(model, 19), Reuse(None, 0, 0)]
+    assert level(prompts, reuses) == reuses
