@@ -1,11 +1,12 @@
 """The engine: a loaded model generating many sequences in one continuous batch.
 
 It knows nothing of Redis or HTTP. Its surface follows mlx-lm's BatchGenerator: `prepare` turns
-a job into prompt tokens and limits (and refuses what cannot run), `insert` adds it to the
-batch, `step` advances every sequence by one token and returns what each may show now,
-`remove` drops sequences (cancellation). Each sequence's state is a `Sequence` dataclass.
-A prompt whose opening the prefix cache holds (worker/prefix_cache.py) enters the batch with a
-copy of that KV cache and only its remaining tokens to prefill.
+a job into prompt tokens and limits (and refuses what cannot run), `insert` queues it for the
+batch, `step` lets the queued jobs in together and advances every sequence by one token,
+returning what each may show now, `remove` drops sequences (cancellation). Each sequence's
+state is a `Sequence` dataclass. A prompt whose opening the prefix cache holds
+(worker/prefix_cache.py) enters the batch with a copy of that KV cache and only its remaining
+tokens to prefill.
 """
 
 from __future__ import annotations
