@@ -255,7 +255,8 @@ class Reaper:
         Only while the job is still that execution's: the job's record is WATCHed from the
         check to the write, so a job that ended or moved on meanwhile is left alone.
         """
-        if not self._redis.set(self._keys.reaped(s.execution), 1, nx=True, ex=CLAIM_TTL_S):
+        claim = self._keys.reaped(s.execution)
+        if not self._redis.set(claim, 1, nx=True, ex=CLAIM_TTL_S):
             return False  # another reaper has it
         try:
             job = Job.fetch(s.job_id, connection=self._redis, serializer=JSONSerializer)
@@ -276,7 +277,8 @@ class Reaper:
                     pipe.lrem(self._keys.taking(s.worker), 0, s.job_id)
                 failed = self._requeue_or_fail(pipe, s, job, why)
                 pipe.execute()
-            except WatchError:
+            except WatchError:  # the job changed meanwhile: let a later sweep look again
+                self._redis.delete(claim)
                 return False
         if failed:
             self._end_batch_line(job, why)

@@ -1,0 +1,56 @@
+"""The reaper against a real Redis: a dead worker's job is taken over even after a lost race."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from redis import Redis
+from rq import Queue
+from rq.executions import Execution
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+
+from shared.config import Settings
+from shared.jobs import JOB_FUNCTION
+from shared.keys import Keys
+from worker.reaper import Reaper
+
+MODEL = "reaper-test-model"
+
+
+def _started_by_dead_worker(redis: Redis, keys: Keys, dead: str) -> Job:
+    queue = Queue(keys.queue(MODEL), connection=redis, serializer=JSONSerializer)
+    job = queue.create_job(JOB_FUNCTION, args=({},), job_id=f"chatcmpl-{secrets.token_hex(16)}")
+    with redis.pipeline() as pipe:
+        job.save(pipeline=pipe)
+        Execution.create(job, 3600, pipeline=pipe, worker_name=f"{dead}.0")
+        job.prepare_for_execution(f"{dead}.0", pipeline=pipe)
+        pipe.zadd(keys.workers(MODEL), {dead: time.time() - 3600})  # last heartbeat long ago
+        pipe.execute()
+    return job
+
+
+def test_a_take_over_that_loses_a_race_is_retried_on_a_later_sweep(
+    redis: Redis, settings: Settings
+) -> None:
+    keys = Keys(settings.namespace)
+    dead = f"gone-host.{secrets.randbelow(10**6)}"
+    job = _started_by_dead_worker(redis, keys, dead)
+    reaper = Reaper(redis, keys, MODEL, "live-host.1", 0.5, 60, dict, lambda _: None)
+    held = reaper._still_held_by
+
+    def touched_meanwhile(pipe: object, watched: Job, worker: str | None) -> bool:
+        Redis.from_url(settings.redis_url).hset(watched.key, "touched", 1)  # another writer
+        return held(pipe, watched, worker)  # type: ignore[arg-type]
+
+    reaper._still_held_by = touched_meanwhile  # type: ignore[method-assign]
+    reaper.sweep()
+    reaper.sweep()  # confirmed dead: the take-over loses its WATCH race
+    assert job.get_status(refresh=True) == JobStatus.STARTED
+
+    reaper._still_held_by = held  # type: ignore[method-assign]
+    reaper.sweep()
+    reaper.sweep()
+    assert job.get_status(refresh=True) == JobStatus.FAILED
+    assert job.id not in job.started_job_registry.get_job_ids(cleanup=False)
