@@ -211,9 +211,7 @@ class Engine:
         if not pending:
             return
         prompts = [p.prompt for p in pending]
-        reuses = [self._reuse(p) for p in pending]
-        if self._prefixes is not None:
-            reuses = level(prompts, reuses)
+        reuses = level(prompts, [self._reuse(p) for p in pending])
         uids = self._batch.insert(
             [p[r.tokens :] for p, r in zip(prompts, reuses, strict=True)],
             max_tokens=[p.max_tokens for p in pending],

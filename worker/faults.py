@@ -10,13 +10,13 @@ it). With the setting off (the default) serve.py uses the plain `Engine` and non
 from __future__ import annotations
 
 import threading
+from functools import cached_property
 
 from typing_extensions import override
 
 from shared.jobs import GenerationJob
 from worker.detokenize import TextDecoder
-from worker.engine import Engine, LoadedModel, PreparedJob
-from worker.prefix_cache import PrefixCache
+from worker.engine import Engine, PreparedJob
 
 RAISE = "[[fault:raise]]"
 WEDGE = "[[fault:wedge]]"
@@ -48,15 +48,10 @@ class FaultyDecoder:
 class FaultyEngine(Engine):
     """The engine, but jobs that ask for a fault get a faulty text decoder."""
 
-    def __init__(
-        self,
-        loaded: LoadedModel,
-        batch_size: int,
-        default_max_tokens: int,
-        prefixes: PrefixCache | None = None,
-    ):
-        self._armed: dict[str, str] = {}
-        super().__init__(loaded, batch_size, default_max_tokens, prefixes)
+    @cached_property
+    def _armed(self) -> dict[str, str]:
+        """Job id -> the fault its prompt asked for, from `prepare` until its decoder is made."""
+        return {}
 
     @override
     def prepare(self, job: GenerationJob) -> PreparedJob:
