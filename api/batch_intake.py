@@ -138,7 +138,7 @@ def _take_request(intake: Intake, batch: StoredBatch, line: BatchInputLine) -> N
     try:
         check_values(line.body)
         body = _batchable(batch.endpoint, line.body)
-        request = REQUEST_MODELS[batch.endpoint].model_validate(body)
+        request = REQUEST_MODELS[batch.endpoint].model_validate(body, strict=True)
     except ValidationError as err:
         error = ErrorBody(error=validation_detail(err))
         intake.refused[index] = LineResult.failed(line.custom_id, 400, error)

@@ -44,9 +44,9 @@ from shared.batches import (
     LineResult,
     StoredBatch,
     line_job_prefix,
-    new_id,
 )
 from shared.errors import InvalidRequestError, MLXQError, ModelNotFoundError, NotFoundError
+from shared.ids import new_id
 
 # Moves a batch from one status to another only if it is still in the first one.
 _MOVE = """

@@ -8,12 +8,20 @@ from collections.abc import Iterator
 from flask import Blueprint, Response
 
 from api.broker import broker
-from api.generation import RunningJob, collect, new_id, start, stream_frames
-from api.sse import frame, sse_response, text_framer
+from api.generation import RunningJob, collect, start, stream_frames
+from api.sse import frame, sse_response, token_framer
 from api.validation import parse_body
-from shared.completions import Completion, CompletionRequest, FinishReason, TextChoice
-from shared.events import DoneEvent
-from shared.jobs import GenerationJob, job_for
+from shared.answers import text_completion
+from shared.completions import (
+    Completion,
+    CompletionRequest,
+    FinishReason,
+    TextChoice,
+    TextLogprobs,
+)
+from shared.events import DoneEvent, TokenEvent
+from shared.ids import new_id
+from shared.jobs import job_for
 
 bp = Blueprint("completions", __name__)
 
@@ -21,32 +29,23 @@ bp = Blueprint("completions", __name__)
 @bp.post("/v1/completions")
 def create_completion() -> Response:
     req = parse_body(CompletionRequest)
-    running = start(broker(), _job(req))
+    running = start(broker(), job_for(new_id("cmpl-"), req))
     if req.stream:
         return sse_response(stream_completion(running, req))
     return Response(collect_completion(running, req).model_dump_json(), mimetype="application/json")
 
 
-def _job(req: CompletionRequest) -> GenerationJob:
-    return job_for(new_id("cmpl"), req)
-
-
 def collect_completion(running: RunningJob, req: CompletionRequest) -> Completion:
     result = collect(running)
-    text = req.prompt + result.text if req.echo else result.text
-    return Completion(
-        id=running.job.job_id,
-        created=int(time.time()),
-        model=running.job.model,
-        choices=[TextChoice(text=text, finish_reason=result.done.finish_reason)],
-        usage=result.done.usage,
-    )
+    return text_completion(req, running.job.job_id, int(time.time()), result.got, result.done)
 
 
 def stream_completion(running: RunningJob, req: CompletionRequest) -> Iterator[bytes]:
     head = Completion(
         id=running.job.job_id, created=int(time.time()), model=running.job.model, choices=[]
     )
+    # Where the next token's text starts in the choice's text (legacy logprobs' text_offset).
+    offset = len(req.prompt) if req.echo else 0
 
     def chunk(text: str, finish_reason: FinishReason | None = None) -> bytes:
         choice = TextChoice(text=text, finish_reason=finish_reason)
@@ -58,8 +57,13 @@ def stream_completion(running: RunningJob, req: CompletionRequest) -> Iterator[b
             frames.append(frame(head.model_copy(update={"usage": done.usage})))
         return frames
 
-    def with_text(text: str) -> Completion:
-        return head.model_copy(update={"choices": [TextChoice(text=text)]})
+    def with_token(event: TokenEvent) -> Completion:
+        nonlocal offset
+        logprobs = None
+        if event.logprobs is not None:
+            logprobs = TextLogprobs.of(event.logprobs, offset)
+            offset += sum(len(entry.token) for entry in event.logprobs)
+        return head.model_copy(update={"choices": [TextChoice(text=event.text, logprobs=logprobs)]})
 
     opening = [chunk(req.prompt)] if req.echo else []
-    return stream_frames(running, opening, text_framer(with_text), closing)
+    return stream_frames(running, opening, token_framer(with_token), closing)

@@ -13,9 +13,9 @@ from redis import Redis
 
 from api.auth import is_owner
 from api.listing import page
-from shared.batches import new_id
 from shared.errors import NotFoundError
 from shared.files import FileDeleted, FileList, FileListQuery, FileObject, FilePurpose
+from shared.ids import new_id
 from shared.keys import Keys
 
 

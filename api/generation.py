@@ -11,7 +11,6 @@ a job whose worker is lost is ended by the job watch (api/watch.py).
 from __future__ import annotations
 
 import contextlib
-import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from api.broker import Broker
 from api.relay import Subscription
 from api.sse import DONE, KEEPALIVE, frame
+from shared.answers import Transcript
 from shared.errors import (
     BackendUnavailableError,
     GenerationError,
@@ -34,10 +34,6 @@ KEEPALIVE_S = 5.0
 # How long past its queue deadline a request still waits for a worker that took the job just in
 # time (and is tokenizing its prompt) before giving up.
 START_GRACE_S = 1.0
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(16)}"
 
 
 @dataclass
@@ -137,20 +133,20 @@ def _as_error(event: Event | None) -> MLXQError:
 
 @dataclass(frozen=True)
 class Collected:
-    text: str
+    got: Transcript
     done: DoneEvent
 
 
 def collect(running: RunningJob) -> Collected:
-    """Run a job to its end and join its text (the non-streaming responses)."""
-    parts: list[str] = []
+    """Run a job to its end and gather what it produced (the non-streaming responses)."""
+    got = Transcript()
     try:
         for batch in running.batches():
             for event in batch if isinstance(batch, list) else ():
                 if isinstance(event, TokenEvent):
-                    parts.append(event.text)
+                    got.add(event)
                 else:
-                    return Collected("".join(parts), event)
+                    return Collected(got, event)
     finally:
         running.close()
     raise GenerationError("the job ended without a final event")
@@ -159,7 +155,7 @@ def collect(running: RunningJob) -> Collected:
 def stream_frames(
     running: RunningJob,
     opening: list[bytes],
-    token_frame: Callable[[str], bytes],
+    token_frame: Callable[[TokenEvent], bytes],
     done_frames: Callable[[DoneEvent], list[bytes]],
 ) -> Iterator[bytes]:
     """A job's SSE stream: opening frames, one frame per token, the closing frames, [DONE].
@@ -174,7 +170,7 @@ def stream_frames(
                 yield KEEPALIVE
                 continue
             frames = [
-                token_frame(e.text) if isinstance(e, TokenEvent) else b"".join(done_frames(e))
+                token_frame(e) if isinstance(e, TokenEvent) else b"".join(done_frames(e))
                 for e in batch
             ]
             yield b"".join(frames)

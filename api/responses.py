@@ -20,9 +20,9 @@ from api.listing import parse_query
 from api.response_store import ResponseStore
 from api.sse import KEEPALIVE, event_frame, sse_response
 from api.validation import parse_body
-from shared.batches import new_id
 from shared.errors import InvalidRequestError, MLXQError, NotFoundError
 from shared.events import ErrorEvent, RequeuedEvent
+from shared.ids import new_id
 from shared.jobs import job_for
 from shared.response_events import ResponseStream, StreamEvent
 from shared.response_state import Progress, lost_error, render
@@ -72,7 +72,7 @@ def create_response() -> Response:
     if req.stream:
         return sse_response(live_stream(running, stored, responses))
     result = collect(running)
-    progress = Progress(started=True, parts=[result.text], done=result.done)
+    progress = Progress(started=True, parts=[result.got.text], done=result.done)
     return _json(render(stored, progress, progress.status()).model_dump_json())
 
 

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 from flask import Response, stream_with_context
 from pydantic import BaseModel
 
+from shared.events import TokenEvent
+
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keepalive\n\n"
 
@@ -24,13 +26,16 @@ _SLOT = "\u0000mlxq-text-slot\u0000"
 _SLOT_JSON = json.dumps(_SLOT).encode()
 
 
-def text_framer(template: Callable[[str], BaseModel]) -> Callable[[str], bytes]:
-    """A fast `frame(template(text))` for the per-token path: the payload is rendered once
-    with a placeholder, and each token only JSON-escapes its own text between the halves."""
-    prefix, suffix = frame(template(_SLOT)).split(_SLOT_JSON)
+def token_framer(template: Callable[[TokenEvent], BaseModel]) -> Callable[[TokenEvent], bytes]:
+    """A fast `frame(template(event))` for the per-token path: the payload of a plain token is
+    rendered once with a placeholder, and each token only JSON-escapes its own text between the
+    halves. A token that carries log probabilities is rendered whole."""
+    prefix, suffix = frame(template(TokenEvent(text=_SLOT))).split(_SLOT_JSON)
 
-    def framed(text: str) -> bytes:
-        return prefix + json.dumps(text, ensure_ascii=False).encode() + suffix
+    def framed(event: TokenEvent) -> bytes:
+        if event.logprobs is not None:
+            return frame(template(event))
+        return prefix + json.dumps(event.text, ensure_ascii=False).encode() + suffix
 
     return framed
 

@@ -42,7 +42,7 @@ def parse_body(model: type[M]) -> M:
             "NaN and Infinity are not JSON."
         ) from err
     check_values(data)
-    return model.model_validate(data)
+    return model.model_validate(data, strict=True)
 
 
 def _require_json_content_type() -> None:

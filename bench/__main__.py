@@ -1,11 +1,11 @@
-"""`python -m bench serve|relay`: the benchmarks mlxq ships (see README, Benchmarks)."""
+"""`python -m bench serve|relay|parity`: the benchmarks mlxq ships (see README, Benchmarks)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from bench import relay, serve
+from bench import parity, relay, serve
 from shared.config import Settings
 
 
@@ -24,6 +24,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--tokens", type=int, default=100, help="tokens per stream")
     r.add_argument("--step-ms", type=float, default=20.0, help="synthetic engine step")
     r.set_defaults(func=relay.main)
+    q = sub.add_parser("parity", help="decode step: structured outputs, logprobs, penalties")
+    q.add_argument("--rounds", type=int, default=3)
+    q.set_defaults(func=parity.main)
     return p
 
 

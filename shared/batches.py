@@ -17,23 +17,16 @@ body a line's endpoint would have answered; worker and API share it.
 
 from __future__ import annotations
 
-import secrets
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.completions import (
-    AssistantMessage,
-    ChatChoice,
-    ChatCompletion,
-    ChatCompletionRequest,
-    Completion,
-    CompletionRequest,
-    TextChoice,
-)
+from shared.answers import Transcript, chat_completion, text_completion
+from shared.completions import ChatCompletionRequest, CompletionRequest
 from shared.errors import ErrorBody
 from shared.events import DoneEvent
 from shared.files import ExpiresAfter
+from shared.ids import new_id
 from shared.keys import ID_PATTERN
 from shared.response_state import Progress, render
 from shared.responses import Metadata, ResponsesRequest, ResponseUsage, StoredResponse
@@ -67,10 +60,6 @@ TIMESTAMPS = (
 # OpenAI's limit on the requests in one batch.
 MAX_LINES = 50_000
 COMPLETION_WINDOW_S = 24 * 3600
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}{secrets.token_hex(12)}"
 
 
 class BatchCreateRequest(BaseModel):
@@ -258,32 +247,16 @@ def line_job_id(batch_id: str, index: int) -> str:
 
 
 def answer_body(
-    endpoint: Endpoint, body: dict[str, Any], text: str, done: DoneEvent, created: int
+    endpoint: Endpoint, body: dict[str, Any], got: Transcript, done: DoneEvent, created: int
 ) -> BaseModel:
-    """The body the endpoint answers for this request, generated text and final event."""
-    model = REQUEST_MODELS[endpoint].model_validate(body)
+    """The body the endpoint answers for this request, what the job produced and its end."""
+    model = REQUEST_MODELS[endpoint].model_validate(body, strict=True)
     if isinstance(model, ChatCompletionRequest):
-        choice = ChatChoice(
-            message=AssistantMessage(content=text), finish_reason=done.finish_reason
-        )
-        return ChatCompletion(
-            id=new_id("chatcmpl-"),
-            created=created,
-            model=model.model,
-            choices=[choice],
-            usage=done.usage,
-        )
+        return chat_completion(model, new_id("chatcmpl-"), created, got, done)
     if isinstance(model, CompletionRequest):
-        shown = model.prompt + text if model.echo else text
-        return Completion(
-            id=new_id("cmpl-"),
-            created=created,
-            model=model.model,
-            choices=[TextChoice(text=shown, finish_reason=done.finish_reason)],
-            usage=done.usage,
-        )
+        return text_completion(model, new_id("cmpl-"), created, got, done)
     stored = StoredResponse(id=new_id("resp_"), created_at=created, background=False, request=model)
-    progress = Progress(started=True, parts=[text], done=done)
+    progress = Progress(started=True, parts=[got.text], done=done)
     return render(stored, progress, progress.status())
 
 

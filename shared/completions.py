@@ -24,10 +24,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from shared.errors import UnsupportedParameterError
+from shared.errors import InvalidRequestError, UnsupportedParameterError
+from shared.grammar import ResponseFormat
 from shared.keys import MODEL_NAME_PATTERN as MODEL_NAME_PATTERN
+from shared.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length"]
+ServiceTier = Literal["auto", "default"]
 
 # Limits on what a request may ask for.
 MAX_MESSAGES = 2048  # messages in one chat request (OpenAI's limit)
@@ -36,12 +39,16 @@ MAX_CONTENT_PARTS = 1024  # text parts in one message
 MAX_STOP = 4  # stop strings (OpenAI's limit)
 MAX_STOP_CHARS = 256  # characters in one stop string
 MAX_N = 128  # OpenAI's cap on n (mlxq implements n=1 only)
+MAX_LOGIT_BIAS = 300  # entries in logit_bias (OpenAI's limit)
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (OpenAI's limit); completions take up to 5
 MAX_TOKENS = 131_072  # max_tokens / max_completion_tokens; the context window bounds it too
 MAX_METADATA = 16  # metadata pairs, keys up to 64 and values up to 512 characters (OpenAI's)
 SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit integer, as OpenAI takes
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
+Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
 
 
 def _stop_list(value: str | list[str] | None) -> list[str]:
@@ -84,9 +91,13 @@ class SamplingRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: Annotated[dict[str, Bias], Field(max_length=MAX_LOGIT_BIAS)] | None = None
+    # vLLM's sampling extensions, under vLLM's names (0 / 1.0 leave them off).
+    top_k: Annotated[int, Field(ge=-1, le=MAX_TOKENS)] = 0
+    min_p: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] = 1.0
     user: str | None = None
     metadata: (
         Annotated[
@@ -103,15 +114,17 @@ class SamplingRequest(BaseModel):
             raise ValueError("stop strings must not be empty")
         return value
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if any(not key.isdigit() or len(key) > 9 for key in value or {}):
+            raise ValueError("logit_bias keys must be token ids (decimal integers as strings)")
+        return value
+
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> SamplingRequest:
         if self.n != 1:
             _refuse("n", "only n=1 is implemented")
-        if self.presence_penalty or self.frequency_penalty:
-            which = "presence_penalty" if self.presence_penalty else "frequency_penalty"
-            _refuse(which, "only 0 is implemented")
-        if self.logit_bias:
-            _refuse("logit_bias", "logit bias is not implemented")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
@@ -121,6 +134,19 @@ class SamplingRequest(BaseModel):
 
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            top_k=max(self.top_k, 0),
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
+        )
 
 
 class TextPart(BaseModel):
@@ -158,56 +184,102 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str
-
-
 class ChatCompletionRequest(SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
+    # Accepted and changing nothing here: chat completions are not stored, one tier serves all.
+    store: bool | None = None
+    service_tier: ServiceTier | None = None
 
     @model_validator(mode="after")
     def _refuse_unsupported_chat(self) -> ChatCompletionRequest:
-        if self.logprobs or self.top_logprobs is not None:
-            _refuse("logprobs" if self.logprobs else "top_logprobs", "logprobs are not returned")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequestError(
+                "top_logprobs requires logprobs to be true", param="top_logprobs"
+            )
         for name in ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"):
             if getattr(self, name) is not None:
                 _refuse(name, "tool and function calling is not implemented")
-        if self.response_format is not None and self.response_format.type != "text":
-            _refuse("response_format", "only the 'text' format is implemented")
+        if self.response_format is not None:
+            self.response_format.grammar("response_format")  # refuse what cannot be compiled
         return self
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def logprob_alternatives(self) -> int | None:
+        """None: no logprobs; k: the chosen token's logprob and its k best alternatives."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(SamplingRequest):
     prompt: Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
     max_tokens: TokenCount = 16
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     best_of: int | None = None
     suffix: str | None = None
 
     @model_validator(mode="after")
     def _refuse_unsupported_text(self) -> CompletionRequest:
-        if self.logprobs is not None:
-            _refuse("logprobs", "logprobs are not returned")
+        if self.logprobs is not None and self.echo:
+            _refuse("logprobs", "log probabilities of echoed prompt tokens are not implemented")
         if self.best_of not in (None, 1):
             _refuse("best_of", "only best_of=1 is implemented")
         if self.suffix:
             _refuse("suffix", "insertion is not implemented")
         return self
+
+
+class TopLogprob(BaseModel):
+    """One candidate token: its decoded text, its log probability and its UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    """A generated token's log probability and the most likely alternatives at its place."""
+
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+    refusal: None = None
+
+
+class TextLogprobs(BaseModel):
+    """The legacy completions' logprobs: parallel lists, one entry per generated token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+    @classmethod
+    def of(cls, entries: list[TokenLogprob], offset: int) -> TextLogprobs:
+        """`offset`: where the first token's text starts in the choice's text."""
+        offsets = []
+        for entry in entries:
+            offsets.append(offset)
+            offset += len(entry.token)
+        return cls(
+            tokens=[e.token for e in entries],
+            token_logprobs=[e.logprob for e in entries],
+            top_logprobs=[{t.token: t.logprob for t in e.top_logprobs} for e in entries],
+            text_offset=offsets,
+        )
 
 
 class AssistantMessage(BaseModel):
@@ -220,7 +292,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -230,6 +302,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    service_tier: str | None = None
     system_fingerprint: str | None = None
 
 
@@ -248,7 +321,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChunkDelta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -258,6 +331,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    service_tier: str | None = None
     system_fingerprint: str | None = None
 
 
@@ -265,7 +339,7 @@ class TextChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: TextLogprobs | None = None
 
 
 class Completion(BaseModel):

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from shared.completions import FinishReason, Usage
+from shared.completions import FinishReason, TokenLogprob, Usage
 from shared.errors import ErrorDetail, MLXQError
 
 
@@ -24,8 +24,12 @@ class StartedEvent(BaseModel):
 
 
 class TokenEvent(BaseModel):
+    """Text the job may show now; with `logprobs`, an entry per token generated since the last
+    event (only jobs that asked for them carry any)."""
+
     type: Literal["token"] = "token"
     text: str
+    logprobs: list[TokenLogprob] | None = None
 
 
 class DoneEvent(BaseModel):
@@ -63,7 +67,8 @@ class EventDecodeError(ValueError):
 
 
 def encode_event(event: Event) -> bytes:
-    return event.__pydantic_serializer__.to_json(event)
+    # Fields left None are left out: a plain token event stays `{"type","text"}`.
+    return event.__pydantic_serializer__.to_json(event, exclude_none=True)
 
 
 def decode_event(data: bytes | str) -> Event:

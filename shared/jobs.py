@@ -18,14 +18,9 @@ from shared.batches import BatchLine
 from shared.completions import ChatCompletionRequest, ChatMessage, CompletionRequest
 from shared.keys import ID_PATTERN, MODEL_NAME_PATTERN
 from shared.responses import ResponsesRequest
+from shared.sampling import SamplingParams
 
 JOB_FUNCTION = "worker.jobs.run_generation"
-
-
-class SamplingParams(BaseModel):
-    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    seed: int | None = None
 
 
 class JobLimits(BaseModel):
@@ -47,6 +42,10 @@ class GenerationJob(BaseModel):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     sampling: SamplingParams = SamplingParams()
     stop: Annotated[list[str], Field(max_length=4)] = []
+    # An llguidance grammar (shared/grammar.py) the output must match; None: free text.
+    grammar: str | None = None
+    # None: no log probabilities; k: each token's logprob and its k most likely alternatives.
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     limits: JobLimits = JobLimits()
     # Keep the job's event log this long once it ends (instead of the worker's default).
     replay_ttl_s: Annotated[int, Field(ge=1)] | None = None
@@ -71,30 +70,32 @@ def job_for(
     job_id: str, req: ChatCompletionRequest | CompletionRequest | ResponsesRequest
 ) -> GenerationJob:
     """The generation job that answers a validated request of any of the three endpoints."""
-    sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p)
     if isinstance(req, ResponsesRequest):
         return GenerationJob(
             job_id=job_id,
             model=req.model,
             messages=req.chat_messages(),
             max_tokens=req.max_output_tokens,
-            sampling=sampling,
+            sampling=SamplingParams(temperature=req.temperature, top_p=req.top_p),
+            grammar=req.grammar(),
         )
-    sampling.seed = req.seed
     if isinstance(req, ChatCompletionRequest):
         return GenerationJob(
             job_id=job_id,
             model=req.model,
             messages=req.messages,
             max_tokens=req.token_limit(),
-            sampling=sampling,
+            sampling=req.sampling(),
             stop=req.stop_strings(),
+            grammar=req.response_format.grammar("response_format") if req.response_format else None,
+            logprobs=req.logprob_alternatives(),
         )
     return GenerationJob(
         job_id=job_id,
         model=req.model,
         prompt=req.prompt,
         max_tokens=req.max_tokens,
-        sampling=sampling,
+        sampling=req.sampling(),
         stop=req.stop_strings(),
+        logprobs=req.logprobs,
     )

@@ -25,6 +25,7 @@ from shared.responses import (
     ResponseStatus,
     ResponseUsage,
     StoredResponse,
+    TextConfig,
 )
 
 
@@ -154,6 +155,7 @@ def render(
         output=output,
         store=req.store,
         temperature=req.temperature,
+        text=req.text or TextConfig(),
         top_p=req.top_p,
         usage=ResponseUsage.of(progress.done.usage) if progress.done else None,
         user=req.user,

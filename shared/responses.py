@@ -30,6 +30,12 @@ from shared.completions import (
     Usage,
 )
 from shared.errors import InvalidRequestError, UnsupportedParameterError
+from shared.grammar import (
+    SCHEMA_NAME_PATTERN,
+    JsonObjectFormat,
+    TextFormat,
+    grammar_for_schema,
+)
 
 Text = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
 Metadata = Annotated[
@@ -94,14 +100,28 @@ class InputMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class TextFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["text"] = "text"
+class JsonSchemaTextFormat(BaseModel):
+    """The Responses API's `text.format` for a schema: chat's `json_schema` spec, flattened."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+    type: Literal["json_schema"]
+    name: Annotated[str, Field(pattern=SCHEMA_NAME_PATTERN)]
+    description: str | None = None
+    schema_: Annotated[dict[str, Any], Field(alias="schema")]
+    strict: bool | None = None
+
+    def grammar(self, param: str) -> str | None:
+        return grammar_for_schema(self.schema_, param)
+
+
+TextFormatChoice = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaTextFormat, Field(discriminator="type")
+]
 
 
 class TextConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    format: TextFormat = TextFormat()
+    format: TextFormatChoice = TextFormat(type="text")
 
 
 class ResponsesRequest(BaseModel):
@@ -150,7 +170,11 @@ class ResponsesRequest(BaseModel):
                 )
         if self.background and not self.store:
             raise InvalidRequestError("background responses must be stored", param="store")
+        self.grammar()  # refuse a schema that cannot be compiled, before anything is queued
         return self
+
+    def grammar(self) -> str | None:
+        return self.text.format.grammar("text.format") if self.text is not None else None
 
     def chat_messages(self) -> list[ChatMessage]:
         messages = []

@@ -22,6 +22,7 @@ from typing import Any
 
 from redis import Redis
 
+from shared.answers import Transcript
 from shared.batches import BatchLine, BatchOutputLine, LineResult, answer_body
 from shared.errors import ErrorBody, ErrorDetail
 from shared.events import DoneEvent, ErrorEvent, RequeuedEvent, TokenEvent, decode_event
@@ -76,15 +77,15 @@ class BatchLines:
     def result_of(self, job_id: str, line: BatchLine) -> LineResult | None:
         """The line's answer from its event log; None if it was cancelled."""
         rows: Any = self._redis.lrange(self._keys.replay(job_id), 0, -1)
-        parts: list[str] = []
+        got = Transcript()
         for event in (decode_event(row) for row in rows):
             match event:
-                case TokenEvent(text=text):
-                    parts.append(text)
+                case TokenEvent():
+                    got.add(event)
                 case RequeuedEvent():  # an earlier attempt's text: dropped
-                    parts.clear()
+                    got.clear()
                 case DoneEvent(usage=usage):
-                    body = answer_body(line.endpoint, line.body, "".join(parts), event, _now())
+                    body = answer_body(line.endpoint, line.body, got, event, _now())
                     answered = BatchOutputLine.answered(
                         line.custom_id, 200, body.model_dump(mode="json")
                     )

@@ -72,3 +72,12 @@ def decoder_factory(tokenizer: Any) -> Callable[[], TextDecoder]:
         table = byte_table(template.tokenmap)
         return lambda: ByteLevelDecoder(table)
     return lambda: MlxLmDecoder(tokenizer.detokenizer)
+
+
+def token_pieces(tokenizer: Any) -> Callable[[int], bytes]:
+    """Each token id's own bytes (the text a logprobs entry names), for this TokenizerWrapper."""
+    template: StreamingDetokenizer = tokenizer.detokenizer
+    if isinstance(template, BPEStreamingDetokenizer):
+        table = byte_table(template.tokenmap)
+        return lambda token: table[token] if token < len(table) else b""
+    return lambda token: str(tokenizer.decode([token])).encode()

@@ -19,13 +19,18 @@ from typing import Any, Protocol
 
 from mlx_lm import load
 from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.sample_utils import LogitsProcessor
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from shared.completions import TokenLogprob
 from shared.errors import ContextLengthError, InvalidRequestError
 from shared.jobs import GenerationJob
 from worker.decode import use_decode_batch
-from worker.detokenize import TextDecoder, decoder_factory
+from worker.detokenize import TextDecoder, decoder_factory, token_pieces
+from worker.grammar import Grammars
+from worker.logprobs import LogprobRecorder
 from worker.prefix_cache import PrefixCache, Reuse, level
+from worker.processors import processors_for
 from worker.sampling import Sampler, make_sampler
 from worker.stop import StopStringMatcher, stop_token_ids
 
@@ -41,6 +46,10 @@ class PreparedJob:
     stops: tuple[str, ...]
     # Leading prompt tokens other requests are likely to share (chat history, system prompt).
     shared_tokens: int = 0
+    # Penalties, logit bias, a grammar: empty for a plain job, which then pays nothing for them.
+    processors: tuple[LogitsProcessor, ...] = ()
+    # Set when the job asked for log probabilities: the sampler, recording each draw.
+    recorder: LogprobRecorder | None = None
 
 
 @dataclass
@@ -52,6 +61,7 @@ class Sequence:
     cached_tokens: int
     decoder: TextDecoder
     matcher: StopStringMatcher
+    recorder: LogprobRecorder | None
     completion_tokens: int = 0
 
 
@@ -69,6 +79,7 @@ class StepOutput:
     completion_tokens: int
     cached_tokens: int = 0
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class BatchEngine(Protocol):
@@ -87,6 +98,8 @@ class LoadedModel:
     context_length: int
     stop_ids: frozenset[int]
     new_decoder: Callable[[], TextDecoder]
+    vocab_size: int  # the width of the model's logits
+    token_piece: Callable[[int], bytes]
 
 
 def load_model(path: str) -> LoadedModel:
@@ -99,6 +112,8 @@ def load_model(path: str) -> LoadedModel:
             tokenizer.eos_token_ids, _generation_config_eos(Path(path)), _token_lookup(tokenizer)
         ),
         new_decoder=decoder_factory(tokenizer),
+        vocab_size=int(config.get("vocab_size") or len(tokenizer.get_vocab())),
+        token_piece=token_pieces(tokenizer),
     )
 
 
@@ -147,6 +162,7 @@ class Engine:
             prefill_step_size=512,
         )
         use_decode_batch(self._batch)
+        self._grammars = Grammars(loaded.tokenizer._tokenizer, loaded.stop_ids, loaded.vocab_size)
         self._pending: list[PreparedJob] = []
         self._by_uid: dict[int, Sequence] = {}
         self._uid_of: dict[str, int] = {}
@@ -166,14 +182,33 @@ class Engine:
                 param="messages" if job.messages is not None else "prompt",
             )
         wanted = job.max_tokens or self._default_max_tokens
+        sampler = make_sampler(job.sampling)
+        recorder = None
+        if job.logprobs is not None:
+            recorder = sampler = LogprobRecorder(sampler, job.logprobs, self._loaded.token_piece)
         return PreparedJob(
             job_id=job.job_id,
             prompt=prompt,
             max_tokens=min(wanted, room),
-            sampler=make_sampler(job.sampling),
+            sampler=sampler,
             stops=tuple(job.stop),
             shared_tokens=self._history_tokens(job, prompt),
+            processors=self._processors(job),
+            recorder=recorder,
         )
+
+    def _processors(self, job: GenerationJob) -> tuple[LogitsProcessor, ...]:
+        outside = [t for t in job.sampling.logit_bias if t >= self._loaded.vocab_size]
+        if outside:
+            raise InvalidRequestError(
+                f"logit_bias names token {outside[0]}, which is not in this model's vocabulary "
+                f"of {self._loaded.vocab_size} tokens.",
+                param="logit_bias",
+            )
+        found = processors_for(job.sampling)
+        if job.grammar is not None:
+            found.append(self._grammars.constraint(job.grammar))
+        return tuple(found)
 
     def _tokenize(self, job: GenerationJob) -> list[int]:
         tokenizer = self._loaded.tokenizer
@@ -219,6 +254,7 @@ class Engine:
             all_tokens=[p[: r.tokens] for p, r in zip(prompts, reuses, strict=True)],
             samplers=[p.sampler for p in pending],
             stop_sequences=[self._stop_sequences] * len(pending),
+            logits_processors=[list(p.processors) for p in pending],
         )
         for uid, prepared, reuse in zip(uids, pending, reuses, strict=True):
             self._by_uid[uid] = Sequence(
@@ -227,6 +263,7 @@ class Engine:
                 cached_tokens=reuse.hits,
                 decoder=self._new_decoder(prepared),
                 matcher=StopStringMatcher(prepared.stops),
+                recorder=prepared.recorder,
             )
             self._uid_of[prepared.job_id] = uid
 
@@ -271,6 +308,10 @@ class Engine:
         seq = self._by_uid[uid]
         seq.completion_tokens += 1
         text = ""
+        logprobs = None
+        if seq.recorder is not None:
+            entry = seq.recorder.take()
+            logprobs = [] if token in self._loaded.stop_ids else [entry]
         if token not in self._loaded.stop_ids:
             text = seq.matcher.feed(seq.decoder.add(token))
         if seq.matcher.matched:
@@ -285,6 +326,7 @@ class Engine:
             prompt_tokens=seq.prompt_tokens,
             completion_tokens=seq.completion_tokens,
             cached_tokens=seq.cached_tokens,
+            logprobs=logprobs,
         )
 
     def remove(self, job_ids: list[str]) -> None:

@@ -147,8 +147,8 @@ class EngineLoop:
             admission = self._running[out.job_id]
             admission.completion_tokens = out.completion_tokens
             route = admission.route
-            if out.text:
-                events.append((route, TokenEvent(text=out.text)))
+            if out.text or out.logprobs:
+                events.append((route, TokenEvent(text=out.text, logprobs=out.logprobs)))
             if out.finish_reason is not None:
                 events.append((route, _final(out)))
         self._sink.send(events)

@@ -1,7 +1,7 @@
 """Property tests of SSE framing: any text, any split into tokens, any split of the bytes on the
 wire. A standard SSE parser (the OpenAI SDK's) reads back one event per frame, in order, whose
 JSON chunks join into exactly the text, then [DONE]. Both framers are covered: `frame` (every
-model) and `text_framer` (the per-token fast path the streams use)."""
+model) and `token_framer` (the per-token fast path the streams use)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai._streaming import SSEDecoder
 
-from api.sse import DONE, KEEPALIVE, frame, text_framer
+from api.sse import DONE, KEEPALIVE, frame, token_framer
 from shared.completions import ChatChunkChoice, ChatCompletionChunk, ChunkDelta
+from shared.events import TokenEvent
 
 # Any text a model can produce: every code point but surrogates, newlines and SSE syntax included.
 tokens = st.lists(
@@ -28,7 +29,11 @@ def chat_chunk(content: str) -> ChatCompletionChunk:
     return ChatCompletionChunk(id="chatcmpl-1", created=0, model="m", choices=[choice])
 
 
-fast = text_framer(chat_chunk)
+framed = token_framer(lambda event: chat_chunk(event.text))
+
+
+def fast(content: str) -> bytes:
+    return framed(TokenEvent(text=content))
 
 
 def chunk(content: str) -> bytes:

@@ -7,7 +7,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
-from shared.jobs import SamplingParams
+from shared.sampling import SamplingParams
 from worker.decode import use_decode_batch
 from worker.sampling import greedy, make_sampler
 

@@ -19,7 +19,8 @@ from api.broker import Broker
 from bench.cluster import MODEL, Cluster
 from shared.config import Settings
 from shared.events import RequeuedEvent, decode_event
-from shared.jobs import GenerationJob, SamplingParams
+from shared.jobs import GenerationJob
+from shared.sampling import SamplingParams
 from tests.e2e.faults.conftest import (
     HEARTBEAT_S,
     STORY,

@@ -22,8 +22,9 @@ from api.broker import Broker
 from bench.cluster import MODEL, Cluster
 from shared.config import Settings
 from shared.events import DoneEvent, RequeuedEvent, StartedEvent, decode_event
-from shared.jobs import JOB_FUNCTION, GenerationJob, SamplingParams
+from shared.jobs import JOB_FUNCTION, GenerationJob
 from shared.liveness import LIVE_FACTOR
+from shared.sampling import SamplingParams
 from tests.e2e.faults.conftest import (
     HEARTBEAT_S,
     STORY,

@@ -1,0 +1,106 @@
+"""What the OpenAI-parity features cost the decode step, measured side by side in one process.
+
+`python -m bench parity` runs this module in a subprocess (OpenBLAS preloaded, as a worker
+runs). For each scenario it puts 16 sequences in mlxq's engine (the worker's own Engine, no
+Redis or HTTP), lets them prefill, then times the decode steps while all 16 are still running.
+Scenarios run in interleaved rounds so that a noisy machine affects them alike; the figure is
+the median step over all rounds, and each ratio is against the plain step of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+from shared.completions import ChatCompletionRequest
+from shared.jobs import job_for
+from worker.engine import Engine, load_model
+
+BATCH = 16
+# A schema that keeps every sequence writing for the whole measurement.
+LONG_STRING: dict[str, Any] = {
+    "type": "object",
+    "properties": {"story": {"type": "string", "minLength": 400}},
+    "required": ["story"],
+    "additionalProperties": False,
+}
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "s", "schema": LONG_STRING}}
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "json_schema": {"response_format": SCHEMA_FORMAT},
+    "one_json_schema_in_16": {},  # sequence 0 constrained, the other 15 plain
+    "logprobs_top5": {"logprobs": True, "top_logprobs": 5},
+    "penalties_and_bias": {
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.5,
+        "repetition_penalty": 1.1,
+        "logit_bias": {"42": -5.0},
+    },
+}
+
+
+def _requests(scenario: str, max_tokens: int) -> list[ChatCompletionRequest]:
+    found = []
+    for i in range(BATCH):
+        extra = dict(SCENARIOS[scenario])
+        if scenario == "one_json_schema_in_16" and i == 0:
+            extra = {"response_format": SCHEMA_FORMAT}
+        body = {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": f"Tell me a long story about the number {i}."}
+            ],
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            **extra,
+        }
+        found.append(ChatCompletionRequest.model_validate(body))
+    return found
+
+
+def one_run(engine: Engine, scenario: str, max_tokens: int) -> list[float]:
+    for i, req in enumerate(_requests(scenario, max_tokens)):
+        engine.insert(engine.prepare(job_for(f"{scenario}{i}", req)))
+    steps: list[float] = []
+    while engine.active:
+        started = time.perf_counter()
+        outputs = engine.step()
+        elapsed = time.perf_counter() - started
+        finished = [o.job_id for o in outputs if o.finish_reason is not None]
+        if len(outputs) == BATCH and not finished:
+            steps.append(elapsed)
+        elif finished:  # measure full batches only: end the rest now
+            engine.remove([f"{scenario}{i}" for i in range(BATCH)])
+    return steps[2:]  # the first steps still settle (first tokens, async pipeline)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=40)
+    args = parser.parse_args()
+    engine = Engine(load_model(args.model), batch_size=BATCH, default_max_tokens=args.max_tokens)
+    one_run(engine, "json_schema", 8)  # warm up: grammar tokenizer, compiled kernels
+    steps: dict[str, list[float]] = {name: [] for name in SCENARIOS}
+    for _ in range(args.rounds):
+        for name in SCENARIOS:
+            steps[name].extend(one_run(engine, name, args.max_tokens))
+    medians = {name: statistics.median(s) * 1e3 for name, s in steps.items() if s}
+    rows = [
+        {
+            "scenario": name,
+            "steps": len(steps[name]),
+            "step_ms": ms,
+            "vs_plain": ms / medians["plain"],
+        }
+        for name, ms in medians.items()
+    ]
+    print(json.dumps({"batch": BATCH, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""The parameters modern OpenAI clients send: checked as strictly as OpenAI checks them.
+
+Run in-process against the session's real Redis, with no worker: a request that passes
+validation is answered 404 `model_not_found` (model "m" is served nowhere), one that does not
+gets a 400 naming its parameter before anything is queued.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from tests.api.test_errors import MESSAGES, assert_openai_error, chat
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def passes_validation(http: FlaskClient, **body: Any) -> bool:
+    response = chat(http, **body)
+    assert response.status_code in (400, 404), response.get_data(as_text=True)
+    return response.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("stream", "yes"),
+        ("stream", 1),
+        ("max_tokens", "5"),
+        ("max_tokens", 5.0),
+        ("temperature", "0.5"),
+        ("logprobs", 1),
+        ("seed", "7"),
+        ("top_logprobs", 2.0),
+    ],
+)
+def test_types_are_strict_and_a_wrong_one_is_named(
+    http: FlaskClient, field: str, value: object
+) -> None:
+    extra = {"logprobs": True} if field == "top_logprobs" else {}
+    response = chat(http, **{field: value}, **extra)
+    assert_openai_error(response, 400, field)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"store": True},
+        {"store": False},
+        {"service_tier": "auto"},
+        {"service_tier": "default"},
+        {"user": "u1", "metadata": {"k": "v"}},
+        {"presence_penalty": -2, "frequency_penalty": 2},
+        {"logit_bias": {str(i): 1.5 for i in range(300)}},
+        {"logit_bias": {"42": -100, "7": 100}},
+        {"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1},
+        {"top_k": -1},
+        {"logprobs": True, "top_logprobs": 20},
+        {"logprobs": True},
+        {"response_format": {"type": "text"}},
+        {"response_format": {"type": "json_object"}},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": SCHEMA},
+            }
+        },
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": True}}},
+        {"temperature": 1},  # an integer is a number
+    ],
+)
+def test_supported_parameters_pass_validation(http: FlaskClient, body: dict[str, Any]) -> None:
+    assert passes_validation(http, **body)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -2.01),
+        ("logit_bias", {str(i): 1.0 for i in range(301)}),
+        ("logit_bias", {"42": 101}),
+        ("logit_bias", {"token": 1}),
+        ("logit_bias", {"-1": 1}),
+        ("top_logprobs", 21),
+        ("top_k", -2),
+        ("min_p", 1.5),
+        ("repetition_penalty", 0),
+        ("service_tier", "priority"),
+    ],
+)
+def test_out_of_range_values_are_named(http: FlaskClient, field: str, value: object) -> None:
+    extra = {"logprobs": True} if field == "top_logprobs" else {}
+    response = chat(http, **{field: value}, **extra)
+    assert_openai_error(response, 400)
+    assert response.get_json()["error"]["param"].startswith(field)
+
+
+def test_top_logprobs_without_logprobs_is_refused(http: FlaskClient) -> None:
+    assert_openai_error(chat(http, top_logprobs=3), 400, "top_logprobs")
+
+
+def test_a_schema_the_grammar_engine_cannot_honour_is_a_400_naming_response_format(
+    http: FlaskClient,
+) -> None:
+    broken = {"type": "object", "properties": {"a": {"$ref": "#/definitions/missing"}}}
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": broken}}
+    response = chat(http, response_format=response_format)
+    assert_openai_error(response, 400, "response_format")
+    assert response.get_json()["error"]["code"] == "invalid_json_schema"
+    assert "missing" in response.get_json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json_schema"},
+        {"type": "json_schema", "json_schema": {"name": "has space", "schema": SCHEMA}},
+        {"type": "xml"},
+    ],
+)
+def test_malformed_response_formats_are_named(
+    http: FlaskClient, response_format: dict[str, Any]
+) -> None:
+    response = chat(http, response_format=response_format)
+    assert_openai_error(response, 400)
+    assert response.get_json()["error"]["param"].startswith("response_format")
+
+
+def test_responses_text_format_with_a_bad_schema_is_a_400_naming_text_format(
+    http: FlaskClient,
+) -> None:
+    broken = {"type": "string", "format": "no-such-format"}
+    text = {"format": {"type": "json_schema", "name": "x", "schema": broken}}
+    response = http.post("/v1/responses", json={"model": "m", "input": "hi", "text": text})
+    assert_openai_error(response, 400, "text.format")
+
+
+def test_completions_logprobs_range_and_echo(http: FlaskClient) -> None:
+    def complete(**body: Any) -> Any:
+        return http.post("/v1/completions", json={"model": "m", "prompt": "x", **body})
+
+    assert complete(logprobs=5).status_code == 404
+    assert_openai_error(complete(logprobs=6), 400, "logprobs")
+    assert_openai_error(complete(logprobs=1, echo=True), 400, "logprobs")
+    assert_openai_error(complete(echo="true"), 400, "echo")
+
+
+def test_messages_are_strict_too(http: FlaskClient) -> None:
+    response = http.post(
+        "/v1/chat/completions",
+        json={"model": "m", "messages": [*MESSAGES, {"role": "user", "content": 5}]},
+    )
+    assert_openai_error(response, 400)
