@@ -24,6 +24,7 @@ from shared.completions import (
 from shared.events import DoneEvent, TokenEvent
 from shared.ids import new_id
 from shared.jobs import job_for
+from shared.tools import ToolCallDelta
 
 bp = Blueprint("chat", __name__)
 
@@ -61,9 +62,20 @@ def stream_chat(running: RunningJob, req: ChatCompletionRequest) -> Iterator[byt
             frames.append(frame(head.model_copy(update={"usage": done.usage})))
         return frames
 
+    calls_sent = 0
+
     def with_token(event: TokenEvent) -> ChatCompletionChunk:
+        nonlocal calls_sent
         logprobs = None if event.logprobs is None else ChoiceLogprobs(content=event.logprobs)
-        choice = ChatChunkChoice(delta=ChunkDelta(content=event.text), logprobs=logprobs)
+        delta = ChunkDelta(content=event.text)
+        if event.tool_calls:
+            delta.tool_calls = [
+                ToolCallDelta(index=calls_sent + i, **call.model_dump())
+                for i, call in enumerate(event.tool_calls)
+            ]
+            calls_sent += len(event.tool_calls)
+            delta.content = event.text or None
+        choice = ChatChunkChoice(delta=delta, logprobs=logprobs)
         return head.model_copy(update={"choices": [choice]})
 
     opening = [chunk(ChunkDelta(role="assistant", content=""))]

@@ -22,6 +22,7 @@ from shared.completions import (
     TokenLogprob,
 )
 from shared.events import DoneEvent, TokenEvent
+from shared.tools import ToolCall
 
 
 @dataclass
@@ -30,15 +31,19 @@ class Transcript:
 
     parts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
     def add(self, event: TokenEvent) -> None:
         self.parts.append(event.text)
         if event.logprobs:
             self.logprobs.extend(event.logprobs)
+        if event.tool_calls:
+            self.tool_calls.extend(event.tool_calls)
 
     def clear(self) -> None:
         self.parts.clear()
         self.logprobs.clear()
+        self.tool_calls.clear()
 
     @property
     def text(self) -> str:
@@ -49,8 +54,12 @@ def chat_completion(
     req: ChatCompletionRequest, job_id: str, created: int, got: Transcript, done: DoneEvent
 ) -> ChatCompletion:
     logprobs = ChoiceLogprobs(content=got.logprobs) if req.logprobs else None
+    text = got.text
+    # A choice that calls tools has no content unless the model also wrote something.
+    content = None if got.tool_calls and not text.strip() else text
+    message = AssistantMessage(content=content, tool_calls=got.tool_calls or None)
     choice = ChatChoice(
-        message=AssistantMessage(content=got.text),
+        message=message,
         finish_reason=done.finish_reason,
         logprobs=logprobs,
     )

@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -28,8 +29,18 @@ from shared.errors import InvalidRequestError, UnsupportedParameterError
 from shared.grammar import ResponseFormat
 from shared.keys import MODEL_NAME_PATTERN as MODEL_NAME_PATTERN
 from shared.sampling import SamplingParams
+from shared.tools import (
+    MAX_TOOLS,
+    ChatTool,
+    NamedToolChoice,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    ToolUse,
+    check_tools,
+)
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 ServiceTier = Literal["auto", "default"]
 
 # Limits on what a request may ask for.
@@ -158,16 +169,22 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # Only an assistant message that calls tools may leave it out (or null).
     content: (
         Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
         | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)]
-    )
+        | None
+    ) = Field(default=None, validate_default=True)
     name: Annotated[str, Field(max_length=256)] | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)] | None = None
+    tool_call_id: Annotated[str, Field(max_length=128)] | None = None
 
     @field_validator("content")
     @classmethod
-    def _bounded_text(cls, value: str | list[TextPart]) -> Any:
+    def _bounded_text(cls, value: str | list[TextPart] | None, info: ValidationInfo) -> Any:
+        if value is None and info.data.get("role") != "assistant":
+            raise PydanticCustomError("missing", "Field required")
         if isinstance(value, list):
             length = sum(len(part.text) for part in value)
             if length > MAX_CONTENT_CHARS:
@@ -178,7 +195,19 @@ class ChatMessage(BaseModel):
                 )
         return value
 
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.role == "tool" and not self.tool_call_id:
+            raise PydanticCustomError("missing", "a tool message needs its tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise PydanticCustomError("tool_calls", "only assistant messages carry tool_calls")
+        if self.content is None and not self.tool_calls:
+            raise PydanticCustomError("missing", "an assistant message needs content or tool_calls")
+        return self
+
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
@@ -190,8 +219,8 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: TokenCount | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: Annotated[list[ChatTool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
@@ -206,15 +235,43 @@ class ChatCompletionRequest(SamplingRequest):
             raise InvalidRequestError(
                 "top_logprobs requires logprobs to be true", param="top_logprobs"
             )
-        for name in ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"):
+        for name in ("functions", "function_call"):
             if getattr(self, name) is not None:
-                _refuse(name, "tool and function calling is not implemented")
+                _refuse(name, "the deprecated functions API is replaced by tools")
         if self.response_format is not None:
             self.response_format.grammar("response_format")  # refuse what cannot be compiled
         return self
 
+    @model_validator(mode="after")
+    def _check_tools(self) -> ChatCompletionRequest:
+        if self.tools:
+            check_tools(self.tools)
+        elif self.tool_choice not in (None, "none"):
+            raise InvalidRequestError("tool_choice requires tools", param="tool_choice")
+        named = self.tool_choice
+        if isinstance(named, NamedToolChoice) and named.function.name not in self.tool_names():
+            raise InvalidRequestError(
+                f"tool_choice names '{named.function.name}', which is not in tools",
+                param="tool_choice",
+            )
+        use = self.tool_use()
+        if self.response_format is not None and use is not None and use.constrained():
+            raise InvalidRequestError(
+                "a forced tool call cannot also follow response_format", param="tool_choice"
+            )
+        return self
+
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def tool_names(self) -> set[str]:
+        return {t.function.name for t in self.tools or []}
+
+    def tool_use(self) -> ToolUse | None:
+        if not self.tools:
+            return None
+        parallel = True if self.parallel_tool_calls is None else self.parallel_tool_calls
+        return ToolUse(tools=self.tools, choice=self.tool_choice or "auto", parallel=parallel)
 
     def logprob_alternatives(self) -> int | None:
         """None: no logprobs; k: the chosen token's logprob and its k best alternatives."""
@@ -284,8 +341,16 @@ class TextLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
     refusal: None = None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _tool_calls_only_when_made(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("tool_calls") is None:
+            data.pop("tool_calls", None)
+        return data
 
 
 class ChatChoice(BaseModel):
@@ -311,6 +376,7 @@ class ChunkDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer(mode="wrap")
     def _omit_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from shared.completions import FinishReason, TokenLogprob, Usage
 from shared.errors import ErrorDetail, MLXQError
+from shared.tools import ToolCall
 
 
 class StartedEvent(BaseModel):
@@ -25,11 +26,12 @@ class StartedEvent(BaseModel):
 
 class TokenEvent(BaseModel):
     """Text the job may show now; with `logprobs`, an entry per token generated since the last
-    event (only jobs that asked for them carry any)."""
+    event (only jobs that asked for them carry any); with `tool_calls`, the calls it made."""
 
     type: Literal["token"] = "token"
     text: str
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[ToolCall] | None = None  # calls completed since the last event
 
 
 class DoneEvent(BaseModel):

@@ -19,6 +19,7 @@ from shared.completions import ChatCompletionRequest, ChatMessage, CompletionReq
 from shared.keys import ID_PATTERN, MODEL_NAME_PATTERN
 from shared.responses import ResponsesRequest
 from shared.sampling import SamplingParams
+from shared.tools import ToolUse
 
 JOB_FUNCTION = "worker.jobs.run_generation"
 
@@ -44,6 +45,8 @@ class GenerationJob(BaseModel):
     stop: Annotated[list[str], Field(max_length=4)] = []
     # An llguidance grammar (shared/grammar.py) the output must match; None: free text.
     grammar: str | None = None
+    # Set when a chat request gave tools: how they are rendered, parsed and maybe forced.
+    tools: ToolUse | None = None
     # None: no log probabilities; k: each token's logprob and its k most likely alternatives.
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     limits: JobLimits = JobLimits()
@@ -89,6 +92,7 @@ def job_for(
             stop=req.stop_strings(),
             grammar=req.response_format.grammar("response_format") if req.response_format else None,
             logprobs=req.logprob_alternatives(),
+            tools=req.tool_use(),
         )
     return GenerationJob(
         job_id=job_id,

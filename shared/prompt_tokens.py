@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +31,7 @@ from tokenizers import Tokenizer
 from shared.completions import ChatMessage
 from shared.errors import InvalidRequestError
 from shared.jobs import GenerationJob
+from shared.tools import ToolUse, fallback_call_text, fallback_system_prompt, template_call
 
 
 class TokenizerSpec(BaseModel):
@@ -40,14 +42,51 @@ class TokenizerSpec(BaseModel):
     tokenizer_json: str | None = None
     chat_template: str | None = None
     template_vars: dict[str, Any] = {}
+    # Whether tools go to the chat template (else shared/tools.py's fallback renders them).
+    tools_in_template: bool = False
 
     def digest(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:32]
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as the chat template sees them (the worker's engine builds the same dicts)."""
-    return [{"role": m.role, "content": m.text()} for m in messages]
+@dataclass(frozen=True)
+class ChatInput:
+    """What a chat template renders: the messages as dicts, and the tools it is given."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+
+
+def chat_input(
+    messages: list[ChatMessage], tools: ToolUse | None, tools_in_template: bool
+) -> ChatInput:
+    """A chat job's messages and tools as the template sees them; the API's counter and the
+    worker's engine both call this, so they render the same prompt."""
+    if tools is not None and tools_in_template:
+        return ChatInput(
+            [_template_message(m) for m in messages],
+            [t.model_dump(exclude_none=True) for t in tools.tools],
+        )
+    rendered = [_fallback_message(m) for m in messages]
+    if tools is not None:
+        rendered.insert(0, {"role": "system", "content": fallback_system_prompt(tools.tools)})
+    return ChatInput(rendered, None)
+
+
+def _template_message(m: ChatMessage) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": m.role, "content": m.text()}
+    if m.tool_calls:
+        message["tool_calls"] = [template_call(c) for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        message["tool_call_id"] = m.tool_call_id
+    return message
+
+
+def _fallback_message(m: ChatMessage) -> dict[str, Any]:
+    if m.role == "tool":  # any template takes a user turn; not every one takes a tool turn
+        return {"role": "user", "content": f"<tool_response>\n{m.text()}\n</tool_response>"}
+    calls = "".join(fallback_call_text(c) for c in m.tool_calls or [])
+    return {"role": m.role, "content": m.text() + calls}
 
 
 def _raise_exception(message: str) -> None:
@@ -90,17 +129,18 @@ class PromptCounter:
         self._tokenizer = Tokenizer.from_str(spec.tokenizer_json)
         self._template = compile_chat_template(spec.chat_template) if spec.chat_template else None
         self._vars = spec.template_vars
+        self._tools_in_template = spec.tools_in_template
 
     def count_text(self, prompt: str) -> int:
         return len(self._tokenizer.encode(prompt, add_special_tokens=True).ids)
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(self, chat: ChatInput) -> str:
         if self._template is None:
             raise InvalidRequestError("This model has no chat template; use /v1/completions.")
         try:
             return self._template.render(
-                messages=messages,
-                tools=None,
+                messages=chat.messages,
+                tools=chat.tools,
                 documents=None,
                 add_generation_prompt=True,
                 **self._vars,
@@ -110,11 +150,11 @@ class PromptCounter:
                 f"The model's chat template refused these messages: {err}", param="messages"
             ) from err
 
-    def count_chat(self, messages: list[dict[str, str]]) -> int:
-        rendered = self.render_chat(messages)
+    def count_chat(self, chat: ChatInput) -> int:
+        rendered = self.render_chat(chat)
         return len(self._tokenizer.encode(rendered, add_special_tokens=False).ids)
 
     def count(self, job: GenerationJob) -> int:
         if job.messages is not None:
-            return self.count_chat(template_messages(job.messages))
+            return self.count_chat(chat_input(job.messages, job.tools, self._tools_in_template))
         return self.count_text(job.prompt or "")

@@ -25,6 +25,8 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from shared.completions import TokenLogprob
 from shared.errors import ContextLengthError, InvalidRequestError
 from shared.jobs import GenerationJob
+from shared.prompt_tokens import chat_input
+from shared.tools import ToolCall
 from worker.decode import use_decode_batch
 from worker.detokenize import TextDecoder, decoder_factory, token_pieces
 from worker.grammar import Grammars
@@ -33,6 +35,7 @@ from worker.prefix_cache import PrefixCache, Reuse, level
 from worker.processors import processors_for
 from worker.sampling import Sampler, make_sampler
 from worker.stop import StopStringMatcher, stop_token_ids
+from worker.tool_calls import ToolCallScanner, ToolFormat
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class PreparedJob:
     processors: tuple[LogitsProcessor, ...] = ()
     # Set when the job asked for log probabilities: the sampler, recording each draw.
     recorder: LogprobRecorder | None = None
+    # Set when the job's tool calls are to be parsed out of its text.
+    calls: ToolCallScanner | None = None
 
 
 @dataclass
@@ -62,6 +67,7 @@ class Sequence:
     decoder: TextDecoder
     matcher: StopStringMatcher
     recorder: LogprobRecorder | None
+    calls: ToolCallScanner | None
     completion_tokens: int = 0
 
 
@@ -80,6 +86,7 @@ class StepOutput:
     cached_tokens: int = 0
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class BatchEngine(Protocol):
@@ -163,6 +170,7 @@ class Engine:
         )
         use_decode_batch(self._batch)
         self._grammars = Grammars(loaded.tokenizer._tokenizer, loaded.stop_ids, loaded.vocab_size)
+        self._tool_format = ToolFormat.of(loaded.tokenizer)
         self._pending: list[PreparedJob] = []
         self._by_uid: dict[int, Sequence] = {}
         self._uid_of: dict[str, int] = {}
@@ -195,6 +203,9 @@ class Engine:
             shared_tokens=self._history_tokens(job, prompt),
             processors=self._processors(job),
             recorder=recorder,
+            calls=self._tool_format.scanner(job.tools)
+            if job.tools is not None and job.tools.parses_calls()
+            else None,
         )
 
     def _processors(self, job: GenerationJob) -> tuple[LogitsProcessor, ...]:
@@ -206,15 +217,26 @@ class Engine:
                 param="logit_bias",
             )
         found = processors_for(job.sampling)
-        if job.grammar is not None:
-            found.append(self._grammars.constraint(job.grammar))
+        grammar = job.grammar
+        if job.tools is not None and job.tools.constrained():
+            if not self._tool_format.constrainable():
+                raise InvalidRequestError(
+                    "This model writes tool calls in a format that cannot be forced; "
+                    "use tool_choice 'auto'.",
+                    param="tool_choice",
+                )
+            grammar = job.tools.call_grammar()
+        if grammar is not None:
+            found.append(self._grammars.constraint(grammar))
         return tuple(found)
 
     def _tokenize(self, job: GenerationJob) -> list[int]:
         tokenizer = self._loaded.tokenizer
         if job.messages is not None:
-            messages = [{"role": m.role, "content": m.text()} for m in job.messages]
-            tokens: list[int] = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            chat = chat_input(job.messages, job.tools, self._tool_format.in_template)
+            tokens: list[int] = tokenizer.apply_chat_template(
+                chat.messages, tools=chat.tools, add_generation_prompt=True
+            )
         else:
             tokens = tokenizer.encode(job.prompt or "")
         if not tokens:
@@ -226,9 +248,12 @@ class Engine:
         prompt and the earlier turns, which the next request of a conversation shares."""
         if self._prefixes is None or not job.messages:
             return 0
-        *earlier, last = [{"role": m.role, "content": m.text()} for m in job.messages]
+        chat = chat_input(job.messages, job.tools, self._tool_format.in_template)
+        *earlier, last = chat.messages
         head: list[int] = self._loaded.tokenizer.apply_chat_template(
-            [*earlier, {"role": last["role"], "content": ""}], add_generation_prompt=False
+            [*earlier, {"role": last["role"], "content": ""}],
+            tools=chat.tools,
+            add_generation_prompt=False,
         )
         same = 0
         for a, b in zip(head, prompt, strict=False):
@@ -264,6 +289,7 @@ class Engine:
                 decoder=self._new_decoder(prepared),
                 matcher=StopStringMatcher(prepared.stops),
                 recorder=prepared.recorder,
+                calls=prepared.calls,
             )
             self._uid_of[prepared.job_id] = uid
 
@@ -319,6 +345,11 @@ class Engine:
         elif finish_reason is not None:
             text += seq.matcher.feed(seq.decoder.finish()) + seq.matcher.flush()
             finish_reason = "stop" if seq.matcher.matched else finish_reason
+        calls = None
+        if seq.calls is not None:
+            text, calls = self._scan(seq.calls, text, finish_reason is not None)
+            if seq.calls.made and finish_reason == "stop":
+                finish_reason = "tool_calls"
         return StepOutput(
             job_id=seq.job_id,
             text=text,
@@ -327,7 +358,16 @@ class Engine:
             completion_tokens=seq.completion_tokens,
             cached_tokens=seq.cached_tokens,
             logprobs=logprobs,
+            tool_calls=calls,
         )
+
+    @staticmethod
+    def _scan(scanner: ToolCallScanner, text: str, last: bool) -> tuple[str, list[ToolCall] | None]:
+        shown, calls = scanner.feed(text)
+        if last:
+            rest, more = scanner.finish()
+            shown, calls = shown + rest, calls + more
+        return shown, calls or None
 
     def remove(self, job_ids: list[str]) -> None:
         self._pending = [p for p in self._pending if p.job_id not in job_ids]

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from shared.completions import PromptTokensDetails, Usage
+from shared.completions import FinishReason, PromptTokensDetails, Usage
 from shared.errors import GenerationError
 from shared.events import DoneEvent, ErrorEvent, Event, StartedEvent, TokenEvent
 from shared.jobs import JobOutcome
@@ -147,8 +147,9 @@ class EngineLoop:
             admission = self._running[out.job_id]
             admission.completion_tokens = out.completion_tokens
             route = admission.route
-            if out.text or out.logprobs:
-                events.append((route, TokenEvent(text=out.text, logprobs=out.logprobs)))
+            if out.text or out.logprobs or out.tool_calls:
+                token = TokenEvent(text=out.text, logprobs=out.logprobs, tool_calls=out.tool_calls)
+                events.append((route, token))
             if out.finish_reason is not None:
                 events.append((route, _final(out)))
         self._sink.send(events)
@@ -193,7 +194,10 @@ def _final(out: StepOutput) -> DoneEvent | ErrorEvent:
         total_tokens=out.prompt_tokens + out.completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=out.cached_tokens),
     )
-    return DoneEvent(finish_reason="stop" if out.finish_reason == "stop" else "length", usage=usage)
+    reason: FinishReason = "length"
+    if out.finish_reason in ("stop", "tool_calls"):
+        reason = "tool_calls" if out.finish_reason == "tool_calls" else "stop"
+    return DoneEvent(finish_reason=reason, usage=usage)
 
 
 def _outcome(prepared: PreparedJob, finish_reason: str, completion_tokens: int) -> JobOutcome:

@@ -15,22 +15,50 @@ from typing import Any
 
 from redis import Redis
 
+from shared.completions import ChatMessage
 from shared.keys import Keys
-from shared.prompt_tokens import PromptCounter, TokenizerSpec
+from shared.prompt_tokens import PromptCounter, TokenizerSpec, chat_input
+from shared.tools import ChatTool, FunctionCall, FunctionDefinition, ToolCall, ToolUse
 from worker.engine import LoadedModel
+from worker.tool_calls import ToolFormat
 
 log = logging.getLogger(__name__)
 
 PROBE_CHATS = [
-    [{"role": "user", "content": "What is the capital of France?"}],
+    [ChatMessage(role="user", content="What is the capital of France?")],
     [
-        {"role": "system", "content": "Answer in one word."},
-        {"role": "user", "content": "  Two\tspaces,\nnew lines \u202eRTL\u202c and 😀 "},
-        {"role": "assistant", "content": "Fine."},
-        {"role": "user", "content": "<|im_start|> [INST] </s> not special here"},
+        ChatMessage(role="system", content="Answer in one word."),
+        ChatMessage(role="user", content="  Two\tspaces,\nnew lines \u202eRTL\u202c and 😀 "),
+        ChatMessage(role="assistant", content="Fine."),
+        ChatMessage(role="user", content="<|im_start|> [INST] </s> not special here"),
     ],
-    [{"role": "developer", "content": ""}, {"role": "user", "content": "x" * 300}],
+    [ChatMessage(role="developer", content=""), ChatMessage(role="user", content="x" * 300)],
+    [
+        ChatMessage(role="user", content="Weather in Paris?"),
+        ChatMessage(
+            role="assistant",
+            tool_calls=[
+                ToolCall(
+                    id="call_1",
+                    function=FunctionCall(name="weather", arguments='{"city": "Paris"}'),
+                )
+            ],
+        ),
+        ChatMessage(role="tool", tool_call_id="call_1", content="Sunny, 21 C"),
+    ],
 ]
+PROBE_TOOLS = ToolUse(
+    tools=[
+        ChatTool(
+            type="function",
+            function=FunctionDefinition(
+                name="weather",
+                description="The weather in a city",
+                parameters={"type": "object", "properties": {"city": {"type": "string"}}},
+            ),
+        )
+    ]
+)
 PROBE_TEXTS = ["The capital of France is", " leading space", "émoji 😀\n\ttabs", ""]
 
 
@@ -43,6 +71,7 @@ def build_spec(loaded: LoadedModel) -> TokenizerSpec:
         tokenizer_json=hf.backend_tokenizer.to_str(),
         chat_template=template if isinstance(template, str) else None,
         template_vars={**hf.special_tokens_map, wrapper._thinking_kwarg: wrapper.has_thinking},
+        tools_in_template=ToolFormat.of(wrapper).in_template,
     )
     mismatch = _first_mismatch(exact, wrapper)
     if mismatch is None:
@@ -61,11 +90,14 @@ def _first_mismatch(spec: TokenizerSpec, wrapper: Any) -> str | None:
                 return f"text {text!r}"
         if spec.chat_template is None:
             return None
-        for chat in PROBE_CHATS:
-            if counter.count_chat(chat) != len(
-                wrapper.apply_chat_template(chat, add_generation_prompt=True)
-            ):
-                return f"chat {chat!r}"
+        for messages in PROBE_CHATS:
+            for tools in (None, PROBE_TOOLS):
+                chat = chat_input(messages, tools, spec.tools_in_template)
+                rendered = wrapper.apply_chat_template(
+                    chat.messages, tools=chat.tools, add_generation_prompt=True
+                )
+                if counter.count_chat(chat) != len(rendered):
+                    return f"chat {messages!r}"
     except Exception as err:  # anything the counter cannot do means: do not rely on it
         return f"{type(err).__name__}: {err}"
     return None

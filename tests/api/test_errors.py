@@ -88,8 +88,8 @@ def test_unknown_argument_is_named(http: FlaskClient) -> None:
     ("field", "value"),
     [
         ("n", 2),
-        ("tools", [{"type": "function", "function": {"name": "f"}}]),
-        ("tool_choice", "auto"),
+        ("functions", [{"name": "f"}]),
+        ("function_call", "auto"),
     ],
 )
 def test_unsupported_openai_parameters_are_refused_by_name(

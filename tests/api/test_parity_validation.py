@@ -154,3 +154,64 @@ def test_messages_are_strict_too(http: FlaskClient) -> None:
         json={"model": "m", "messages": [*MESSAGES, {"role": "user", "content": 5}]},
     )
     assert_openai_error(response, 400)
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice",
+        ),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools"),
+        (
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/x"}}}
+                ]
+            },
+            "tools",
+        ),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+    ],
+)
+def test_bad_tool_requests_are_named(http: FlaskClient, body: dict[str, Any], param: str) -> None:
+    response = chat(http, **body)
+    assert_openai_error(response, 400)
+    assert response.get_json()["error"]["param"].startswith(param)
+
+
+def test_tool_messages_need_their_call_id(http: FlaskClient) -> None:
+    messages = [*MESSAGES, {"role": "tool", "content": "result"}]
+    response = http.post("/v1/chat/completions", json={"model": "m", "messages": messages})
+    assert_openai_error(response, 400)
+    assert response.get_json()["error"]["param"].startswith("messages.1")
+
+
+def test_tool_requests_and_tool_history_pass_validation(http: FlaskClient) -> None:
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": "{}"},
+    }
+    messages = [
+        *MESSAGES,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    for choice in (
+        "auto",
+        "none",
+        "required",
+        {"type": "function", "function": {"name": "get_weather"}},
+    ):
+        response = http.post(
+            "/v1/chat/completions",
+            json={"model": "m", "messages": messages, "tools": [WEATHER], "tool_choice": choice},
+        )
+        assert response.status_code == 404, response.get_data(as_text=True)

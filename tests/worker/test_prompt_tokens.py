@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlx_lm.utils import load_tokenizer
 
-from shared.prompt_tokens import PromptCounter
+from shared.prompt_tokens import ChatInput, PromptCounter
 from tests.conftest import MODEL
 from worker.tokenizer_spec import build_spec
 
@@ -57,7 +57,7 @@ quick = settings(max_examples=150, deadline=None, suppress_health_check=[HealthC
 @given(chat=messages)
 def test_chat_prompt_counts_agree(counter: PromptCounter, wrapper: Any, chat: list[Any]) -> None:
     expected = len(wrapper.apply_chat_template(chat, add_generation_prompt=True))
-    assert counter.count_chat(chat) == expected
+    assert counter.count_chat(ChatInput(chat, None)) == expected
 
 
 @quick

@@ -1,0 +1,131 @@
+"""Tool calling through the OpenAI SDK on the real model (whose template knows no tools, so
+the fallback rendering is used): forced calls always parse and validate, and streamed calls
+arrive as `delta.tool_calls`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import openai
+
+from tests.conftest import MODEL
+from tests.e2e.test_batches import chat_line, lines_of, start, wait
+
+WEATHER_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 24}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+ADD_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city",
+            "parameters": WEATHER_PARAMETERS,
+        },
+    },
+    {"type": "function", "function": {"name": "add", "parameters": ADD_PARAMETERS}},
+]
+PARAMETERS = {"get_weather": WEATHER_PARAMETERS, "add": ADD_PARAMETERS}
+ASK: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def assert_valid_calls(calls: list[Any]) -> None:
+    assert calls
+    for call in calls:
+        assert call.id.startswith("call_") and call.type == "function"
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+
+
+def test_required_tool_choice_always_gives_a_valid_call(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=80
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    assert_valid_calls(choice.message.tool_calls or [])
+
+
+def test_a_named_function_is_the_one_called_streamed_as_tool_call_deltas(
+    client: openai.OpenAI,
+) -> None:
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "add"}},
+        temperature=0.7,
+        seed=5,
+        max_tokens=80,
+        stream=True,
+    )
+    chunks = [c for c in stream if c.choices]
+    deltas = [d for c in chunks for d in c.choices[0].delta.tool_calls or []]
+    assert [d.function.name for d in deltas] == ["add"]  # type: ignore[union-attr]
+    assert deltas[0].index == 0
+    jsonschema.validate(json.loads(deltas[0].function.arguments or ""), ADD_PARAMETERS)  # type: ignore[union-attr]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_parallel_tool_calls_false_gives_exactly_one_call(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=1.0,
+        seed=11,
+        max_tokens=120,
+    )
+    assert len(reply.choices[0].message.tool_calls or []) == 1
+
+
+def test_tool_choice_none_answers_in_text(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=16
+    )
+    assert reply.choices[0].message.tool_calls is None
+    assert reply.choices[0].message.content
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_earlier_calls_and_tool_results_are_accepted_as_input(client: openai.OpenAI) -> None:
+    first = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=80
+    )
+    call = (first.choices[0].message.tool_calls or [])[0]
+    history: list[Any] = [
+        *ASK,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"},
+    ]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=history, tools=TOOLS, temperature=0, max_tokens=24
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert reply.usage is not None and reply.usage.prompt_tokens > first.usage.prompt_tokens  # type: ignore[union-attr]
+
+
+def test_a_batch_line_with_tools_answers_with_tool_calls(client: openai.OpenAI) -> None:
+    line = chat_line(
+        "t", ASK[0]["content"], tools=TOOLS, tool_choice="required", temperature=0, max_tokens=80
+    )
+    batch = wait(client, start(client, [line]).id)
+    body = lines_of(client, batch.output_file_id)[0]["response"]["body"]
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+    call = body["choices"][0]["message"]["tool_calls"][0]
+    jsonschema.validate(
+        json.loads(call["function"]["arguments"]), PARAMETERS[call["function"]["name"]]
+    )
