@@ -21,7 +21,7 @@ from shared.completions import (
     ChunkDelta,
     FinishReason,
 )
-from shared.events import DoneEvent, TokenEvent
+from shared.events import ChoiceEndEvent, DoneEvent, TokenEvent
 from shared.ids import new_id
 from shared.jobs import job_for
 from shared.tools import ToolCallDelta
@@ -51,32 +51,39 @@ def stream_chat(running: RunningJob, req: ChatCompletionRequest) -> Iterator[byt
         choices=[],
         service_tier=req.service_tier,
     )
+    ended: set[int] = set()
+    calls_sent: dict[int, int] = {}
 
-    def chunk(delta: ChunkDelta, finish_reason: FinishReason | None = None) -> bytes:
-        choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason)
+    def chunk(index: int, delta: ChunkDelta, finish_reason: FinishReason | None = None) -> bytes:
+        choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason)
         return frame(head.model_copy(update={"choices": [choice]}))
 
+    def choice_end(end: ChoiceEndEvent) -> bytes:
+        ended.add(end.index)
+        return chunk(end.index, ChunkDelta(), end.finish_reason)
+
     def closing(done: DoneEvent) -> list[bytes]:
-        frames = [chunk(ChunkDelta(), done.finish_reason)]
+        frames = [
+            chunk(i, ChunkDelta(), done.finish_reason) for i in range(req.n) if i not in ended
+        ]
         if req.include_usage():
             frames.append(frame(head.model_copy(update={"usage": done.usage})))
         return frames
 
-    calls_sent = 0
-
     def with_token(event: TokenEvent) -> ChatCompletionChunk:
-        nonlocal calls_sent
+        index = event.index or 0
         logprobs = None if event.logprobs is None else ChoiceLogprobs(content=event.logprobs)
         delta = ChunkDelta(content=event.text)
         if event.tool_calls:
+            sent = calls_sent.get(index, 0)
             delta.tool_calls = [
-                ToolCallDelta(index=calls_sent + i, **call.model_dump())
+                ToolCallDelta(index=sent + i, **call.model_dump())
                 for i, call in enumerate(event.tool_calls)
             ]
-            calls_sent += len(event.tool_calls)
+            calls_sent[index] = sent + len(event.tool_calls)
             delta.content = event.text or None
-        choice = ChatChunkChoice(delta=delta, logprobs=logprobs)
+        choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs)
         return head.model_copy(update={"choices": [choice]})
 
-    opening = [chunk(ChunkDelta(role="assistant", content=""))]
-    return stream_frames(running, opening, token_framer(with_token), closing)
+    opening = [chunk(i, ChunkDelta(role="assistant", content="")) for i in range(req.n)]
+    return stream_frames(running, opening, token_framer(with_token), closing, choice_end)

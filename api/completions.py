@@ -19,7 +19,7 @@ from shared.completions import (
     TextChoice,
     TextLogprobs,
 )
-from shared.events import DoneEvent, TokenEvent
+from shared.events import ChoiceEndEvent, DoneEvent, TokenEvent
 from shared.ids import new_id
 from shared.jobs import job_for
 
@@ -44,26 +44,32 @@ def stream_completion(running: RunningJob, req: CompletionRequest) -> Iterator[b
     head = Completion(
         id=running.job.job_id, created=int(time.time()), model=running.job.model, choices=[]
     )
-    # Where the next token's text starts in the choice's text (legacy logprobs' text_offset).
-    offset = len(req.prompt) if req.echo else 0
+    ended: set[int] = set()
+    # Where each choice's next token starts in its text (legacy logprobs' text_offset).
+    offsets = dict.fromkeys(range(req.n), len(req.prompt) if req.echo else 0)
 
-    def chunk(text: str, finish_reason: FinishReason | None = None) -> bytes:
-        choice = TextChoice(text=text, finish_reason=finish_reason)
+    def chunk(index: int, text: str, finish_reason: FinishReason | None = None) -> bytes:
+        choice = TextChoice(index=index, text=text, finish_reason=finish_reason)
         return frame(head.model_copy(update={"choices": [choice]}))
 
+    def choice_end(end: ChoiceEndEvent) -> bytes:
+        ended.add(end.index)
+        return chunk(end.index, "", end.finish_reason)
+
     def closing(done: DoneEvent) -> list[bytes]:
-        frames = [chunk("", done.finish_reason)]
+        frames = [chunk(i, "", done.finish_reason) for i in range(req.n) if i not in ended]
         if req.include_usage():
             frames.append(frame(head.model_copy(update={"usage": done.usage})))
         return frames
 
     def with_token(event: TokenEvent) -> Completion:
-        nonlocal offset
+        index = event.index or 0
         logprobs = None
         if event.logprobs is not None:
-            logprobs = TextLogprobs.of(event.logprobs, offset)
-            offset += sum(len(entry.token) for entry in event.logprobs)
-        return head.model_copy(update={"choices": [TextChoice(text=event.text, logprobs=logprobs)]})
+            logprobs = TextLogprobs.of(event.logprobs, offsets[index])
+            offsets[index] += sum(len(entry.token) for entry in event.logprobs)
+        choice = TextChoice(index=index, text=event.text, logprobs=logprobs)
+        return head.model_copy(update={"choices": [choice]})
 
-    opening = [chunk(req.prompt)] if req.echo else []
-    return stream_frames(running, opening, token_framer(with_token), closing)
+    opening = [chunk(i, req.prompt) for i in range(req.n)] if req.echo else []
+    return stream_frames(running, opening, token_framer(with_token), closing, choice_end)

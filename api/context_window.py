@@ -2,8 +2,7 @@
 
 Workers publish their model's `TokenizerSpec` (shared/prompt_tokens.py). Per request the API
 reads the spec's digest (one small Redis read) and rebuilds the counter only when it changed.
-A prompt whose tokens plus the completion's `max_tokens` exceed the context window is refused
-with 400 `context_length_exceeded`, naming the numbers, as OpenAI words it. With no spec, or a
+The rule itself is shared/context_window.py's, which the worker applies too. With no spec, or a
 spec without a tokenizer, the check is left to the worker, which refuses a prompt that does
 not fit before prefill (still a 400 before any stream begins, but after the queue).
 """
@@ -14,7 +13,7 @@ import threading
 
 from redis import Redis
 
-from shared.errors import ContextLengthError
+from shared.context_window import completion_budget
 from shared.jobs import GenerationJob
 from shared.keys import Keys
 from shared.prompt_tokens import PromptCounter, TokenizerSpec
@@ -31,25 +30,8 @@ class ContextWindows:
         counter = self._counter(job.model)
         if counter is None:
             return
-        prompt = counter.count(job)
-        window = counter.context_length
-        completion = job.max_tokens or 1
-        if prompt + completion <= window:
-            return
         where = "messages" if job.messages is not None else "prompt"
-        if job.max_tokens is None:
-            asked = f"your {where} resulted in {prompt} tokens"
-            fix = f"Please reduce the length of the {where}."
-        else:
-            asked = (
-                f"you requested {prompt + completion} tokens ({prompt} in the {where}, "
-                f"{completion} in the completion)"
-            )
-            fix = f"Please reduce the length of the {where} or completion."
-        raise ContextLengthError(
-            f"This model's maximum context length is {window} tokens. However, {asked}. {fix}",
-            param=where,
-        )
+        completion_budget(counter.count(job), job.max_tokens, counter.context_length, where)
 
     def _counter(self, model: str) -> PromptCounter | None:
         key = self._keys.tokenizer(model)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from api.broker import Broker
 from api.relay import Subscription
 from api.sse import DONE, KEEPALIVE, frame
-from shared.answers import Transcript
+from shared.answers import Transcripts
 from shared.errors import (
     BackendUnavailableError,
     GenerationError,
@@ -26,7 +26,15 @@ from shared.errors import (
     QueueTimeoutError,
     error_from_detail,
 )
-from shared.events import DoneEvent, ErrorEvent, Event, StartedEvent, TokenEvent, decode_event
+from shared.events import (
+    ChoiceEndEvent,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    StartedEvent,
+    TokenEvent,
+    decode_event,
+)
 from shared.jobs import GenerationJob
 
 # How often a waiting stream wakes up to send a keepalive comment.
@@ -34,6 +42,10 @@ KEEPALIVE_S = 5.0
 # How long past its queue deadline a request still waits for a worker that took the job just in
 # time (and is tokenizing its prompt) before giving up.
 START_GRACE_S = 1.0
+
+
+# What a job's stream carries to its reader: its output, then its end.
+Relayed = TokenEvent | ChoiceEndEvent | DoneEvent
 
 
 @dataclass
@@ -50,7 +62,7 @@ class RunningJob:
     early: list[Event] = field(default_factory=list)  # events that came with the start
     finished: bool = False
 
-    def batches(self) -> Iterator[list[TokenEvent | DoneEvent] | Keepalive]:
+    def batches(self) -> Iterator[list[Relayed] | Keepalive]:
         """Tokens as they arrive, in batches of whatever is waiting, the last ending with the
         DoneEvent; a Keepalive after a silence; raises the job's error if it fails."""
         if self.early:
@@ -65,10 +77,10 @@ class RunningJob:
             deadline = time.monotonic() + timeout_s
             yield self._take(events)
 
-    def _take(self, events: list[Event]) -> list[TokenEvent | DoneEvent]:
-        batch: list[TokenEvent | DoneEvent] = []
+    def _take(self, events: list[Event]) -> list[Relayed]:
+        batch: list[Relayed] = []
         for event in events:
-            if isinstance(event, TokenEvent | DoneEvent):
+            if isinstance(event, TokenEvent | ChoiceEndEvent | DoneEvent):
                 batch.append(event)
                 self.finished = isinstance(event, DoneEvent)
             else:
@@ -133,17 +145,17 @@ def _as_error(event: Event | None) -> MLXQError:
 
 @dataclass(frozen=True)
 class Collected:
-    got: Transcript
+    got: Transcripts
     done: DoneEvent
 
 
 def collect(running: RunningJob) -> Collected:
     """Run a job to its end and gather what it produced (the non-streaming responses)."""
-    got = Transcript()
+    got = Transcripts()
     try:
         for batch in running.batches():
             for event in batch if isinstance(batch, list) else ():
-                if isinstance(event, TokenEvent):
+                if isinstance(event, TokenEvent | ChoiceEndEvent):
                     got.add(event)
                 else:
                     return Collected(got, event)
@@ -157,6 +169,7 @@ def stream_frames(
     opening: list[bytes],
     token_frame: Callable[[TokenEvent], bytes],
     done_frames: Callable[[DoneEvent], list[bytes]],
+    end_frame: Callable[[ChoiceEndEvent], bytes] | None = None,
 ) -> Iterator[bytes]:
     """A job's SSE stream: opening frames, one frame per token, the closing frames, [DONE].
 
@@ -169,13 +182,24 @@ def stream_frames(
             if isinstance(batch, Keepalive):
                 yield KEEPALIVE
                 continue
-            frames = [
-                token_frame(e) if isinstance(e, TokenEvent) else b"".join(done_frames(e))
-                for e in batch
-            ]
-            yield b"".join(frames)
+            yield b"".join(_frames(batch, token_frame, done_frames, end_frame))
         yield DONE
     except MLXQError as err:
         yield frame(err.body())
     finally:
         running.close()
+
+
+def _frames(
+    batch: list[Relayed],
+    token_frame: Callable[[TokenEvent], bytes],
+    done_frames: Callable[[DoneEvent], list[bytes]],
+    end_frame: Callable[[ChoiceEndEvent], bytes] | None,
+) -> Iterator[bytes]:
+    for event in batch:
+        if isinstance(event, TokenEvent):
+            yield token_frame(event)
+        elif isinstance(event, DoneEvent):
+            yield from done_frames(event)
+        elif end_frame is not None:
+            yield end_frame(event)

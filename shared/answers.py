@@ -1,8 +1,9 @@
 """The bodies of chat and text completions, each built by one function from a job's events,
 whatever the path: an interactive request, a batch line.
 
-A `Transcript` gathers a job's token events (text and, when asked for, log probabilities);
-`chat_completion` and `text_completion` turn it and the final event into OpenAI's body.
+A `Transcript` gathers what one choice produced (text, log probabilities when asked for, tool
+calls, how it ended); `Transcripts` keeps one per choice of a job (n of them).
+`chat_completion` and `text_completion` turn them and the job's final event into OpenAI's body.
 """
 
 from __future__ import annotations
@@ -17,21 +18,23 @@ from shared.completions import (
     ChoiceLogprobs,
     Completion,
     CompletionRequest,
+    FinishReason,
     TextChoice,
     TextLogprobs,
     TokenLogprob,
 )
-from shared.events import DoneEvent, TokenEvent
+from shared.events import ChoiceEndEvent, DoneEvent, TokenEvent
 from shared.tools import ToolCall
 
 
 @dataclass
 class Transcript:
-    """What a job has produced so far."""
+    """What one choice has produced so far."""
 
     parts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
 
     def add(self, event: TokenEvent) -> None:
         self.parts.append(event.text)
@@ -40,47 +43,75 @@ class Transcript:
         if event.tool_calls:
             self.tool_calls.extend(event.tool_calls)
 
-    def clear(self) -> None:
-        self.parts.clear()
-        self.logprobs.clear()
-        self.tool_calls.clear()
-
     @property
     def text(self) -> str:
         return "".join(self.parts)
 
 
+@dataclass
+class Transcripts:
+    """One transcript per choice of a job, by index."""
+
+    by_index: dict[int, Transcript] = field(default_factory=dict)
+
+    def add(self, event: TokenEvent | ChoiceEndEvent) -> None:
+        if isinstance(event, TokenEvent):
+            self.choice(event.index or 0).add(event)
+        else:
+            self.choice(event.index).finish_reason = event.finish_reason
+
+    def choice(self, index: int) -> Transcript:
+        return self.by_index.setdefault(index, Transcript())
+
+    def clear(self) -> None:
+        self.by_index.clear()
+
+    def ordered(self, n: int, done: DoneEvent) -> list[Transcript]:
+        """All n choices in index order; one that never said how it ended ended with the job."""
+        choices = [self.choice(i) for i in range(n)]
+        for choice in choices:
+            choice.finish_reason = choice.finish_reason or done.finish_reason
+        return choices
+
+
 def chat_completion(
-    req: ChatCompletionRequest, job_id: str, created: int, got: Transcript, done: DoneEvent
+    req: ChatCompletionRequest, job_id: str, created: int, got: Transcripts, done: DoneEvent
 ) -> ChatCompletion:
-    logprobs = ChoiceLogprobs(content=got.logprobs) if req.logprobs else None
-    text = got.text
-    # A choice that calls tools has no content unless the model also wrote something.
-    content = None if got.tool_calls and not text.strip() else text
-    message = AssistantMessage(content=content, tool_calls=got.tool_calls or None)
-    choice = ChatChoice(
-        message=message,
-        finish_reason=done.finish_reason,
-        logprobs=logprobs,
-    )
+    choices = [_chat_choice(req, i, t) for i, t in enumerate(got.ordered(req.n, done))]
     return ChatCompletion(
         id=job_id,
         created=created,
         model=req.model,
-        choices=[choice],
+        choices=choices,
         usage=done.usage,
         service_tier=req.service_tier,
     )
 
 
+def _chat_choice(req: ChatCompletionRequest, index: int, got: Transcript) -> ChatChoice:
+    text = got.text
+    # A choice that calls tools has no content unless the model also wrote something.
+    content = None if got.tool_calls and not text.strip() else text
+    return ChatChoice(
+        index=index,
+        message=AssistantMessage(content=content, tool_calls=got.tool_calls or None),
+        finish_reason=got.finish_reason or "stop",
+        logprobs=ChoiceLogprobs(content=got.logprobs) if req.logprobs else None,
+    )
+
+
 def text_completion(
-    req: CompletionRequest, job_id: str, created: int, got: Transcript, done: DoneEvent
+    req: CompletionRequest, job_id: str, created: int, got: Transcripts, done: DoneEvent
 ) -> Completion:
+    choices = [_text_choice(req, i, t) for i, t in enumerate(got.ordered(req.n, done))]
+    return Completion(
+        id=job_id, created=created, model=req.model, choices=choices, usage=done.usage
+    )
+
+
+def _text_choice(req: CompletionRequest, index: int, got: Transcript) -> TextChoice:
     shown = req.prompt + got.text if req.echo else got.text
     logprobs = None
     if req.logprobs is not None:
         logprobs = TextLogprobs.of(got.logprobs, len(shown) - len(got.text))
-    choice = TextChoice(text=shown, finish_reason=done.finish_reason, logprobs=logprobs)
-    return Completion(
-        id=job_id, created=created, model=req.model, choices=[choice], usage=done.usage
-    )
+    return TextChoice(index=index, text=shown, finish_reason=got.finish_reason, logprobs=logprobs)

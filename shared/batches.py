@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.answers import Transcript, chat_completion, text_completion
+from shared.answers import Transcripts, chat_completion, text_completion
 from shared.completions import ChatCompletionRequest, CompletionRequest
 from shared.errors import ErrorBody
 from shared.events import DoneEvent
@@ -247,7 +247,7 @@ def line_job_id(batch_id: str, index: int) -> str:
 
 
 def answer_body(
-    endpoint: Endpoint, body: dict[str, Any], got: Transcript, done: DoneEvent, created: int
+    endpoint: Endpoint, body: dict[str, Any], got: Transcripts, done: DoneEvent, created: int
 ) -> BaseModel:
     """The body the endpoint answers for this request, what the job produced and its end."""
     model = REQUEST_MODELS[endpoint].model_validate(body, strict=True)
@@ -256,7 +256,7 @@ def answer_body(
     if isinstance(model, CompletionRequest):
         return text_completion(model, new_id("cmpl-"), created, got, done)
     stored = StoredResponse(id=new_id("resp_"), created_at=created, background=False, request=model)
-    progress = Progress(started=True, parts=[got.text], done=done)
+    progress = Progress(started=True, parts=[got.choice(0).text], done=done)
     return render(stored, progress, progress.status())
 
 

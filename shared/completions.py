@@ -49,7 +49,7 @@ MAX_CONTENT_CHARS = 1_048_576  # characters in one message (all its parts) or on
 MAX_CONTENT_PARTS = 1024  # text parts in one message
 MAX_STOP = 4  # stop strings (OpenAI's limit)
 MAX_STOP_CHARS = 256  # characters in one stop string
-MAX_N = 128  # OpenAI's cap on n (mlxq implements n=1 only)
+MAX_N = 128  # OpenAI's cap on n
 MAX_LOGIT_BIAS = 300  # entries in logit_bias (OpenAI's limit)
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (OpenAI's limit); completions take up to 5
 MAX_TOKENS = 131_072  # max_tokens / max_completion_tokens; the context window bounds it too
@@ -134,8 +134,6 @@ class SamplingRequest(BaseModel):
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> SamplingRequest:
-        if self.n != 1:
-            _refuse("n", "only n=1 is implemented")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self

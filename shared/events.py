@@ -1,7 +1,8 @@
 """The events a worker publishes on a job's channel, and their encoding.
 
 A job's channel carries, in order: one `StartedEvent` (the prompt is tokenized and admitted),
-`TokenEvent`s, then exactly one final event, `DoneEvent` or `ErrorEvent`. A job refused before
+`TokenEvent`s (and, for a job with several choices, a `ChoiceEndEvent` as each ends), then
+exactly one final event, `DoneEvent` or `ErrorEvent`. A job refused before
 it starts sends only an `ErrorEvent`. A bulk job whose worker died is retried from scratch: its
 replay log is reset to one `RequeuedEvent` and the sequence above starts over (readers drop what
 they had of the lost attempt). `encode_event` and `decode_event` are the only places
@@ -32,6 +33,15 @@ class TokenEvent(BaseModel):
     text: str
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCall] | None = None  # calls completed since the last event
+    index: int | None = None  # the choice (n > 1); None is choice 0
+
+
+class ChoiceEndEvent(BaseModel):
+    """One choice of a job with several (n > 1) has ended; the job's DoneEvent follows the last."""
+
+    type: Literal["choice_end"] = "choice_end"
+    index: int
+    finish_reason: FinishReason
 
 
 class DoneEvent(BaseModel):
@@ -58,7 +68,7 @@ class RequeuedEvent(BaseModel):
 
 
 Event = Annotated[
-    StartedEvent | TokenEvent | DoneEvent | ErrorEvent | RequeuedEvent,
+    StartedEvent | TokenEvent | ChoiceEndEvent | DoneEvent | ErrorEvent | RequeuedEvent,
     Field(discriminator="type"),
 ]
 _EVENT = TypeAdapter[Event](Event)

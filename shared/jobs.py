@@ -43,6 +43,7 @@ class GenerationJob(BaseModel):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     sampling: SamplingParams = SamplingParams()
     stop: Annotated[list[str], Field(max_length=4)] = []
+    n: Annotated[int, Field(ge=1, le=128)] = 1  # choices, each its own sequence
     # An llguidance grammar (shared/grammar.py) the output must match; None: free text.
     grammar: str | None = None
     # Set when a chat request gave tools: how they are rendered, parsed and maybe forced.
@@ -93,6 +94,7 @@ def job_for(
             grammar=req.response_format.grammar("response_format") if req.response_format else None,
             logprobs=req.logprob_alternatives(),
             tools=req.tool_use(),
+            n=req.n,
         )
     return GenerationJob(
         job_id=job_id,
@@ -102,4 +104,5 @@ def job_for(
         sampling=req.sampling(),
         stop=req.stop_strings(),
         logprobs=req.logprobs,
+        n=req.n,
     )

@@ -22,10 +22,17 @@ from typing import Any
 
 from redis import Redis
 
-from shared.answers import Transcript
+from shared.answers import Transcripts
 from shared.batches import BatchLine, BatchOutputLine, LineResult, answer_body
 from shared.errors import ErrorBody, ErrorDetail
-from shared.events import DoneEvent, ErrorEvent, RequeuedEvent, TokenEvent, decode_event
+from shared.events import (
+    ChoiceEndEvent,
+    DoneEvent,
+    ErrorEvent,
+    RequeuedEvent,
+    TokenEvent,
+    decode_event,
+)
 from shared.jobs import GenerationJob, JobOutcome
 from shared.keys import Keys
 
@@ -77,10 +84,10 @@ class BatchLines:
     def result_of(self, job_id: str, line: BatchLine) -> LineResult | None:
         """The line's answer from its event log; None if it was cancelled."""
         rows: Any = self._redis.lrange(self._keys.replay(job_id), 0, -1)
-        got = Transcript()
+        got = Transcripts()
         for event in (decode_event(row) for row in rows):
             match event:
-                case TokenEvent():
+                case TokenEvent() | ChoiceEndEvent():
                     got.add(event)
                 case RequeuedEvent():  # an earlier attempt's text: dropped
                     got.clear()

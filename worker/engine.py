@@ -1,81 +1,66 @@
 """The engine: a loaded model generating many sequences in one continuous batch.
 
 It knows nothing of Redis or HTTP. Its surface follows mlx-lm's BatchGenerator: `prepare` turns
-a job into prompt tokens and limits (and refuses what cannot run), `insert` queues it for the
-batch, `step` lets the queued jobs in together and advances every sequence by one token,
-returning what each may show now, `remove` drops sequences (cancellation). Each sequence's
-state is a `Sequence` dataclass. A prompt whose opening the prefix cache holds
-(worker/prefix_cache.py) enters the batch with a copy of that KV cache and only its remaining
-tokens to prefill.
+a job into prompt tokens and limits (worker/prepare.py; it refuses what cannot run), `insert`
+queues it for the batch, `step` lets the queued jobs in together and advances every sequence by
+one token, returning what each may show now, `remove` drops jobs (cancellation).
+
+A job runs as one sequence per choice (`n`), each a `Sequence` dataclass; the choices of a job
+share one prefill of the prompt and each ends on its own, the job when the last one does. A
+prompt whose opening the prefix cache holds (worker/prefix_cache.py) enters the batch with a
+copy of that KV cache and only its remaining tokens to prefill.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+import copy
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from mlx_lm import load
 from mlx_lm.generate import BatchGenerator, StopSequences
-from mlx_lm.sample_utils import LogitsProcessor
-from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from shared.completions import TokenLogprob
-from shared.errors import ContextLengthError, InvalidRequestError
 from shared.jobs import GenerationJob
-from shared.prompt_tokens import chat_input
 from shared.tools import ToolCall
 from worker.decode import use_decode_batch
-from worker.detokenize import TextDecoder, decoder_factory, token_pieces
-from worker.grammar import Grammars
+from worker.detokenize import TextDecoder
 from worker.logprobs import LogprobRecorder
-from worker.prefix_cache import PrefixCache, Reuse, level
-from worker.processors import processors_for
-from worker.sampling import Sampler, make_sampler
-from worker.stop import StopStringMatcher, stop_token_ids
-from worker.tool_calls import ToolCallScanner, ToolFormat
-
-
-@dataclass(frozen=True)
-class PreparedJob:
-    """A job turned into what the batch needs; built outside the engine loop."""
-
-    job_id: str
-    prompt: list[int]
-    max_tokens: int
-    sampler: Sampler
-    stops: tuple[str, ...]
-    # Leading prompt tokens other requests are likely to share (chat history, system prompt).
-    shared_tokens: int = 0
-    # Penalties, logit bias, a grammar: empty for a plain job, which then pays nothing for them.
-    processors: tuple[LogitsProcessor, ...] = ()
-    # Set when the job asked for log probabilities: the sampler, recording each draw.
-    recorder: LogprobRecorder | None = None
-    # Set when the job's tool calls are to be parsed out of its text.
-    calls: ToolCallScanner | None = None
+from worker.model import LoadedModel
+from worker.prefix_cache import PrefixCache, Reuse, level, prefill
+from worker.prepare import PreparedJob, Preparer
+from worker.stop import StopStringMatcher
+from worker.tool_calls import ToolCallScanner
 
 
 @dataclass
 class Sequence:
-    """One running sequence's state."""
+    """One choice of a running job."""
 
     job_id: str
-    prompt_tokens: int
-    cached_tokens: int
+    index: int
     decoder: TextDecoder
     matcher: StopStringMatcher
     recorder: LogprobRecorder | None
     calls: ToolCallScanner | None
-    completion_tokens: int = 0
+
+
+@dataclass
+class RunningJob:
+    """A job in the batch: what its usage counts, and its choices still running."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    uids: list[int] = field(default_factory=list)
+    completion_tokens: int = 0  # all choices together
 
 
 @dataclass(frozen=True)
 class StepOutput:
-    """What one step produced for one sequence: new visible text, and why it ended if it did.
+    """What one step produced for one choice: new visible text, and why it ended if it did.
 
-    A sequence whose own work failed ends with finish_reason "error" and the reason in `error`.
+    The job has ended when a choice ends with `choices_left` 0. Token counts are the job's (all
+    choices). A choice whose own work failed ends its whole job with finish_reason "error" and
+    the reason in `error`.
     """
 
     job_id: str
@@ -87,6 +72,12 @@ class StepOutput:
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCall] | None = None
+    index: int = 0
+    choices_left: int = 0
+
+    @property
+    def ends_job(self) -> bool:
+        return self.finish_reason is not None and self.choices_left == 0
 
 
 class BatchEngine(Protocol):
@@ -96,54 +87,6 @@ class BatchEngine(Protocol):
     def insert(self, prepared: PreparedJob) -> None: ...
     def step(self) -> list[StepOutput]: ...
     def remove(self, job_ids: list[str]) -> None: ...
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    model: Any  # an mlx.nn.Module
-    tokenizer: TokenizerWrapper
-    context_length: int
-    stop_ids: frozenset[int]
-    new_decoder: Callable[[], TextDecoder]
-    vocab_size: int  # the width of the model's logits
-    token_piece: Callable[[int], bytes]
-
-
-def load_model(path: str) -> LoadedModel:
-    model, tokenizer, config = load(path, return_config=True)
-    return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        context_length=_context_length(config),
-        stop_ids=stop_token_ids(
-            tokenizer.eos_token_ids, _generation_config_eos(Path(path)), _token_lookup(tokenizer)
-        ),
-        new_decoder=decoder_factory(tokenizer),
-        vocab_size=int(config.get("vocab_size") or len(tokenizer.get_vocab())),
-        token_piece=token_pieces(tokenizer),
-    )
-
-
-def _context_length(config: dict[str, Any]) -> int:
-    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "context_length"):
-        if isinstance(config.get(key), int):
-            return int(config[key])
-    return 4096
-
-
-def _generation_config_eos(path: Path) -> list[int]:
-    file = path / "generation_config.json"
-    if not file.is_file():
-        return []
-    eos = json.loads(file.read_text()).get("eos_token_id")
-    if eos is None:
-        return []
-    return [eos] if isinstance(eos, int) else [int(i) for i in eos]
-
-
-def _token_lookup(tokenizer: TokenizerWrapper) -> Any:
-    vocab: dict[str, int] = tokenizer.get_vocab()
-    return vocab.get
 
 
 class Engine:
@@ -158,7 +101,7 @@ class Engine:
     ):
         self._loaded = loaded
         self._prefixes = prefixes
-        self._default_max_tokens = default_max_tokens
+        self._preparer = Preparer(loaded, default_max_tokens, with_history=prefixes is not None)
         self._stop_sequences = StopSequences([[i] for i in sorted(loaded.stop_ids)])
         self._batch = BatchGenerator(
             loaded.model,
@@ -169,98 +112,17 @@ class Engine:
             prefill_step_size=512,
         )
         use_decode_batch(self._batch)
-        self._grammars = Grammars(loaded.tokenizer._tokenizer, loaded.stop_ids, loaded.vocab_size)
-        self._tool_format = ToolFormat.of(loaded.tokenizer)
         self._pending: list[PreparedJob] = []
         self._by_uid: dict[int, Sequence] = {}
-        self._uid_of: dict[str, int] = {}
+        self._jobs: dict[str, RunningJob] = {}
+        self.prefilled_tokens = 0  # prompt tokens computed, for the benchmark
 
     @property
     def active(self) -> int:
         return len(self._by_uid) + len(self._pending)
 
     def prepare(self, job: GenerationJob) -> PreparedJob:
-        """Tokenize the job and fix its limits; raises an InvalidRequestError if it cannot run."""
-        prompt = self._tokenize(job)
-        room = self._loaded.context_length - len(prompt)
-        if room < 1:
-            raise ContextLengthError(
-                f"The prompt has {len(prompt)} tokens; this model's context window is "
-                f"{self._loaded.context_length} tokens.",
-                param="messages" if job.messages is not None else "prompt",
-            )
-        wanted = job.max_tokens or self._default_max_tokens
-        sampler = make_sampler(job.sampling)
-        recorder = None
-        if job.logprobs is not None:
-            recorder = sampler = LogprobRecorder(sampler, job.logprobs, self._loaded.token_piece)
-        return PreparedJob(
-            job_id=job.job_id,
-            prompt=prompt,
-            max_tokens=min(wanted, room),
-            sampler=sampler,
-            stops=tuple(job.stop),
-            shared_tokens=self._history_tokens(job, prompt),
-            processors=self._processors(job),
-            recorder=recorder,
-            calls=self._tool_format.scanner(job.tools)
-            if job.tools is not None and job.tools.parses_calls()
-            else None,
-        )
-
-    def _processors(self, job: GenerationJob) -> tuple[LogitsProcessor, ...]:
-        outside = [t for t in job.sampling.logit_bias if t >= self._loaded.vocab_size]
-        if outside:
-            raise InvalidRequestError(
-                f"logit_bias names token {outside[0]}, which is not in this model's vocabulary "
-                f"of {self._loaded.vocab_size} tokens.",
-                param="logit_bias",
-            )
-        found = processors_for(job.sampling)
-        grammar = job.grammar
-        if job.tools is not None and job.tools.constrained():
-            if not self._tool_format.constrainable():
-                raise InvalidRequestError(
-                    "This model writes tool calls in a format that cannot be forced; "
-                    "use tool_choice 'auto'.",
-                    param="tool_choice",
-                )
-            grammar = job.tools.call_grammar()
-        if grammar is not None:
-            found.append(self._grammars.constraint(grammar))
-        return tuple(found)
-
-    def _tokenize(self, job: GenerationJob) -> list[int]:
-        tokenizer = self._loaded.tokenizer
-        if job.messages is not None:
-            chat = chat_input(job.messages, job.tools, self._tool_format.in_template)
-            tokens: list[int] = tokenizer.apply_chat_template(
-                chat.messages, tools=chat.tools, add_generation_prompt=True
-            )
-        else:
-            tokens = tokenizer.encode(job.prompt or "")
-        if not tokens:
-            raise InvalidRequestError("The prompt is empty.", param="prompt")
-        return tokens
-
-    def _history_tokens(self, job: GenerationJob, prompt: list[int]) -> int:
-        """How many prompt tokens come before the last message's text: the template's system
-        prompt and the earlier turns, which the next request of a conversation shares."""
-        if self._prefixes is None or not job.messages:
-            return 0
-        chat = chat_input(job.messages, job.tools, self._tool_format.in_template)
-        *earlier, last = chat.messages
-        head: list[int] = self._loaded.tokenizer.apply_chat_template(
-            [*earlier, {"role": last["role"], "content": ""}],
-            tools=chat.tools,
-            add_generation_prompt=False,
-        )
-        same = 0
-        for a, b in zip(head, prompt, strict=False):
-            if a != b:
-                break
-            same += 1
-        return same
+        return self._preparer.prepare(job)
 
     def insert(self, prepared: PreparedJob) -> None:
         """Queue the job for the batch; it enters at the next step, with whatever else came."""
@@ -270,69 +132,92 @@ class Engine:
         pending, self._pending = self._pending, []
         if not pending:
             return
-        prompts = [p.prompt for p in pending]
-        reuses = level(prompts, [self._reuse(p) for p in pending])
+        reuses = level([p.prompt for p in pending], [self._shared_start(p) for p in pending])
+        rows = [
+            (p, r, i) for p, r in zip(pending, reuses, strict=True) for i in range(len(p.choices))
+        ]
+        # Each choice gets a cache of its own, copied before the batch takes any of them.
+        caches = [r.cache if i == 0 else copy.deepcopy(r.cache) for _, r, i in rows]
         uids = self._batch.insert(
-            [p[r.tokens :] for p, r in zip(prompts, reuses, strict=True)],
-            max_tokens=[p.max_tokens for p in pending],
-            caches=[r.cache for r in reuses],
-            all_tokens=[p[: r.tokens] for p, r in zip(prompts, reuses, strict=True)],
-            samplers=[p.sampler for p in pending],
-            stop_sequences=[self._stop_sequences] * len(pending),
-            logits_processors=[list(p.processors) for p in pending],
+            [p.prompt[r.tokens :] for p, r, _ in rows],
+            max_tokens=[p.max_tokens for p, _, _ in rows],
+            caches=caches,
+            all_tokens=[p.prompt[: r.tokens] for p, r, _ in rows],
+            samplers=[p.choices[i].sampler for p, _, i in rows],
+            stop_sequences=[self._stop_sequences] * len(rows),
+            logits_processors=[list(p.choices[i].processors) for p, _, i in rows],
         )
-        for uid, prepared, reuse in zip(uids, pending, reuses, strict=True):
+        self.prefilled_tokens += sum(len(p.prompt) - r.tokens for p, r, _ in rows)
+        for prepared, reuse in zip(pending, reuses, strict=True):
+            self._jobs[prepared.job_id] = RunningJob(len(prepared.prompt), reuse.hits)
+        for uid, (prepared, _, i) in zip(uids, rows, strict=True):
+            choice = prepared.choices[i]
             self._by_uid[uid] = Sequence(
                 job_id=prepared.job_id,
-                prompt_tokens=len(prepared.prompt),
-                cached_tokens=reuse.hits,
+                index=i,
                 decoder=self._new_decoder(prepared),
                 matcher=StopStringMatcher(prepared.stops),
-                recorder=prepared.recorder,
-                calls=prepared.calls,
+                recorder=choice.recorder,
+                calls=choice.calls,
             )
-            self._uid_of[prepared.job_id] = uid
+            self._jobs[prepared.job_id].uids.append(uid)
 
     def _new_decoder(self, prepared: PreparedJob) -> TextDecoder:
         return self._loaded.new_decoder()
 
-    def _reuse(self, prepared: PreparedJob) -> Reuse:
-        if self._prefixes is None:
-            return Reuse(None, 0, 0)
-        return self._prefixes.reuse(prepared.prompt, prepared.shared_tokens)
+    def _shared_start(self, prepared: PreparedJob) -> Reuse:
+        """Where the job's prefill starts; for several choices, all but the prompt's last token
+        is prefilled here once, and each choice computes only that last token."""
+        start = Reuse(None, 0, 0)
+        if self._prefixes is not None:
+            start = self._prefixes.reuse(prepared.prompt, prepared.shared_tokens)
+        if len(prepared.choices) > 1 and start.tokens < len(prepared.prompt) - 1:
+            self.prefilled_tokens += len(prepared.prompt) - 1 - start.tokens
+            start = prefill(self._loaded.model, prepared.prompt[:-1], start)
+        return start
 
     def step(self) -> list[StepOutput]:
         """Advance every sequence by one token (prompts by one chunk)."""
         self._enter_pending()
         _, generated = self._batch.next()
-        outputs = [self._advance_one(r.uid, r.token, r.finish_reason) for r in generated]
+        outputs = []
+        for r in generated:
+            if r.uid not in self._by_uid:  # its job ended earlier in this step
+                continue
+            out = self._advance_one(r.uid, r.token, r.finish_reason)
+            outputs.append(out)
+            if out.ends_job:
+                self.remove([out.job_id])
+            elif out.finish_reason is not None:
+                self._drop([r.uid])
         if self._prefixes is not None:
             for r in generated:
                 if r.prompt_cache is not None and r.all_tokens is not None:
                     self._prefixes.store(r.all_tokens, r.prompt_cache)
-        finished = [o.job_id for o in outputs if o.finish_reason is not None]
-        self.remove(finished)
         return outputs
 
     def _advance_one(self, uid: int, token: int, finish_reason: str | None) -> StepOutput:
-        """One sequence's share of a step: if it fails, that sequence ends, not the batch."""
+        """One sequence's share of a step: if it fails, its job ends, not the batch."""
         try:
             return self._advance(uid, token, finish_reason)
         except Exception as err:
             seq = self._by_uid[uid]
+            job = self._jobs[seq.job_id]
             return StepOutput(
                 job_id=seq.job_id,
                 text="",
                 finish_reason="error",
-                prompt_tokens=seq.prompt_tokens,
-                completion_tokens=seq.completion_tokens,
-                cached_tokens=seq.cached_tokens,
+                prompt_tokens=job.prompt_tokens,
+                completion_tokens=job.completion_tokens,
+                cached_tokens=job.cached_tokens,
                 error=f"{type(err).__name__}: {err}",
+                index=seq.index,
             )
 
     def _advance(self, uid: int, token: int, finish_reason: str | None) -> StepOutput:
         seq = self._by_uid[uid]
-        seq.completion_tokens += 1
+        job = self._jobs[seq.job_id]
+        job.completion_tokens += 1
         text = ""
         logprobs = None
         if seq.recorder is not None:
@@ -350,15 +235,18 @@ class Engine:
             text, calls = self._scan(seq.calls, text, finish_reason is not None)
             if seq.calls.made and finish_reason == "stop":
                 finish_reason = "tool_calls"
+        left = len(job.uids) - (finish_reason is not None)
         return StepOutput(
             job_id=seq.job_id,
             text=text,
             finish_reason=finish_reason,
-            prompt_tokens=seq.prompt_tokens,
-            completion_tokens=seq.completion_tokens,
-            cached_tokens=seq.cached_tokens,
+            prompt_tokens=job.prompt_tokens,
+            completion_tokens=job.completion_tokens,
+            cached_tokens=job.cached_tokens,
             logprobs=logprobs,
             tool_calls=calls,
+            index=seq.index,
+            choices_left=left,
         )
 
     @staticmethod
@@ -371,9 +259,19 @@ class Engine:
 
     def remove(self, job_ids: list[str]) -> None:
         self._pending = [p for p in self._pending if p.job_id not in job_ids]
-        uids = [self._uid_of.pop(j) for j in job_ids if j in self._uid_of]
-        if uids:
-            # Sequences mlx-lm already retired (stop token, max_tokens) are simply not found.
-            self._batch.remove(uids)
-            for uid in uids:
-                del self._by_uid[uid]
+        for job_id in job_ids:
+            job = self._jobs.pop(job_id, None)
+            if job is not None:
+                self._drop(job.uids)
+
+    def _drop(self, uids: list[int]) -> None:
+        """Take sequences out of the batch (mlx-lm's own retired ones are simply not found)."""
+        uids = [u for u in uids if u in self._by_uid]
+        if not uids:
+            return
+        self._batch.remove(uids)
+        for uid in uids:
+            seq = self._by_uid.pop(uid)
+            job = self._jobs.get(seq.job_id)
+            if job is not None and uid in job.uids:
+                job.uids.remove(uid)

@@ -16,7 +16,8 @@ from typing_extensions import override
 
 from shared.jobs import GenerationJob
 from worker.detokenize import TextDecoder
-from worker.engine import Engine, PreparedJob
+from worker.engine import Engine
+from worker.prepare import PreparedJob
 
 RAISE = "[[fault:raise]]"
 WEDGE = "[[fault:wedge]]"

@@ -21,10 +21,18 @@ from dataclasses import dataclass, field
 
 from shared.completions import FinishReason, PromptTokensDetails, Usage
 from shared.errors import GenerationError
-from shared.events import DoneEvent, ErrorEvent, Event, StartedEvent, TokenEvent
+from shared.events import (
+    ChoiceEndEvent,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    StartedEvent,
+    TokenEvent,
+)
 from shared.jobs import JobOutcome
 from shared.keys import Keys
-from worker.engine import BatchEngine, PreparedJob, StepOutput
+from worker.engine import BatchEngine, StepOutput
+from worker.prepare import PreparedJob
 from worker.publish import EventSink, Route
 
 log = logging.getLogger(__name__)
@@ -148,9 +156,19 @@ class EngineLoop:
             admission.completion_tokens = out.completion_tokens
             route = admission.route
             if out.text or out.logprobs or out.tool_calls:
-                token = TokenEvent(text=out.text, logprobs=out.logprobs, tool_calls=out.tool_calls)
+                token = TokenEvent(
+                    text=out.text,
+                    logprobs=out.logprobs,
+                    tool_calls=out.tool_calls,
+                    index=out.index or None,
+                )
                 events.append((route, token))
-            if out.finish_reason is not None:
+            if out.finish_reason is None:
+                continue
+            if len(admission.prepared.choices) > 1 and out.error is None:
+                end = ChoiceEndEvent(index=out.index, finish_reason=_reason(out.finish_reason))
+                events.append((route, end))
+            if out.ends_job:
                 events.append((route, _final(out)))
         self._sink.send(events)
 
@@ -176,12 +194,14 @@ class EngineLoop:
 
     def _retire(self, outputs: list[StepOutput]) -> None:
         for out in outputs:
-            if out.finish_reason is None:
+            if not out.ends_job:
                 continue
             admission = self._running.pop(out.job_id, None)
             if admission is not None:
                 admission.outcome.set_result(
-                    _outcome(admission.prepared, out.finish_reason, out.completion_tokens)
+                    _outcome(
+                        admission.prepared, out.finish_reason or "error", out.completion_tokens
+                    )
                 )
 
 
@@ -194,10 +214,13 @@ def _final(out: StepOutput) -> DoneEvent | ErrorEvent:
         total_tokens=out.prompt_tokens + out.completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=out.cached_tokens),
     )
-    reason: FinishReason = "length"
-    if out.finish_reason in ("stop", "tool_calls"):
-        reason = "tool_calls" if out.finish_reason == "tool_calls" else "stop"
-    return DoneEvent(finish_reason=reason, usage=usage)
+    return DoneEvent(finish_reason=_reason(out.finish_reason), usage=usage)
+
+
+def _reason(engine_reason: str | None) -> FinishReason:
+    if engine_reason == "tool_calls":
+        return "tool_calls"
+    return "stop" if engine_reason == "stop" else "length"
 
 
 def _outcome(prepared: PreparedJob, finish_reason: str, completion_tokens: int) -> JobOutcome:

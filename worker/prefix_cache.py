@@ -76,10 +76,16 @@ class PrefixCache:
         return Reuse(cache, tokens, tokens)
 
     def _prefill(self, history: list[int], start: Reuse) -> None:
-        cache = start.cache if start.cache is not None else make_prompt_cache(self._model)
-        self._model(mx.array([history[start.tokens :]]), cache=cache)
-        mx.eval([c.state for c in cache])
-        self._lru.insert_cache(_KEY, list(history), cache, cache_type="system")
+        done = prefill(self._model, history, start)
+        self._lru.insert_cache(_KEY, list(history), done.cache, cache_type="system")
+
+
+def prefill(model: Any, tokens: list[int], start: Reuse) -> Reuse:
+    """`start` (a cache of the first `start.tokens` tokens, or none) extended to all `tokens`."""
+    cache = start.cache if start.cache is not None else make_prompt_cache(model)
+    model(mx.array([tokens[start.tokens :]]), cache=cache)
+    mx.eval([c.state for c in cache])
+    return Reuse(cache, len(tokens), start.hits)
 
 
 def level(prompts: list[list[int]], reuses: list[Reuse]) -> list[Reuse]:

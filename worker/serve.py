@@ -32,11 +32,12 @@ from worker import jobs
 from worker.cancellations import listen_for_cancels
 from worker.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.drain import Drain
-from worker.engine import BatchEngine, Engine, load_model
+from worker.engine import BatchEngine, Engine
 from worker.faults import FaultyEngine
 from worker.fence import FencedSink
 from worker.heartbeat import beat, born, keep_beating, retire
 from worker.loop import EngineLoop
+from worker.model import load_model
 from worker.prefix_cache import PrefixCache
 from worker.reaper import Reaper
 from worker.slots import LEAVE_S, SlotWorker, held, start_slots, stop_slots

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 
 from shared.jobs import GenerationJob
-from worker.engine import PreparedJob, StepOutput
+from worker.engine import StepOutput
+from worker.prepare import ChoiceSetup, PreparedJob
 from worker.sampling import greedy
 
 
@@ -39,7 +40,7 @@ class SyntheticEngine:
             job_id=job.job_id,
             prompt=[0] * max(1, words),
             max_tokens=job.max_tokens or self._default_max_tokens,
-            sampler=greedy,
+            choices=(ChoiceSetup(greedy),),
             stops=tuple(job.stop),
         )
 

@@ -19,7 +19,7 @@ from shared.completions import ChatMessage
 from shared.keys import Keys
 from shared.prompt_tokens import PromptCounter, TokenizerSpec, chat_input
 from shared.tools import ChatTool, FunctionCall, FunctionDefinition, ToolCall, ToolUse
-from worker.engine import LoadedModel
+from worker.model import LoadedModel
 from worker.tool_calls import ToolFormat
 
 log = logging.getLogger(__name__)

@@ -87,7 +87,6 @@ def test_unknown_argument_is_named(http: FlaskClient) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("n", 2),
         ("functions", [{"name": "f"}]),
         ("function_call", "auto"),
     ],

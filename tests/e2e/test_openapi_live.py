@@ -2,8 +2,9 @@
 valid requests that do generate get no 5xx and a response that matches /openapi.json.
 
 To keep the worker's time bounded (prefill on two CPU cores is slow), each generated generation
-request is pinned to the served model, to at most `MAX_TOKENS` tokens, and to a short prompt (the
-first few messages, each text cut to `MAX_CHARS`); everything else in it is as generated. The
+request is pinned to the served model, to at most `MAX_TOKENS` tokens and 2 choices, and to a
+short prompt (the first few messages, each text cut to `MAX_CHARS`); parameters whose validity
+spans fields are dropped; everything else in it is as generated. The
 broad fuzzing (hundreds of requests per route, invalid ones included) is tests/api/test_openapi.py.
 """
 
@@ -52,10 +53,31 @@ def shorten(message: Any) -> Any:
     return message
 
 
+# Parameters whose rules span fields (tool_choice needs tools, top_logprobs needs logprobs, a
+# schema must compile): a schema cannot say so, and generated values would all be refused.
+ACROSS_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "top_logprobs")
+
+
+def plain_message(message: Any) -> Any:
+    if not isinstance(message, dict):
+        return message
+    message = {k: v for k, v in message.items() if k not in ("tool_calls", "tool_call_id")}
+    if message.get("role") == "tool":
+        message["role"] = "user"
+    if message.get("content") is None:
+        message["content"] = "hi"
+    return shorten(message)
+
+
 def pin(body: dict[str, Any]) -> None:
     body["model"] = MODEL
+    for field in ACROSS_FIELDS:
+        body.pop(field, None)
+    body.pop("logit_bias", None)  # token ids must exist in the model's vocabulary
+    if isinstance(body.get("n"), int):
+        body["n"] = min(body["n"], 2)
     if isinstance(body.get("messages"), list):
-        body["messages"] = [shorten(m) for m in body["messages"][:MAX_MESSAGES]]
+        body["messages"] = [plain_message(m) for m in body["messages"][:MAX_MESSAGES]]
     if isinstance(body.get("prompt"), str):
         body["prompt"] = body["prompt"][:MAX_CHARS]
     body["max_tokens"] = min(body.get("max_tokens") or MAX_TOKENS, MAX_TOKENS)

@@ -342,3 +342,45 @@ def test_constrained_output_validates_against_random_small_schemas(
     )
     assert reply.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(reply.choices[0].message.content or ""), schema)
+
+
+def test_n_choices_have_their_own_indexes_and_count_the_prompt_once(
+    client: openai.OpenAI,
+) -> None:
+    args: dict[str, Any] = dict(
+        model=MODEL, messages=FRANCE, temperature=1.0, seed=9, max_tokens=12
+    )
+    one = client.chat.completions.create(**args)
+    three = client.chat.completions.create(n=3, **args)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert len({c.message.content for c in three.choices}) > 1  # each choice draws its own
+    assert three.choices[0].message.content == one.choices[0].message.content
+    assert three.usage is not None and one.usage is not None
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens
+    assert three.usage.completion_tokens > one.usage.completion_tokens
+
+
+def test_n_choices_stream_with_their_index_and_each_ends(client: openai.OpenAI) -> None:
+    args: dict[str, Any] = dict(
+        model=MODEL, messages=FRANCE, temperature=1.0, seed=4, max_tokens=10, n=2
+    )
+    whole = client.chat.completions.create(**args)
+    texts: dict[int, str] = {0: "", 1: ""}
+    endings: dict[int, str | None] = {}
+    for chunk in client.chat.completions.create(stream=True, **args):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason is not None:
+                endings[choice.index] = choice.finish_reason
+    assert texts == {c.index: c.message.content for c in whole.choices}
+    assert endings == {c.index: c.finish_reason for c in whole.choices}
+
+
+def test_completions_n_with_logprobs(client: openai.OpenAI) -> None:
+    reply = client.completions.create(
+        model=MODEL, prompt="The sea is", temperature=1.0, seed=2, max_tokens=5, n=2, logprobs=1
+    )
+    assert [c.index for c in reply.choices] == [0, 1]
+    for choice in reply.choices:
+        assert choice.logprobs is not None
+        assert "".join(choice.logprobs.tokens or []) == choice.text
