@@ -45,8 +45,11 @@ def stream_completion(running: RunningJob, req: CompletionRequest) -> Iterator[b
         id=running.job.job_id, created=int(time.time()), model=running.job.model, choices=[]
     )
     ended: set[int] = set()
-    # Where each choice's next token starts in its text (legacy logprobs' text_offset).
-    offsets = dict.fromkeys(range(req.n), len(req.prompt) if req.echo else 0)
+    prompts = req.prompts()
+    choices = req.n * len(prompts)
+    # Where each choice's next token starts in its text (legacy logprobs' text_offset); an
+    # echo's logprobs begin with the prompt's tokens.
+    offsets = dict.fromkeys(range(choices), 0)
 
     def chunk(index: int, text: str, finish_reason: FinishReason | None = None) -> bytes:
         choice = TextChoice(index=index, text=text, finish_reason=finish_reason)
@@ -57,7 +60,7 @@ def stream_completion(running: RunningJob, req: CompletionRequest) -> Iterator[b
         return chunk(end.index, "", end.finish_reason)
 
     def closing(done: DoneEvent) -> list[bytes]:
-        frames = [chunk(i, "", done.finish_reason) for i in range(req.n) if i not in ended]
+        frames = [chunk(i, "", done.finish_reason) for i in range(choices) if i not in ended]
         if req.include_usage():
             frames.append(frame(head.model_copy(update={"usage": done.usage})))
         return frames
@@ -71,5 +74,6 @@ def stream_completion(running: RunningJob, req: CompletionRequest) -> Iterator[b
         choice = TextChoice(index=index, text=event.text, logprobs=logprobs)
         return head.model_copy(update={"choices": [choice]})
 
-    opening = [chunk(i, req.prompt) for i in range(req.n)] if req.echo else []
+    echoed = [p if isinstance(p, str) else "" for p in prompts]
+    opening = [chunk(i, echoed[i // req.n]) for i in range(choices)] if req.echo else []
     return stream_frames(running, opening, token_framer(with_token), closing, choice_end)

@@ -103,15 +103,19 @@ def _chat_choice(req: ChatCompletionRequest, index: int, got: Transcript) -> Cha
 def text_completion(
     req: CompletionRequest, job_id: str, created: int, got: Transcripts, done: DoneEvent
 ) -> Completion:
-    choices = [_text_choice(req, i, t) for i, t in enumerate(got.ordered(req.n, done))]
+    prompts = req.prompts()
+    got_all = got.ordered(req.n * len(prompts), done)
+    choices = [_text_choice(req, i, prompts[i // req.n], t) for i, t in enumerate(got_all)]
     return Completion(
         id=job_id, created=created, model=req.model, choices=choices, usage=done.usage
     )
 
 
-def _text_choice(req: CompletionRequest, index: int, got: Transcript) -> TextChoice:
-    shown = req.prompt + got.text if req.echo else got.text
-    logprobs = None
-    if req.logprobs is not None:
-        logprobs = TextLogprobs.of(got.logprobs, len(shown) - len(got.text))
+def _text_choice(
+    req: CompletionRequest, index: int, prompt: str | list[int], got: Transcript
+) -> TextChoice:
+    # An echo is of a text prompt (token-id prompts cannot ask for one); with logprobs, the
+    # prompt's tokens come first in the entries, so offsets start at 0 either way.
+    shown = prompt + got.text if req.echo and isinstance(prompt, str) else got.text
+    logprobs = TextLogprobs.of(got.logprobs, 0) if req.logprobs is not None else None
     return TextChoice(index=index, text=shown, finish_reason=got.finish_reason, logprobs=logprobs)

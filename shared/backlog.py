@@ -68,7 +68,8 @@ def estimate_tokens(job: GenerationJob) -> int:
     if job.messages is not None:
         texts = [m.text() for m in job.messages]
         return sum(_bytes_to_tokens(t) + _PER_MESSAGE for t in texts)
-    return _bytes_to_tokens(job.prompt or "")
+    items = job.prompt_items()
+    return sum(_bytes_to_tokens(i) if isinstance(i, str) else len(i) for i in items)
 
 
 def _bytes_to_tokens(text: str) -> int:

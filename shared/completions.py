@@ -11,7 +11,7 @@ each refused with OpenAI's code: `array_above_max_length`, `string_above_max_len
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -59,6 +59,11 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit integer, as OpenAI takes
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
+PromptText = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
+TokenIds = Annotated[
+    list[Annotated[int, Field(ge=0, le=2**31 - 1)]],
+    Field(min_length=1, max_length=MAX_CONTENT_CHARS),
+]
 Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
 
 
@@ -277,17 +282,34 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
-    max_tokens: TokenCount = 16
+    # One prompt (text or token ids) or several (one set of n choices each, in order).
+    prompt: PromptText | TokenIds | Annotated[list[PromptText | TokenIds], Field(min_length=1)]
+    # 0 (with echo) scores the prompt without generating: an eval harness's loglikelihood.
+    max_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS)] = 16
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     best_of: int | None = None
     suffix: str | None = None
 
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts as a list: one per set of n choices."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or all(isinstance(t, int) for t in prompt):
+            return [cast(str | list[int], prompt)]
+        return cast(list[str | list[int]], prompt)
+
     @model_validator(mode="after")
     def _refuse_unsupported_text(self) -> CompletionRequest:
-        if self.logprobs is not None and self.echo:
-            _refuse("logprobs", "log probabilities of echoed prompt tokens are not implemented")
+        prompts = self.prompts()
+        if len(prompts) * self.n > MAX_N:
+            raise InvalidRequestError(
+                f"{len(prompts)} prompts with n={self.n} ask for more than {MAX_N} choices",
+                param="n",
+            )
+        if self.echo and any(not isinstance(p, str) for p in prompts):
+            _refuse("echo", "a prompt given as token ids cannot be echoed")
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequestError("max_tokens 0 needs echo: true", param="max_tokens")
         if self.best_of not in (None, 1):
             _refuse("best_of", "only best_of=1 is implemented")
         if self.suffix:
@@ -299,7 +321,7 @@ class TopLogprob(BaseModel):
     """One candidate token: its decoded text, its log probability and its UTF-8 bytes."""
 
     token: str
-    logprob: float
+    logprob: float | None = None  # None only for a prompt's first token: nothing predicts it
     bytes: list[int] | None = None
 
 
@@ -318,7 +340,7 @@ class TextLogprobs(BaseModel):
     """The legacy completions' logprobs: parallel lists, one entry per generated token."""
 
     tokens: list[str]
-    token_logprobs: list[float]
+    token_logprobs: list[float | None]
     top_logprobs: list[dict[str, float]]
     text_offset: list[int]
 
@@ -332,7 +354,10 @@ class TextLogprobs(BaseModel):
         return cls(
             tokens=[e.token for e in entries],
             token_logprobs=[e.logprob for e in entries],
-            top_logprobs=[{t.token: t.logprob for t in e.top_logprobs} for e in entries],
+            top_logprobs=[
+                {t.token: t.logprob for t in e.top_logprobs if t.logprob is not None}
+                for e in entries
+            ],
             text_offset=offsets,
         )
 

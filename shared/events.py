@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from shared.completions import FinishReason, TokenLogprob, Usage
-from shared.errors import ErrorDetail, MLXQError
+from shared.errors import ErrorDetail, GenerationError, MLXQError
 from shared.tools import ToolCall
 
 
@@ -74,8 +74,11 @@ Event = Annotated[
 _EVENT = TypeAdapter[Event](Event)
 
 
-class EventDecodeError(ValueError):
-    """Bytes on a job channel that are not an mlxq event."""
+class EventDecodeError(GenerationError):
+    """Bytes on a job channel that are not an mlxq event: a stream ends with an error frame."""
+
+    def __init__(self, message: str):
+        super().__init__(f"the worker sent an event this server cannot read: {message}")
 
 
 def encode_event(event: Event) -> bytes:

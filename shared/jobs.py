@@ -38,12 +38,15 @@ class GenerationJob(BaseModel):
     job_id: Annotated[str, Field(pattern=ID_PATTERN)]
     model: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
     messages: list[ChatMessage] | None = None
-    prompt: str | None = None
-    # None means "up to the context window".
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    # One text, or several prompts (texts or token ids), each with its own n choices.
+    prompt: str | list[str | list[int]] | None = None
+    # None means "up to the context window"; 0 (a text completion with echo) scores the prompt.
+    max_tokens: Annotated[int, Field(ge=0)] | None = None
     sampling: SamplingParams = SamplingParams()
     stop: Annotated[list[str], Field(max_length=4)] = []
-    n: Annotated[int, Field(ge=1, le=128)] = 1  # choices, each its own sequence
+    n: Annotated[int, Field(ge=1, le=128)] = 1  # choices per prompt, each its own sequence
+    # Set for an echoed text completion with logprobs: the prompt tokens' logprobs, k alternatives.
+    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     # An llguidance grammar (shared/grammar.py) the output must match; None: free text.
     grammar: str | None = None
     # Set when a chat request gave tools: how they are rendered, parsed and maybe forced.
@@ -60,6 +63,15 @@ class GenerationJob(BaseModel):
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("a job has exactly one of messages and prompt")
         return self
+
+    def prompt_items(self) -> list[str | list[int]]:
+        """A text completion's prompts, one item each ([] for a chat job)."""
+        if self.prompt is None:
+            return []
+        return [self.prompt] if isinstance(self.prompt, str) else self.prompt
+
+    def choices(self) -> int:
+        return self.n * max(1, len(self.prompt_items()))
 
 
 class JobOutcome(BaseModel):
@@ -99,10 +111,11 @@ def job_for(
     return GenerationJob(
         job_id=job_id,
         model=req.model,
-        prompt=req.prompt,
+        prompt=req.prompt if isinstance(req.prompt, str) else req.prompts(),
         max_tokens=req.max_tokens,
         sampling=req.sampling(),
         stop=req.stop_strings(),
         logprobs=req.logprobs,
         n=req.n,
+        prompt_logprobs=req.logprobs if req.echo else None,
     )

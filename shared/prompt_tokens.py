@@ -155,6 +155,9 @@ class PromptCounter:
         return len(self._tokenizer.encode(rendered, add_special_tokens=False).ids)
 
     def count(self, job: GenerationJob) -> int:
+        """The job's prompt tokens; for several prompts, the longest one's (the window holds
+        each prompt with its own completion)."""
         if job.messages is not None:
             return self.count_chat(chat_input(job.messages, job.tools, self._tools_in_template))
-        return self.count_text(job.prompt or "")
+        items = job.prompt_items()
+        return max(self.count_text(i) if isinstance(i, str) else len(i) for i in items)

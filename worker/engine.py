@@ -24,7 +24,7 @@ from shared.jobs import GenerationJob
 from shared.tools import ToolCall
 from worker.decode import use_decode_batch
 from worker.detokenize import TextDecoder
-from worker.logprobs import LogprobRecorder
+from worker.logprobs import LogprobRecorder, prompt_logprobs
 from worker.model import LoadedModel
 from worker.prefix_cache import PrefixCache, Reuse, level, prefill
 from worker.prepare import PreparedJob, Preparer
@@ -42,6 +42,8 @@ class Sequence:
     matcher: StopStringMatcher
     recorder: LogprobRecorder | None
     calls: ToolCallScanner | None
+    # The prompt's own logprobs (an echo that asked for them), sent with the first token.
+    opening: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -115,6 +117,7 @@ class Engine:
         self._pending: list[PreparedJob] = []
         self._by_uid: dict[int, Sequence] = {}
         self._jobs: dict[str, RunningJob] = {}
+        self._ready: list[StepOutput] = []  # outputs made at admission (prompts only scored)
         self.prefilled_tokens = 0  # prompt tokens computed, for the benchmark
 
     @property
@@ -132,25 +135,45 @@ class Engine:
         pending, self._pending = self._pending, []
         if not pending:
             return
-        reuses = level([p.prompt for p in pending], [self._shared_start(p) for p in pending])
-        rows = [
-            (p, r, i) for p, r in zip(pending, reuses, strict=True) for i in range(len(p.choices))
-        ]
-        # Each choice gets a cache of its own, copied before the batch takes any of them.
-        caches = [r.cache if i == 0 else copy.deepcopy(r.cache) for _, r, i in rows]
-        uids = self._batch.insert(
-            [p.prompt[r.tokens :] for p, r, _ in rows],
-            max_tokens=[p.max_tokens for p, _, _ in rows],
-            caches=caches,
-            all_tokens=[p.prompt[: r.tokens] for p, r, _ in rows],
-            samplers=[p.choices[i].sampler for p, _, i in rows],
-            stop_sequences=[self._stop_sequences] * len(rows),
-            logits_processors=[list(p.choices[i].processors) for p, _, i in rows],
+        groups = [(p, k) for p in pending for k in range(len(p.prompts))]
+        starts = level(
+            [p.prompts[k] for p, k in groups], [self._shared_start(p, k) for p, k in groups]
         )
-        self.prefilled_tokens += sum(len(p.prompt) - r.tokens for p, r, _ in rows)
-        for prepared, reuse in zip(pending, reuses, strict=True):
-            self._jobs[prepared.job_id] = RunningJob(len(prepared.prompt), reuse.hits)
-        for uid, (prepared, _, i) in zip(uids, rows, strict=True):
+        start_of = {(p.job_id, k): r for (p, k), r in zip(groups, starts, strict=True)}
+        scored = {(p.job_id, k): self._score(p, k) for p, k in groups}
+        for p in pending:
+            hits = sum(start_of[(p.job_id, k)].hits for k in range(len(p.prompts)))
+            self._jobs[p.job_id] = RunningJob(p.prompt_tokens, hits)
+        self._ready = [o for p in pending if p.max_tokens == 0 for o in self._scored(p, scored)]
+        rows = [(p, i) for p in pending if p.max_tokens > 0 for i in range(len(p.choices))]
+        if rows:
+            self._insert(rows, start_of, scored)
+
+    def _insert(
+        self,
+        rows: list[tuple[PreparedJob, int]],
+        start_of: dict[tuple[str, int], Reuse],
+        scored: dict[tuple[str, int], list[TokenLogprob] | None],
+    ) -> None:
+        keys = [(p.job_id, p.choices[i].prompt) for p, i in rows]
+        # Each choice gets a cache of its own, copied before the batch takes any of them.
+        caches = [
+            start_of[key].cache if keys.index(key) == n else copy.deepcopy(start_of[key].cache)
+            for n, key in enumerate(keys)
+        ]
+        prompts = [p.prompts[p.choices[i].prompt] for p, i in rows]
+        begin = [start_of[key].tokens for key in keys]
+        uids = self._batch.insert(
+            [prompt[b:] for prompt, b in zip(prompts, begin, strict=True)],
+            max_tokens=[p.max_tokens for p, _ in rows],
+            caches=caches,
+            all_tokens=[prompt[:b] for prompt, b in zip(prompts, begin, strict=True)],
+            samplers=[p.choices[i].sampler for p, i in rows],
+            stop_sequences=[self._stop_sequences] * len(rows),
+            logits_processors=[list(p.choices[i].processors) for p, i in rows],
+        )
+        self.prefilled_tokens += sum(len(t) - b for t, b in zip(prompts, begin, strict=True))
+        for uid, (prepared, i), key in zip(uids, rows, keys, strict=True):
             choice = prepared.choices[i]
             self._by_uid[uid] = Sequence(
                 job_id=prepared.job_id,
@@ -159,28 +182,59 @@ class Engine:
                 matcher=StopStringMatcher(prepared.stops),
                 recorder=choice.recorder,
                 calls=choice.calls,
+                opening=scored[key],
             )
             self._jobs[prepared.job_id].uids.append(uid)
+
+    def _score(self, prepared: PreparedJob, k: int) -> list[TokenLogprob] | None:
+        if prepared.prompt_logprobs is None:
+            return None
+        prompt = prepared.prompts[k]
+        return prompt_logprobs(
+            self._loaded.model, prompt, prepared.prompt_logprobs, self._loaded.token_piece
+        )
+
+    def _scored(
+        self, prepared: PreparedJob, scored: dict[tuple[str, int], list[TokenLogprob] | None]
+    ) -> list[StepOutput]:
+        """A job that only scores its prompts (max_tokens 0): each choice ends at once."""
+        job = self._jobs.pop(prepared.job_id)
+        return [
+            StepOutput(
+                job_id=prepared.job_id,
+                text="",
+                finish_reason="length",
+                prompt_tokens=job.prompt_tokens,
+                completion_tokens=0,
+                cached_tokens=job.cached_tokens,
+                logprobs=scored[(prepared.job_id, choice.prompt)],
+                index=i,
+                choices_left=len(prepared.choices) - 1 - i,
+            )
+            for i, choice in enumerate(prepared.choices)
+        ]
 
     def _new_decoder(self, prepared: PreparedJob) -> TextDecoder:
         return self._loaded.new_decoder()
 
-    def _shared_start(self, prepared: PreparedJob) -> Reuse:
-        """Where the job's prefill starts; for several choices, all but the prompt's last token
-        is prefilled here once, and each choice computes only that last token."""
+    def _shared_start(self, prepared: PreparedJob, k: int) -> Reuse:
+        """Where the prefill of the job's prompt k starts; when several choices continue it,
+        all but its last token is prefilled here once, and each choice computes only that."""
+        prompt = prepared.prompts[k]
         start = Reuse(None, 0, 0)
         if self._prefixes is not None:
-            start = self._prefixes.reuse(prepared.prompt, prepared.shared_tokens)
-        if len(prepared.choices) > 1 and start.tokens < len(prepared.prompt) - 1:
-            self.prefilled_tokens += len(prepared.prompt) - 1 - start.tokens
-            start = prefill(self._loaded.model, prepared.prompt[:-1], start)
+            start = self._prefixes.reuse(prompt, prepared.shared_tokens if k == 0 else 0)
+        sharing = sum(1 for c in prepared.choices if c.prompt == k) > 1
+        if sharing and prepared.max_tokens > 0 and start.tokens < len(prompt) - 1:
+            self.prefilled_tokens += len(prompt) - 1 - start.tokens
+            start = prefill(self._loaded.model, prompt[:-1], start)
         return start
 
     def step(self) -> list[StepOutput]:
         """Advance every sequence by one token (prompts by one chunk)."""
         self._enter_pending()
+        outputs, self._ready = self._ready, []
         _, generated = self._batch.next()
-        outputs = []
         for r in generated:
             if r.uid not in self._by_uid:  # its job ended earlier in this step
                 continue
@@ -223,6 +277,8 @@ class Engine:
         if seq.recorder is not None:
             entry = seq.recorder.take()
             logprobs = [] if token in self._loaded.stop_ids else [entry]
+        if seq.opening is not None:
+            logprobs, seq.opening = seq.opening + (logprobs or []), None
         if token not in self._loaded.stop_ids:
             text = seq.matcher.feed(seq.decoder.add(token))
         if seq.matcher.matched:

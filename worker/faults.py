@@ -70,7 +70,8 @@ class FaultyEngine(Engine):
 
 
 def _fault_in(job: GenerationJob) -> str | None:
-    texts = [m.text() for m in job.messages or []] + [job.prompt or ""]
+    texts = [m.text() for m in job.messages or []]
+    texts += [i for i in job.prompt_items() if isinstance(i, str)]
     for fault in (RAISE, WEDGE):
         if any(fault in text for text in texts):
             return fault

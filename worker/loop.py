@@ -103,7 +103,7 @@ class EngineLoop:
             if a.cancelled:
                 a.outcome.set_result(_outcome(a.prepared, "cancelled", 0))
         self._sink.send(
-            [(a.route, StartedEvent(prompt_tokens=len(a.prepared.prompt))) for a in started]
+            [(a.route, StartedEvent(prompt_tokens=a.prepared.prompt_tokens)) for a in started]
         )
 
     def _drain(self) -> list[Admission]:
@@ -226,6 +226,6 @@ def _reason(engine_reason: str | None) -> FinishReason:
 def _outcome(prepared: PreparedJob, finish_reason: str, completion_tokens: int) -> JobOutcome:
     return JobOutcome(
         finish_reason=finish_reason,
-        prompt_tokens=len(prepared.prompt),
+        prompt_tokens=prepared.prompt_tokens,
         completion_tokens=completion_tokens,
     )

@@ -36,17 +36,28 @@ class ChoiceSetup:
     recorder: LogprobRecorder | None = None
     # Set when the job's tool calls are to be parsed out of its text.
     calls: ToolCallScanner | None = None
+    prompt: int = 0  # which of the job's prompts this choice continues
 
 
 @dataclass(frozen=True)
 class PreparedJob:
     job_id: str
-    prompt: list[int]
-    max_tokens: int  # per choice
-    choices: tuple[ChoiceSetup, ...]
+    prompts: tuple[list[int], ...]  # one for a chat job; a text completion may have several
+    max_tokens: int  # per choice; 0 scores the prompts only
+    choices: tuple[ChoiceSetup, ...]  # n per prompt, in OpenAI's index order
     stops: tuple[str, ...]
     # Leading prompt tokens other requests are likely to share (chat history, system prompt).
     shared_tokens: int = 0
+    # Set when the prompt tokens' own logprobs are wanted (an echoed text completion).
+    prompt_logprobs: int | None = None
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.prompts[0]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
 
 
 class Preparer:
@@ -59,21 +70,28 @@ class Preparer:
 
     def prepare(self, job: GenerationJob) -> PreparedJob:
         """Tokenize the job and fix its limits; raises an InvalidRequestError if it cannot run."""
-        prompt = self._tokenize(job)
+        prompts = self._tokenize(job)
         where = "messages" if job.messages is not None else "prompt"
-        budget = completion_budget(len(prompt), job.max_tokens, self._loaded.context_length, where)
+        window = self._loaded.context_length
+        budget = min(completion_budget(len(p), job.max_tokens, window, where) for p in prompts)
         if job.max_tokens is None:
             budget = min(budget, self._default_max_tokens)
+        choices = [
+            self._choice(job, k * job.n + i, prompt=k)
+            for k in range(len(prompts))
+            for i in range(job.n)
+        ]
         return PreparedJob(
             job_id=job.job_id,
-            prompt=prompt,
+            prompts=tuple(prompts),
             max_tokens=budget,
-            choices=tuple(self._choice(job, i) for i in range(job.n)),
+            choices=tuple(choices),
             stops=tuple(job.stop),
-            shared_tokens=self._history_tokens(job, prompt),
+            shared_tokens=self._history_tokens(job, prompts[0]),
+            prompt_logprobs=job.prompt_logprobs,
         )
 
-    def _choice(self, job: GenerationJob, index: int) -> ChoiceSetup:
+    def _choice(self, job: GenerationJob, index: int, prompt: int) -> ChoiceSetup:
         sampling = job.sampling
         if sampling.seed is not None and index:  # each choice its own draws, still reproducible
             sampling = sampling.model_copy(update={"seed": sampling.seed + index})
@@ -84,7 +102,7 @@ class Preparer:
         calls = None
         if job.tools is not None and job.tools.parses_calls():
             calls = self._tool_format.scanner(job.tools)
-        return ChoiceSetup(sampler, self._processors(job), recorder, calls)
+        return ChoiceSetup(sampler, self._processors(job), recorder, calls, prompt)
 
     def _processors(self, job: GenerationJob) -> tuple[LogitsProcessor, ...]:
         outside = [t for t in job.sampling.logit_bias if t >= self._loaded.vocab_size]
@@ -108,18 +126,29 @@ class Preparer:
             found.append(self._grammars.constraint(grammar))
         return tuple(found)
 
-    def _tokenize(self, job: GenerationJob) -> list[int]:
+    def _tokenize(self, job: GenerationJob) -> list[list[int]]:
         tokenizer = self._loaded.tokenizer
         if job.messages is not None:
             chat = chat_input(job.messages, job.tools, self._tool_format.in_template)
-            tokens: list[int] = tokenizer.apply_chat_template(
-                chat.messages, tools=chat.tools, add_generation_prompt=True
-            )
+            prompts: list[list[int]] = [
+                tokenizer.apply_chat_template(
+                    chat.messages, tools=chat.tools, add_generation_prompt=True
+                )
+            ]
         else:
-            tokens = tokenizer.encode(job.prompt or "")
-        if not tokens:
+            prompts = [
+                tokenizer.encode(item) if isinstance(item, str) else item
+                for item in job.prompt_items()
+            ]
+        if not all(prompts):
             raise InvalidRequestError("The prompt is empty.", param="prompt")
-        return tokens
+        outside = [t for p in prompts for t in p if t >= self._loaded.vocab_size]
+        if outside:
+            raise InvalidRequestError(
+                f"The prompt names token {outside[0]}, which is not in this model's vocabulary.",
+                param="prompt",
+            )
+        return prompts
 
     def _history_tokens(self, job: GenerationJob, prompt: list[int]) -> int:
         """How many prompt tokens come before the last message's text: the template's system

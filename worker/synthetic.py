@@ -35,10 +35,12 @@ class SyntheticEngine:
         if job.messages is not None:
             words = sum(len(m.text().split()) for m in job.messages)
         else:
-            words = len((job.prompt or "").split())
+            words = sum(
+                len(i.split()) if isinstance(i, str) else len(i) for i in job.prompt_items()
+            )
         return PreparedJob(
             job_id=job.job_id,
-            prompt=[0] * max(1, words),
+            prompts=([0] * max(1, words),),
             max_tokens=job.max_tokens or self._default_max_tokens,
             choices=(ChoiceSetup(greedy),),
             stops=tuple(job.stop),

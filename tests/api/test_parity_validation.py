@@ -138,14 +138,25 @@ def test_responses_text_format_with_a_bad_schema_is_a_400_naming_text_format(
     assert_openai_error(response, 400, "text.format")
 
 
-def test_completions_logprobs_range_and_echo(http: FlaskClient) -> None:
+def test_completions_prompts_logprobs_and_echo(http: FlaskClient) -> None:
     def complete(**body: Any) -> Any:
-        return http.post("/v1/completions", json={"model": "m", "prompt": "x", **body})
+        return http.post("/v1/completions", json={"model": "m", **body})
 
-    assert complete(logprobs=5).status_code == 404
-    assert_openai_error(complete(logprobs=6), 400, "logprobs")
-    assert_openai_error(complete(logprobs=1, echo=True), 400, "logprobs")
-    assert_openai_error(complete(echo="true"), 400, "echo")
+    for ok in (
+        {"prompt": "x", "logprobs": 5},
+        {"prompt": "x", "logprobs": 1, "echo": True, "max_tokens": 0},
+        {"prompt": ["a", "b"], "n": 64},
+        {"prompt": [1, 2, 3]},
+        {"prompt": [[1, 2], "text"]},
+    ):
+        assert complete(**ok).status_code == 404, ok
+    assert_openai_error(complete(prompt="x", logprobs=6), 400, "logprobs")
+    assert_openai_error(complete(prompt="x", echo="true"), 400, "echo")
+    assert_openai_error(complete(prompt=[1, 2], echo=True), 400, "echo")
+    assert_openai_error(complete(prompt="x", max_tokens=0), 400, "max_tokens")
+    assert_openai_error(complete(prompt=["a", "b", "c"], n=43), 400, "n")
+    assert_openai_error(complete(prompt=[]), 400)
+    assert_openai_error(complete(prompt=[-1]), 400)
 
 
 def test_messages_are_strict_too(http: FlaskClient) -> None:

@@ -384,3 +384,59 @@ def test_completions_n_with_logprobs(client: openai.OpenAI) -> None:
     for choice in reply.choices:
         assert choice.logprobs is not None
         assert "".join(choice.logprobs.tokens or []) == choice.text
+
+
+def test_a_list_of_prompts_gives_n_choices_each_in_openais_order(client: openai.OpenAI) -> None:
+    prompts = ["The capital of France is", "The capital of Italy is"]
+    whole = client.completions.create(model=MODEL, prompt=prompts, temperature=0, max_tokens=4, n=2)
+    singles = [
+        client.completions.create(model=MODEL, prompt=p, temperature=0, max_tokens=4).choices[0]
+        for p in prompts
+    ]
+    assert [c.index for c in whole.choices] == [0, 1, 2, 3]
+    assert [c.text for c in whole.choices] == [s.text for s in singles for _ in range(2)]
+
+
+def test_a_prompt_of_token_ids_continues_those_tokens(client: openai.OpenAI) -> None:
+    text = "The capital of France is"
+    tokenizer = Tokenizer.from_file(str(Settings().models_dir / MODEL / "tokenizer.json"))
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    by_text = client.completions.create(model=MODEL, prompt=text, temperature=0, max_tokens=5)
+    by_ids = client.completions.create(model=MODEL, prompt=ids, temperature=0, max_tokens=5)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    assert by_ids.usage == by_text.usage
+
+
+def test_echo_with_logprobs_and_no_tokens_scores_the_prompt(client: openai.OpenAI) -> None:
+    prompt = "The capital of France is Paris"
+    scored = client.completions.create(
+        model=MODEL, prompt=prompt, echo=True, logprobs=1, max_tokens=0
+    )
+    choice = scored.choices[0]
+    assert choice.text == prompt
+    assert choice.logprobs is not None
+    assert "".join(choice.logprobs.tokens or []) == prompt
+    values = choice.logprobs.token_logprobs or []
+    assert values[0] is None and all(v is not None and v <= 0 for v in values[1:])
+    assert scored.usage is not None and scored.usage.completion_tokens == 0
+    # The likelier continuation scores higher: what eval harnesses rank answers by.
+    wrong = client.completions.create(
+        model=MODEL, prompt="The capital of France is Rome", echo=True, logprobs=0, max_tokens=0
+    )
+    wrong_values = wrong.choices[0].logprobs.token_logprobs or []  # type: ignore[union-attr]
+    assert values[-1] > wrong_values[-1]  # type: ignore[operator]
+
+
+def test_echo_with_logprobs_then_generation_lists_prompt_then_answer(
+    client: openai.OpenAI,
+) -> None:
+    prompt = "The capital of France is"
+    reply = client.completions.create(
+        model=MODEL, prompt=prompt, echo=True, logprobs=0, max_tokens=3, temperature=0
+    )
+    choice = reply.choices[0]
+    assert choice.logprobs is not None
+    assert "".join(choice.logprobs.tokens or []) == choice.text
+    assert choice.text.startswith(prompt) and len(choice.text) > len(prompt)
+    offsets = choice.logprobs.text_offset or []
+    assert offsets[0] == 0 and offsets == sorted(offsets)
