@@ -72,7 +72,7 @@ def create_response() -> Response:
     if req.stream:
         return sse_response(live_stream(running, stored, responses))
     result = collect(running)
-    progress = Progress(started=True, parts=[result.got.choice(0).text], done=result.done)
+    progress = Progress.finished(result.got.choice(0), result.done)
     return _json(render(stored, progress, progress.status()).model_dump_json())
 
 

@@ -256,7 +256,7 @@ def answer_body(
     if isinstance(model, CompletionRequest):
         return text_completion(model, new_id("cmpl-"), created, got, done)
     stored = StoredResponse(id=new_id("resp_"), created_at=created, background=False, request=model)
-    progress = Progress(started=True, parts=[got.choice(0).text], done=done)
+    progress = Progress.finished(got.choice(0), done)
     return render(stored, progress, progress.status())
 
 

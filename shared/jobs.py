@@ -94,6 +94,7 @@ def job_for(
             max_tokens=req.max_output_tokens,
             sampling=SamplingParams(temperature=req.temperature, top_p=req.top_p),
             grammar=req.grammar(),
+            tools=req.tool_use(),
         )
     if isinstance(req, ChatCompletionRequest):
         return GenerationJob(

@@ -7,7 +7,9 @@ exactly as the original stream did:
 
     opening       response.created (+ response.queued for a background response)
     StartedEvent  response.in_progress, response.output_item.added, response.content_part.added
-    TokenEvent    response.output_text.delta
+    TokenEvent    response.output_text.delta; for each tool call it made, a function_call item
+                  (output_index 1, 2, ...): response.output_item.added,
+                  response.function_call_arguments.delta / .done, response.output_item.done
     DoneEvent     response.output_text.done, response.content_part.done,
                   response.output_item.done, response.completed (or response.incomplete)
     ErrorEvent    response.failed
@@ -22,17 +24,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, RootModel
+from pydantic import (
+    BaseModel,
+    Field,
+    RootModel,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from shared.events import DoneEvent, ErrorEvent, Event, RequeuedEvent, StartedEvent, TokenEvent
-from shared.response_state import Progress, render
+from shared.response_state import Progress, call_item, render
 from shared.responses import (
+    FunctionCallItem,
     OutputMessage,
     OutputText,
     ResponseObject,
     ResponseStatus,
     StoredResponse,
 )
+from shared.tools import ToolCall
 
 
 class LifecycleEvent(BaseModel):
@@ -51,8 +61,27 @@ class LifecycleEvent(BaseModel):
 class OutputItemEvent(BaseModel):
     type: Literal["response.output_item.added", "response.output_item.done"]
     output_index: int = 0
-    item: OutputMessage
+    item: OutputMessage | FunctionCallItem
     sequence_number: int
+
+
+class ArgumentsEvent(BaseModel):
+    """A function call's arguments (mlxq sends each call whole: one delta, then done)."""
+
+    type: Literal["response.function_call_arguments.delta", "response.function_call_arguments.done"]
+    item_id: str
+    output_index: int
+    delta: str | None = None
+    arguments: str | None = None
+    sequence_number: int
+
+    @model_serializer(mode="wrap")
+    def _one_of_delta_and_arguments(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in ("delta", "arguments"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
 
 
 class ContentPartEvent(BaseModel):
@@ -85,7 +114,12 @@ class TextDoneEvent(BaseModel):
 
 
 StreamEvent = Annotated[
-    LifecycleEvent | OutputItemEvent | ContentPartEvent | TextDeltaEvent | TextDoneEvent,
+    LifecycleEvent
+    | OutputItemEvent
+    | ArgumentsEvent
+    | ContentPartEvent
+    | TextDeltaEvent
+    | TextDoneEvent,
     Field(discriminator="type"),
 ]
 
@@ -124,10 +158,11 @@ class ResponseStream:
         match event:
             case StartedEvent():
                 return self._started()
-            case TokenEvent(text=text):
-                return [
-                    TextDeltaEvent(item_id=self._item_id, delta=text, sequence_number=self._next())
-                ]
+            case TokenEvent(text=text, tool_calls=calls):
+                delta = TextDeltaEvent(
+                    item_id=self._item_id, delta=text, sequence_number=self._next()
+                )
+                return [delta, *self._calls(calls or [])]
             case DoneEvent():
                 return self._done()
             case ErrorEvent():
@@ -136,6 +171,43 @@ class ResponseStream:
                 # Its worker was lost: queued again, the text so far dropped; it starts over.
                 return [self._lifecycle("response.queued", "queued")]
         return []
+
+    def _calls(self, calls: list[ToolCall]) -> list[StreamEvent]:
+        """Each call the model made: a function_call item after the message (output_index 0)."""
+        found: list[StreamEvent] = []
+        earlier = len(self.progress.calls) - len(calls)  # progress has taken these in already
+        for j, call in enumerate(calls):
+            index = 1 + earlier + j
+            item = call_item(call, "completed")
+            found += [
+                OutputItemEvent(
+                    type="response.output_item.added",
+                    output_index=index,
+                    item=call_item(call, "in_progress"),
+                    sequence_number=self._next(),
+                ),
+                ArgumentsEvent(
+                    type="response.function_call_arguments.delta",
+                    item_id=item.id or "",
+                    output_index=index,
+                    delta=call.function.arguments,
+                    sequence_number=self._next(),
+                ),
+                ArgumentsEvent(
+                    type="response.function_call_arguments.done",
+                    item_id=item.id or "",
+                    output_index=index,
+                    arguments=call.function.arguments,
+                    sequence_number=self._next(),
+                ),
+                OutputItemEvent(
+                    type="response.output_item.done",
+                    output_index=index,
+                    item=item,
+                    sequence_number=self._next(),
+                ),
+            ]
+        return found
 
     def _started(self) -> list[StreamEvent]:
         item = OutputMessage(id=self._item_id, status="in_progress", content=[])

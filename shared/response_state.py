@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from shared.answers import Transcript
 from shared.errors import ErrorDetail
 from shared.events import DoneEvent, ErrorEvent, Event, RequeuedEvent, StartedEvent, TokenEvent
 from shared.responses import (
+    FunctionCallItem,
     IncompleteDetails,
     OutputMessage,
     OutputText,
@@ -27,6 +29,7 @@ from shared.responses import (
     StoredResponse,
     TextConfig,
 )
+from shared.tools import ToolCall
 
 
 @dataclass
@@ -35,8 +38,14 @@ class Progress:
 
     started: bool = False
     parts: list[str] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
     done: DoneEvent | None = None
     error: ErrorDetail | None = None
+
+    @classmethod
+    def finished(cls, got: Transcript, done: DoneEvent) -> Progress:
+        """A job that ran to its end, from what it produced (a response's one choice)."""
+        return cls(started=True, parts=[got.text], calls=list(got.tool_calls), done=done)
 
     @classmethod
     def of(cls, events: list[Event]) -> Progress:
@@ -49,8 +58,9 @@ class Progress:
         match event:
             case StartedEvent():
                 self.started = True
-            case TokenEvent(text=text):
+            case TokenEvent(text=text, tool_calls=calls):
                 self.parts.append(text)
+                self.calls.extend(calls or [])
             case DoneEvent():
                 self.done = event
             case ErrorEvent(error=error):
@@ -60,6 +70,7 @@ class Progress:
                 # attempt's partial text is dropped.
                 self.started = False
                 self.parts.clear()
+                self.calls.clear()
                 self.done = None
                 self.error = None
 
@@ -121,6 +132,17 @@ def derive(
     return render(stored, progress, status, position)
 
 
+def call_item(call: ToolCall, status: Literal["in_progress", "completed"]) -> FunctionCallItem:
+    """A call the model made, as the Responses API's function_call output item."""
+    return FunctionCallItem(
+        id="fc_" + call.id.removeprefix("call_"),
+        call_id=call.id,
+        name=call.function.name,
+        arguments=call.function.arguments,
+        status=status,
+    )
+
+
 def render(
     stored: StoredResponse,
     progress: Progress,
@@ -128,7 +150,7 @@ def render(
     queue_position: int | None = None,
 ) -> ResponseObject:
     req = stored.request
-    output = []
+    output: list[OutputMessage | FunctionCallItem] = []
     if progress.started:
         item_status: Literal["in_progress", "completed", "incomplete"] = (
             "completed"
@@ -137,6 +159,7 @@ def render(
         )
         content = [OutputText(text=progress.text())]
         output.append(OutputMessage(id=stored.item_id(), status=item_status, content=content))
+        output.extend(call_item(call, "completed") for call in progress.calls)
     error = progress.error if status == "failed" else None
     return ResponseObject(
         id=stored.id,
@@ -156,6 +179,9 @@ def render(
         store=req.store,
         temperature=req.temperature,
         text=req.text or TextConfig(),
+        tools=req.tools or [],
+        tool_choice=req.tool_choice or "auto",
+        parallel_tool_calls=req.parallel_tool_calls is not False and bool(req.tools),
         top_p=req.top_p,
         usage=ResponseUsage.of(progress.done.usage) if progress.done else None,
         user=req.user,

@@ -13,8 +13,10 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SerializerFunctionWrapHandler,
+    Tag,
     model_serializer,
     model_validator,
 )
@@ -36,6 +38,19 @@ from shared.grammar import (
     TextFormat,
     grammar_for_schema,
 )
+from shared.tools import (
+    MAX_TOOLS,
+    ChatTool,
+    FunctionCall,
+    FunctionChoice,
+    FunctionDefinition,
+    FunctionName,
+    NamedToolChoice,
+    ToolCall,
+    ToolChoice,
+    ToolUse,
+    check_tools,
+)
 
 Text = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
 Metadata = Annotated[
@@ -47,9 +62,6 @@ FINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "incomplete"})
 
 # OpenAI request fields that mlxq does not implement: any value but the default is a 400 naming it.
 UNSUPPORTED = (
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
     "max_tool_calls",
     "previous_response_id",
     "conversation",
@@ -100,6 +112,78 @@ class InputMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+class FunctionCallItem(BaseModel):
+    """A call the model made: an output item, and an input item when passed back."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function_call"] = "function_call"
+    id: Annotated[str, Field(max_length=128)] | None = None
+    call_id: Annotated[str, Field(max_length=128)]
+    name: FunctionName
+    arguments: Text
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class FunctionCallOutput(BaseModel):
+    """The result of a call, as input."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function_call_output"]
+    id: Annotated[str, Field(max_length=128)] | None = None
+    call_id: Annotated[str, Field(max_length=128)]
+    output: Text
+    status: Annotated[str, Field(max_length=32)] | None = None
+
+
+def _item_type(value: Any) -> str | None:
+    """An input item's kind; items without a type are messages. None: not an item at all."""
+    if isinstance(value, dict):
+        kind = value.get("type", "message")
+        return kind if isinstance(kind, str) else None
+    return getattr(value, "type", None)
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")],
+    Discriminator(_item_type),
+]
+
+
+class FunctionTool(BaseModel):
+    """A function tool as the Responses API declares it (chat's, flattened)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Annotated[str, Field(max_length=64)]
+    name: FunctionName
+    description: Annotated[str, Field(max_length=8192)] | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _functions_only(cls, value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else None
+        if isinstance(kind, str) and kind != "function":
+            raise UnsupportedParameterError(
+                f"'{kind}' tools are not supported: only function tools are", param="tools"
+            )
+        return value
+
+    def as_chat_tool(self) -> ChatTool:
+        function = FunctionDefinition(
+            name=self.name, description=self.description, parameters=self.parameters
+        )
+        return ChatTool(type="function", function=function)
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    name: FunctionName
+
+
 class JsonSchemaTextFormat(BaseModel):
     """The Responses API's `text.format` for a schema: chat's `json_schema` spec, flattened."""
 
@@ -130,7 +214,7 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
-    input: Text | Annotated[list[InputMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
+    input: Text | Annotated[list[InputItem], Field(min_length=1, max_length=MAX_MESSAGES)]
     instructions: Text | None = None
     max_output_tokens: TokenCount | None = None
     temperature: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] = 1.0
@@ -142,8 +226,8 @@ class ResponsesRequest(BaseModel):
     user: Annotated[str, Field(max_length=256)] | None = None
     text: TextConfig | None = None
     truncation: Literal["disabled"] | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = None
     previous_response_id: str | None = None
@@ -171,7 +255,30 @@ class ResponsesRequest(BaseModel):
         if self.background and not self.store:
             raise InvalidRequestError("background responses must be stored", param="store")
         self.grammar()  # refuse a schema that cannot be compiled, before anything is queued
+        self.tool_use()  # and a tool choice that names no tool, or a tool that cannot compile
         return self
+
+    def tool_use(self) -> ToolUse | None:
+        if not self.tools:
+            if self.tool_choice not in (None, "none"):
+                raise InvalidRequestError("tool_choice requires tools", param="tool_choice")
+            return None
+        tools = [t.as_chat_tool() for t in self.tools]
+        check_tools(tools)
+        choice: ToolChoice = "auto"
+        if isinstance(self.tool_choice, NamedFunction):
+            if self.tool_choice.name not in {t.name for t in self.tools}:
+                raise InvalidRequestError(
+                    f"tool_choice names '{self.tool_choice.name}', which is not in tools",
+                    param="tool_choice",
+                )
+            choice = NamedToolChoice(
+                type="function", function=FunctionChoice(name=self.tool_choice.name)
+            )
+        elif self.tool_choice is not None:
+            choice = self.tool_choice
+        parallel = True if self.parallel_tool_calls is None else self.parallel_tool_calls
+        return ToolUse(tools=tools, choice=choice, parallel=parallel)
 
     def grammar(self) -> str | None:
         return self.text.format.grammar("text.format") if self.text is not None else None
@@ -182,9 +289,29 @@ class ResponsesRequest(BaseModel):
             messages.append(ChatMessage(role="system", content=self.instructions))
         if isinstance(self.input, str):
             messages.append(ChatMessage(role="user", content=self.input))
-        else:
-            messages.extend(ChatMessage(role=m.role, content=m.text()) for m in self.input)
+            return messages
+        for item in self.input:
+            if isinstance(item, InputMessage):
+                messages.append(ChatMessage(role=item.role, content=item.text()))
+            elif isinstance(item, FunctionCallOutput):
+                messages.append(
+                    ChatMessage(role="tool", tool_call_id=item.call_id, content=item.output)
+                )
+            else:
+                _add_call(messages, item)
         return messages
+
+
+def _add_call(messages: list[ChatMessage], item: FunctionCallItem) -> None:
+    """An earlier call joins the assistant turn it was part of (consecutive calls are one)."""
+    call = ToolCall(
+        id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments)
+    )
+    last = messages[-1] if messages else None
+    if last is not None and last.role == "assistant" and last.tool_calls:
+        last.tool_calls.append(call)
+    else:
+        messages.append(ChatMessage(role="assistant", tool_calls=[call]))
 
 
 class StoredResponse(BaseModel):
@@ -263,15 +390,15 @@ class ResponseObject(BaseModel):
     instructions: str | None
     max_output_tokens: int | None
     model: str
-    output: list[OutputMessage]
+    output: list[OutputMessage | FunctionCallItem]
     parallel_tool_calls: bool = False
     previous_response_id: None = None
     reasoning: None = None
     store: bool
     temperature: float
     text: TextConfig = TextConfig()
-    tool_choice: Literal["auto"] = "auto"
-    tools: list[Any] = []
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction = "auto"
+    tools: list[FunctionTool] = []
     top_p: float
     truncation: Literal["disabled"] = "disabled"
     usage: ResponseUsage | None = None
@@ -289,7 +416,8 @@ class ResponseObject(BaseModel):
         return data
 
     def output_text(self) -> str:
-        return "".join(part.text for item in self.output for part in item.content)
+        messages = [item for item in self.output if isinstance(item, OutputMessage)]
+        return "".join(part.text for item in messages for part in item.content)
 
 
 class ResponseDeleted(BaseModel):

@@ -47,7 +47,7 @@ class Sequence:
 
 
 @dataclass
-class RunningJob:
+class JobInBatch:
     """A job in the batch: what its usage counts, and its choices still running."""
 
     prompt_tokens: int
@@ -116,7 +116,7 @@ class Engine:
         use_decode_batch(self._batch)
         self._pending: list[PreparedJob] = []
         self._by_uid: dict[int, Sequence] = {}
-        self._jobs: dict[str, RunningJob] = {}
+        self._jobs: dict[str, JobInBatch] = {}
         self._ready: list[StepOutput] = []  # outputs made at admission (prompts only scored)
         self.prefilled_tokens = 0  # prompt tokens computed, for the benchmark
 
@@ -143,7 +143,7 @@ class Engine:
         scored = {(p.job_id, k): self._score(p, k) for p, k in groups}
         for p in pending:
             hits = sum(start_of[(p.job_id, k)].hits for k in range(len(p.prompts)))
-            self._jobs[p.job_id] = RunningJob(p.prompt_tokens, hits)
+            self._jobs[p.job_id] = JobInBatch(p.prompt_tokens, hits)
         self._ready = [o for p in pending if p.max_tokens == 0 for o in self._scored(p, scored)]
         rows = [(p, i) for p in pending if p.max_tokens > 0 for i in range(len(p.choices))]
         if rows:

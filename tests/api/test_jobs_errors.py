@@ -20,11 +20,11 @@ RESPONSES = "/v1/responses"
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("tools", [{"type": "function", "name": "f"}]),
+        ("tools", [{"type": "web_search"}]),
         ("previous_response_id", "resp_x"),
         ("reasoning", {"effort": "low"}),
         ("include", ["message.output_text.logprobs"]),
-        ("tool_choice", "auto"),
+        ("max_tool_calls", 2),
     ],
 )
 def test_unsupported_responses_features_are_refused_by_name(

@@ -129,3 +129,61 @@ def test_a_batch_line_with_tools_answers_with_tool_calls(client: openai.OpenAI) 
     jsonschema.validate(
         json.loads(call["function"]["arguments"]), PARAMETERS[call["function"]["name"]]
     )
+
+
+RESPONSE_TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": WEATHER_PARAMETERS,
+    }
+]
+
+
+def test_responses_function_tools_give_function_call_items(client: openai.OpenAI) -> None:
+    response = client.responses.create(
+        model=MODEL,
+        input="What is the weather in Paris?",
+        tools=RESPONSE_TOOLS,
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=80,
+    )
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert len(calls) >= 1
+    call = calls[0]
+    assert call.name == "get_weather" and call.call_id.startswith("call_")  # type: ignore[union-attr]
+    jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)  # type: ignore[union-attr]
+    follow = client.responses.create(
+        model=MODEL,
+        input=[
+            {"role": "user", "content": "What is the weather in Paris?"},
+            call.model_dump(exclude_none=True),  # type: ignore[list-item]
+            {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"},  # type: ignore[union-attr]
+        ],
+        tools=RESPONSE_TOOLS,
+        temperature=0,
+        max_output_tokens=16,
+    )
+    assert follow.status in ("completed", "incomplete")
+
+
+def test_responses_stream_sends_function_call_arguments(client: openai.OpenAI) -> None:
+    stream = client.responses.create(
+        model=MODEL,
+        input="What is the weather in Paris?",
+        tools=RESPONSE_TOOLS,
+        tool_choice={"type": "function", "name": "get_weather"},
+        temperature=0,
+        max_output_tokens=80,
+        stream=True,
+    )
+    events = list(stream)
+    kinds = [e.type for e in events]
+    assert "response.function_call_arguments.done" in kinds
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    jsonschema.validate(json.loads(done.arguments), WEATHER_PARAMETERS)  # type: ignore[union-attr]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response  # type: ignore[union-attr]
+    assert any(item.type == "function_call" for item in final.output)
