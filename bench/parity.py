@@ -36,7 +36,11 @@ def main(args: Any) -> None:
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     result["machine"] = describe()
     write(Path(args.out), "parity", result)
-    text = table(result["rows"])
+    n4 = result["n4_prefill"]
+    text = table(result["rows"]) + (
+        f"\n\nn=4 on a {n4['prompt']}-token prompt: {n4['computed']} prompt tokens computed "
+        f"for {n4['requested']} requested."
+    )
     (Path(args.out) / "parity.md").write_text(
         f"Machine: {result['machine']['summary']}\n\n{text}\n"
     )
