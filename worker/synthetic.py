@@ -2,7 +2,7 @@
 
 It has the real engine's surface (`BatchEngine`), so the whole worker (RQ slots, engine loop,
 publishing) runs as usual; only the model is replaced. Every step emits one token per running
-sequence whose text is the wall-clock time it was made (`"<unix time> "`), so a client can
+choice whose text is the wall-clock time it was made (`"<unix time> "`), so a client can
 measure the latency the relay adds. A prompt "costs" one token per word. Labelled "synthetic"
 wherever it appears; never used unless MLXQ_ENGINE=synthetic.
 """
@@ -42,7 +42,7 @@ class SyntheticEngine:
             job_id=job.job_id,
             prompts=([0] * max(1, words),),
             max_tokens=job.max_tokens or self._default_max_tokens,
-            choices=(ChoiceSetup(greedy),),
+            choices=tuple(ChoiceSetup(greedy) for _ in range(job.choices())),
             stops=tuple(job.stop),
         )
 
@@ -52,8 +52,8 @@ class SyntheticEngine:
     def step(self) -> list[StepOutput]:
         self._wait_for_tick()
         stamp = f"{time.time():.6f} "
-        outputs = [self._advance(r, stamp) for r in self._running.values()]
-        self.remove([o.job_id for o in outputs if o.finish_reason is not None])
+        outputs = [o for r in self._running.values() for o in self._advance(r, stamp)]
+        self.remove([o.job_id for o in outputs if o.ends_job])
         return outputs
 
     def _wait_for_tick(self) -> None:
@@ -62,16 +62,23 @@ class SyntheticEngine:
             time.sleep(self._next_step_at - now)
         self._next_step_at = max(now, self._next_step_at) + self._step_s
 
-    def _advance(self, run: _Running, stamp: str) -> StepOutput:
+    def _advance(self, run: _Running, stamp: str) -> list[StepOutput]:
+        """One token for each of the job's choices; all of them end at the same step."""
         run.generated += 1
         done = run.generated >= run.prepared.max_tokens
-        return StepOutput(
-            job_id=run.prepared.job_id,
-            text=stamp,
-            finish_reason="length" if done else None,
-            prompt_tokens=len(run.prepared.prompt),
-            completion_tokens=run.generated,
-        )
+        n = len(run.prepared.choices)
+        return [
+            StepOutput(
+                job_id=run.prepared.job_id,
+                text=stamp,
+                finish_reason="length" if done else None,
+                prompt_tokens=run.prepared.prompt_tokens,
+                completion_tokens=run.generated * (i + 1),
+                index=i,
+                choices_left=n - 1 - i if done else n,
+            )
+            for i in range(n)
+        ]
 
     def remove(self, job_ids: list[str]) -> None:
         for job_id in job_ids:
