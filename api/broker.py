@@ -10,12 +10,10 @@ prompt tokens. Every submitted job is watched until its request ends (api/watch.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from flask import Flask, current_app
-from redis.exceptions import RedisError
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
@@ -25,8 +23,8 @@ from api.watch import JobWatch
 from shared import backlog
 from shared.backlog import Verdict
 from shared.config import Settings
-from shared.connection import connect, connect_blocking
-from shared.errors import BackendUnavailableError, ModelNotFoundError, QueueFullError
+from shared.connection import connect, connect_blocking, redis_errors_as_503
+from shared.errors import ModelNotFoundError, QueueFullError
 from shared.jobs import JOB_FUNCTION, GenerationJob, JobLimits
 from shared.keys import Keys
 from shared.liveness import horizon
@@ -34,14 +32,6 @@ from shared.liveness import horizon
 T = TypeVar("T")
 # Bulk jobs enqueued per Redis round trip.
 BULK_CHUNK = 500
-
-
-@contextmanager
-def _redis_errors() -> Iterator[None]:
-    try:
-        yield
-    except RedisError as err:
-        raise BackendUnavailableError(f"Redis is unreachable: {err}") from err
 
 
 class Broker:
@@ -62,7 +52,7 @@ class Broker:
         app.extensions["mlxq.broker"] = self
 
     def _call(self, fn: Callable[[], T]) -> T:
-        with _redis_errors():
+        with redis_errors_as_503():
             return fn()
 
     def ping(self) -> bool:

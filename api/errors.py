@@ -15,7 +15,15 @@ from pydantic_core import ErrorDetails
 from redis.exceptions import RedisError
 from werkzeug.exceptions import HTTPException
 
-from shared.errors import BackendUnavailableError, ErrorBody, ErrorDetail, MLXQError
+from shared.connection import unavailable
+from shared.errors import (
+    ErrorBody,
+    ErrorDetail,
+    MethodNotAllowedError,
+    MLXQError,
+    NotFoundError,
+    PayloadTooLargeError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,13 +144,21 @@ def _http_message(err: HTTPException) -> str:
     return err.description or err.name
 
 
+# Werkzeug's HTTP errors that have an mlxq error class: their code is the class's.
+_HTTP_ERRORS: dict[int, type[MLXQError]] = {
+    404: NotFoundError,
+    405: MethodNotAllowedError,
+    413: PayloadTooLargeError,
+}
+
+
 def handle_http(err: HTTPException) -> tuple[Response, int]:
     status = err.code or 500
-    names = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+    known = _HTTP_ERRORS.get(status)
     detail = ErrorDetail(
         message=_http_message(err),
         type="invalid_request_error" if status < 500 else "server_error",
-        code=names.get(status, err.name.lower().replace(" ", "_")),
+        code=known.code if known is not None else err.name.lower().replace(" ", "_"),
     )
     response, status = error_response(status, detail)
     for name, value in err.get_headers():  # a 405 says which methods are allowed (Allow)
@@ -152,7 +168,7 @@ def handle_http(err: HTTPException) -> tuple[Response, int]:
 
 
 def handle_redis(err: RedisError) -> tuple[Response, int]:
-    return handle_mlxq(BackendUnavailableError(f"Redis is unreachable: {err}"))
+    return handle_mlxq(unavailable(err))
 
 
 def handle_unexpected(err: Exception) -> tuple[Response, int]:

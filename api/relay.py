@@ -20,6 +20,7 @@ from redis import Redis
 from redis.client import PubSub
 from redis.exceptions import RedisError
 
+from shared.connection import redis_errors_as_503
 from shared.errors import BackendUnavailableError
 from shared.events import ErrorEvent, encode_event
 
@@ -70,10 +71,11 @@ class EventRelay:
             pubsub = self._ensure_running()
             self._subs[channel] = sub
             try:
-                pubsub.subscribe(channel)
-            except RedisError as err:
+                with redis_errors_as_503():
+                    pubsub.subscribe(channel)
+            except BackendUnavailableError:
                 del self._subs[channel]
-                raise BackendUnavailableError("Redis is unreachable") from err
+                raise
         if not sub.ready.wait(self._confirm_timeout_s):
             self.unsubscribe(sub)
             raise BackendUnavailableError("Redis did not confirm the subscription in time")

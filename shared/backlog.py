@@ -12,8 +12,10 @@
 queue calls it: the worker that takes it, or the API that withdraws it. An empty queue resets
 the sum, so a backlog that drifted (a queue emptied by hand) heals itself.
 
-The API has no tokenizer, so prompt tokens are estimated: UTF-8 bytes / 4, plus a few per
-message. Nothing here talks to Redis; callers register the scripts (`redis.register_script`).
+Prompt tokens are estimated here (UTF-8 bytes / 4, plus a few per message; token-id prompts
+count exactly): the cap must hold for every model, including one whose tokenizer the API could
+not rebuild (shared/prompt_tokens.py), and an estimate costs nothing on the request path.
+Nothing here talks to Redis; callers register the scripts (`redis.register_script`).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ _PER_MESSAGE = 4
 
 
 def estimate_tokens(job: GenerationJob) -> int:
-    """A prompt-token estimate for the token cap (no tokenizer on the API side)."""
+    """A prompt-token estimate for the token cap."""
     if job.messages is not None:
         texts = [m.text() for m in job.messages]
         return sum(_bytes_to_tokens(t) + _PER_MESSAGE for t in texts)

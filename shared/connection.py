@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from redis import Redis
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from shared.config import Settings
+from shared.errors import BackendUnavailableError
 
 
 def connect(settings: Settings) -> Redis:
@@ -30,3 +35,16 @@ def connect_blocking(settings: Settings) -> Redis:
         health_check_interval=10,
         max_connections=settings.redis_max_connections,
     )
+
+
+def unavailable(err: RedisError) -> BackendUnavailableError:
+    """The one translation of a Redis failure: BackendUnavailableError (503, OpenAI's body)."""
+    return BackendUnavailableError(f"Redis is unreachable: {err}")
+
+
+@contextmanager
+def redis_errors_as_503() -> Iterator[None]:
+    try:
+        yield
+    except RedisError as err:
+        raise unavailable(err) from err
