@@ -1,26 +1,27 @@
 """`mlxq batch ...`: a Batch API client over HTTP, so it works from any machine.
 
-It speaks only the OpenAI routes (/v1/files, /v1/batches) and reads the OpenAI SDK's
-environment: OPENAI_BASE_URL (default: the local API at MLXQ_API_BIND) and OPENAI_API_KEY
-(sent as a bearer token when set). HTTP is the standard library's; the progress bar is tqdm's.
+It is the OpenAI SDK (files, batches, retries, error bodies), pointed by the SDK's own
+environment: OPENAI_BASE_URL (default here: the local API at MLXQ_API_BIND) and OPENAI_API_KEY.
+Its answers are read into mlxq's own wire models; the progress bar is tqdm's.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import sys
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import openai
 
 from shared.batches import Batch
 from shared.files import FileObject
 
 FINAL = ("completed", "failed", "expired", "cancelled")
+T = TypeVar("T")
 
 
 class ApiError(Exception):
@@ -29,67 +30,56 @@ class ApiError(Exception):
 
 class BatchClient:
     def __init__(self, base_url: str, api_key: str | None, timeout_s: float = 60.0):
-        self._base = base_url.rstrip("/")
-        self._api_key = api_key
-        self._timeout_s = timeout_s
+        # With API keys off the server ignores the header; the SDK insists on one.
+        self._sdk = openai.OpenAI(
+            base_url=base_url, api_key=api_key or "unused", timeout=timeout_s, max_retries=2
+        )
 
     @classmethod
     def from_env(cls, default_bind: str) -> BatchClient:
         base = os.environ.get("OPENAI_BASE_URL") or f"http://{default_bind}/v1"
         return cls(base, os.environ.get("OPENAI_API_KEY") or None)
 
-    def _call(
-        self, method: str, path: str, body: bytes | None = None, content_type: str | None = None
-    ) -> bytes:
-        req = urllib.request.Request(f"{self._base}{path}", data=body, method=method)
-        if content_type:
-            req.add_header("Content-Type", content_type)
-        if self._api_key:
-            req.add_header("Authorization", f"Bearer {self._api_key}")
-        try:
-            with urllib.request.urlopen(req, timeout=self._timeout_s) as response:
-                data: bytes = response.read()
-                return data
-        except urllib.error.HTTPError as err:
-            raise ApiError(f"{err.code}: {_error_message(err.read())}") from err
-        except OSError as err:
-            raise ApiError(f"cannot reach {self._base}: {err}") from err
-
-    def _json(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
-        body = json.dumps(payload).encode() if payload is not None else None
-        return json.loads(self._call(method, path, body, "application/json" if body else None))
-
     def upload(self, path: Path) -> FileObject:
-        boundary = secrets.token_hex(16)
-        head = (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
-            f"--{boundary}\r\nContent-Disposition: form-data; "
-            f'name="file"; filename="{path.name}"\r\n'
-            "Content-Type: application/jsonl\r\n\r\n"
-        ).encode()
-        body = head + path.read_bytes() + f"\r\n--{boundary}--\r\n".encode()
-        data = self._call("POST", "/files", body, f"multipart/form-data; boundary={boundary}")
-        return FileObject.model_validate_json(data)
+        with path.open("rb") as f:
+            created = _call(lambda: self._sdk.files.create(file=(path.name, f), purpose="batch"))
+        return FileObject.model_validate(created.model_dump())
 
     def create(self, file_id: str, endpoint: str) -> Batch:
-        payload = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"}
-        return Batch.model_validate(self._json("POST", "/batches", payload))
+        created = _call(
+            lambda: self._sdk.batches.create(
+                input_file_id=file_id,
+                endpoint=endpoint,  # type: ignore[arg-type]
+                completion_window="24h",
+            )
+        )
+        return Batch.model_validate(created.model_dump())
 
     def get(self, batch_id: str) -> Batch:
-        return Batch.model_validate(self._json("GET", f"/batches/{batch_id}"))
+        return Batch.model_validate(
+            _call(lambda: self._sdk.batches.retrieve(batch_id)).model_dump()
+        )
 
     def cancel(self, batch_id: str) -> Batch:
-        return Batch.model_validate(self._json("POST", f"/batches/{batch_id}/cancel"))
+        return Batch.model_validate(_call(lambda: self._sdk.batches.cancel(batch_id)).model_dump())
 
     def content(self, file_id: str) -> bytes:
-        return self._call("GET", f"/files/{file_id}/content")
+        return _call(lambda: self._sdk.files.content(file_id)).content
 
 
-def _error_message(body: bytes) -> str:
+def _call(request: Callable[[], T]) -> T:
     try:
-        return str(json.loads(body)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return body.decode(errors="replace")[:200]
+        return request()
+    except openai.APIStatusError as err:
+        raise ApiError(f"{err.status_code}: {_message(err.body)}") from err
+    except openai.APIError as err:
+        raise ApiError(f"cannot reach the API: {err.message}") from err
+
+
+def _message(body: Any) -> str:
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return str(body["message"])
+    return str(body)[:200]
 
 
 def endpoint_of(path: Path) -> str:
