@@ -2,7 +2,7 @@
 
 `Broker.init_app(app)` attaches one Broker per API process (Flask's extension pattern);
 routes reach it with `broker()`. Any Redis failure surfaces as BackendUnavailableError (503).
-A new interactive job is admitted in one round trip (shared/backlog.py): 404 when no live
+A new interactive job is accepted in one round trip (shared/backlog.py): 404 when no live
 worker serves its model, 429 with Retry-After when its queue is over the cap of jobs or of
 prompt tokens. Every submitted job is watched until its request ends (api/watch.py).
 """
@@ -44,7 +44,7 @@ class Broker:
         self.watch = JobWatch(
             self.redis, self.keys, settings.heartbeat_s, self.relay.is_open, self.withdraw
         )
-        self._admit = self.redis.register_script(backlog.ADMIT)
+        self._accept = self.redis.register_script(backlog.ACCEPT)
         self._release = self.redis.register_script(backlog.RELEASE)
         self._queues: dict[str, Queue] = {}
 
@@ -93,12 +93,12 @@ class Broker:
         )
 
     def submit(self, job: GenerationJob) -> Subscription:
-        """Check, admit, subscribe, then enqueue, so that no event of the job can be missed.
+        """Check, accept, subscribe, then enqueue, so that no event of the job can be missed.
 
         The admission (one Lua call) also refuses a model no live worker serves."""
         self._call(lambda: self.windows.check(job))  # before the job is queued
         queue = self.queue(job.model)
-        self.admit(job, queue)
+        self.accept(job, queue)
         try:
             sub = self.relay.subscribe(self.keys.events(job.job_id))
             try:
@@ -112,7 +112,7 @@ class Broker:
         self.watch.add(job.job_id, job.model, sub)
         return sub
 
-    def admit(self, job: GenerationJob, queue: Queue) -> None:
+    def accept(self, job: GenerationJob, queue: Queue) -> None:
         """Refuse at once what cannot be served soon: no live worker (404), a full queue (429)."""
         keys = [self.keys.workers(job.model), queue.key]
         keys += [self.keys.backlog(job.model), self.keys.backlog_tokens(job.model)]
@@ -124,7 +124,7 @@ class Broker:
             job.job_id,
             backlog.estimate_tokens(job),
         ]
-        verdict = Verdict(self._call(lambda: self._admit(keys=keys, args=args)))
+        verdict = Verdict(self._call(lambda: self._accept(keys=keys, args=args)))
         retry_after = self.settings.retry_after_s
         if verdict is Verdict.NO_WORKER:
             raise ModelNotFoundError(

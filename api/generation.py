@@ -2,7 +2,7 @@
 
 `start` submits the job and waits for its first event, so that anything the worker refuses
 (a prompt too long for the context window, say) still becomes a proper HTTP error before a
-stream has begun. `RunningJob.batches` then yields the tokens and the final event. Closing a
+stream has begun. `RunningJob.updates` then yields the tokens and the final event. Closing a
 job that has not finished cancels it: that is how a client that went away frees its slot.
 A job that is not started by its queue deadline is withdrawn and answered 503 `queue_timeout`;
 a job whose worker is lost is ended by the job watch (api/watch.py).
@@ -62,8 +62,8 @@ class RunningJob:
     early: list[Event] = field(default_factory=list)  # events that came with the start
     finished: bool = False
 
-    def batches(self) -> Iterator[list[Relayed] | Keepalive]:
-        """Tokens as they arrive, in batches of whatever is waiting, the last ending with the
+    def updates(self) -> Iterator[list[Relayed] | Keepalive]:
+        """Tokens as they arrive, in groups of whatever is waiting, the last ending with the
         DoneEvent; a Keepalive after a silence; raises the job's error if it fails."""
         if self.early:
             yield self._take(self.early)
@@ -153,7 +153,7 @@ def collect(running: RunningJob) -> Collected:
     """Run a job to its end and gather what it produced (the non-streaming responses)."""
     got = Transcripts()
     try:
-        for batch in running.batches():
+        for batch in running.updates():
             for event in batch if isinstance(batch, list) else ():
                 if isinstance(event, TokenEvent | ChoiceEndEvent):
                     got.add(event)
@@ -178,7 +178,7 @@ def stream_frames(
     """
     try:
         yield from opening
-        for batch in running.batches():
+        for batch in running.updates():
             if isinstance(batch, Keepalive):
                 yield KEEPALIVE
                 continue

@@ -120,7 +120,7 @@ def live_stream(
     try:
         yield from _frames(stream.opening(), -1)
         yield from _frames(stream.feed(running.started), -1)
-        for batch in running.batches():
+        for batch in running.updates():
             if isinstance(batch, Keepalive):
                 yield KEEPALIVE
                 continue

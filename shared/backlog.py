@@ -1,13 +1,13 @@
 """A model's backlog: may a new interactive job join its queue? One atomic check, two scripts.
 
-`ADMIT` runs in Redis as one round trip per request and decides, in this order:
+`ACCEPT` runs in Redis as one round trip per request and decides, in this order:
 1. no live worker serves the model (the rule of shared/liveness.py: a fresh heartbeat and a
    subscriber on the worker's presence channel) -> `NO_WORKER`;
 2. the queue holds `queue_cap` jobs or more -> `TOO_MANY_JOBS`;
 3. the jobs already queued hold prompt tokens and this one would push them past
-   `queue_token_cap` -> `TOO_MANY_TOKENS` (a lone job is admitted whatever its size);
+   `queue_token_cap` -> `TOO_MANY_TOKENS` (a lone job is accepted whatever its size);
 4. else the job's tokens are recorded (`{ns}:backlog:{model}` hash, summed in
-   `{ns}:backlog_tokens:{model}`) -> `ADMITTED`.
+   `{ns}:backlog_tokens:{model}`) -> `ACCEPTED`.
 `RELEASE` takes a job's tokens back out; it is idempotent, and whoever removes the job from the
 queue calls it: the worker that takes it, or the API that withdraws it. An empty queue resets
 the sum, so a backlog that drifted (a queue emptied by hand) heals itself.
@@ -26,7 +26,7 @@ from shared.jobs import GenerationJob
 
 
 class Verdict(IntEnum):
-    ADMITTED = 0
+    ACCEPTED = 0
     NO_WORKER = 1
     TOO_MANY_JOBS = 2
     TOO_MANY_TOKENS = 3
@@ -34,7 +34,7 @@ class Verdict(IntEnum):
 
 # KEYS: workers zset, RQ queue list, backlog hash, backlog sum.
 # ARGV: heartbeat horizon, presence channel prefix, queue cap, token cap, job id, job tokens.
-ADMIT = """
+ACCEPT = """
 local live = 0
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf')) do
   if tonumber(redis.call('PUBSUB', 'NUMSUB', ARGV[2] .. id)[2]) > 0 then live = live + 1 end

@@ -41,14 +41,14 @@ def refusal(job: Job) -> str | None:
 
 
 class FixedJob(Job):
-    """An RQ job that can only ever call `worker.jobs.run_generation`."""
+    """An RQ job that can only ever call `worker.job_function.run_generation`."""
 
     @property
     def func(self) -> Callable[..., Any]:
         reason = refusal(self)
         if reason is not None:
             raise RefusedJobError(f"job {self.id} refused: {reason}")
-        from worker.jobs import run_generation
+        from worker.job_function import run_generation
 
         return run_generation
 

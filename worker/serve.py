@@ -28,7 +28,7 @@ from shared.connection import connect, connect_blocking
 from shared.keys import Keys
 from shared.liveness import LIVE_FACTOR
 from shared.prompt_tokens import TokenizerSpec
-from worker import jobs
+from worker import job_function
 from worker.cancellations import listen_for_cancels
 from worker.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.drain import Drain
@@ -106,8 +106,10 @@ def serve(settings: Settings) -> None:
     )
     loop = EngineLoop(engine, sink, keys)
     release = redis.register_script(backlog.RELEASE)
-    runtime = jobs.Runtime(engine, loop, sink, redis, keys, float(settings.job_timeout_s), release)
-    jobs.bind(runtime)
+    runtime = job_function.Runtime(
+        engine, loop, sink, redis, keys, float(settings.job_timeout_s), release
+    )
+    job_function.bind(runtime)
 
     services = threading.Event()  # stops the heartbeat, listener, reaper and watchdog
     slots: list[SlotWorker] = []
