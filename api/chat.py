@@ -11,19 +11,18 @@ from api.broker import broker
 from api.generation import RunningJob, collect, start, stream_frames
 from api.sse import frame, sse_response, token_framer
 from api.validation import parse_body
-from shared.answers import chat_completion
-from shared.completions import (
+from shared.answers import (
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
-    ChatCompletionRequest,
-    ChoiceLogprobs,
     ChunkDelta,
-    FinishReason,
+    chat_completion,
 )
+from shared.completions import ChatCompletionRequest, FinishReason
 from shared.events import ChoiceEndEvent, DoneEvent, TokenEvent
 from shared.ids import new_id
 from shared.jobs import job_for
+from shared.logprobs import ChoiceLogprobs
 from shared.tools import ToolCallDelta
 
 bp = Blueprint("chat", __name__)

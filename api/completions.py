@@ -11,17 +11,12 @@ from api.broker import broker
 from api.generation import RunningJob, collect, start, stream_frames
 from api.sse import frame, sse_response, token_framer
 from api.validation import parse_body
-from shared.answers import text_completion
-from shared.completions import (
-    Completion,
-    CompletionRequest,
-    FinishReason,
-    TextChoice,
-    TextLogprobs,
-)
+from shared.answers import Completion, TextChoice, text_completion
+from shared.completions import CompletionRequest, FinishReason
 from shared.events import ChoiceEndEvent, DoneEvent, TokenEvent
 from shared.ids import new_id
 from shared.jobs import job_for
+from shared.logprobs import TextLogprobs
 
 bp = Blueprint("completions", __name__)
 

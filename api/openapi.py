@@ -30,15 +30,10 @@ from openapi_pydantic import Response as OpenAPIResponse
 from openapi_pydantic.util import PydanticSchema, construct_open_api_with_schema_class
 from pydantic import BaseModel
 
+from shared.answers import ChatCompletion, ChatCompletionChunk, Completion
 from shared.batches import Batch, BatchCreateRequest, BatchList
 from shared.catalog import Health, ModelCard, ModelList
-from shared.completions import (
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    Completion,
-    CompletionRequest,
-)
+from shared.completions import ChatCompletionRequest, CompletionRequest
 from shared.errors import ErrorBody
 from shared.files import FileDeleted, FileList, FileObject, FileUpload
 from shared.keys import ID_PATTERN, MODEL_NAME_PATTERN

@@ -3,7 +3,8 @@
 `python -m bench parity` runs this module in a subprocess (OpenBLAS preloaded, as a worker
 runs). For each scenario it puts 16 sequences in mlxq's engine (the worker's own Engine, no
 Redis or HTTP), lets them prefill, then times the decode steps while all 16 are still running.
-Scenarios run in interleaved rounds so that a noisy machine affects them alike; the figure is
+Scenarios run in interleaved rounds, each round in a rotated order, so that a noisy machine
+affects them alike; the figure is
 the median step over all rounds, and each ratio is against the plain step of the same run.
 """
 
@@ -99,8 +100,10 @@ def main() -> None:
     engine = Engine(load_model(args.model), batch_size=BATCH, default_max_tokens=args.max_tokens)
     one_run(engine, "json_schema", 8)  # warm up: grammar tokenizer, compiled kernels
     steps: dict[str, list[float]] = {name: [] for name in SCENARIOS}
-    for _ in range(args.rounds):
-        for name in SCENARIOS:
+    names = list(SCENARIOS)
+    for round_ in range(args.rounds):
+        # Each round starts at another scenario: none always runs first, or always last.
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
             steps[name].extend(one_run(engine, name, args.max_tokens))
     medians = {name: statistics.median(s) * 1e3 for name, s in steps.items() if s}
     prefill = shared_prefill(engine, args.max_tokens)

@@ -1,5 +1,6 @@
-"""The bodies of chat and text completions, each built by one function from a job's events,
-whatever the path: an interactive request, a batch line.
+"""The bodies of chat and text completions (and their stream chunks): their models, and the one
+function that builds each from a job's events, whatever the path: an interactive request, a
+batch line.
 
 A `Transcript` gathers what one choice produced (text, log probabilities when asked for, tool
 calls, how it ended); `Transcripts` keeps one per choice of a job (n of them).
@@ -9,22 +10,100 @@ calls, how it ended); `Transcripts` keeps one per choice of a job (n of them).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 
 from shared.completions import (
-    AssistantMessage,
-    ChatChoice,
-    ChatCompletion,
     ChatCompletionRequest,
-    ChoiceLogprobs,
-    Completion,
     CompletionRequest,
     FinishReason,
-    TextChoice,
-    TextLogprobs,
-    TokenLogprob,
+    Usage,
 )
 from shared.events import ChoiceEndEvent, DoneEvent, TokenEvent
-from shared.tools import ToolCall
+from shared.logprobs import ChoiceLogprobs, TextLogprobs, TokenLogprob
+from shared.tools import ToolCall, ToolCallDelta
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    refusal: None = None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _tool_calls_only_when_made(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("tool_calls") is None:
+            data.pop("tool_calls", None)
+        return data
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: FinishReason
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    service_tier: str | None = None
+    system_fingerprint: str | None = None
+
+
+class ChunkDelta(BaseModel):
+    """A stream chunk's delta; fields left None are omitted, as OpenAI does."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChunkDelta
+    finish_reason: FinishReason | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    service_tier: str | None = None
+    system_fingerprint: str | None = None
+
+
+class TextChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: FinishReason | None = None
+    logprobs: TextLogprobs | None = None
+
+
+class Completion(BaseModel):
+    """A text completion body, and (with `usage` None and one partial choice) a stream chunk."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[TextChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
 
 
 @dataclass

@@ -17,10 +17,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializerFunctionWrapHandler,
     ValidationInfo,
     field_validator,
-    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -34,7 +32,6 @@ from shared.tools import (
     ChatTool,
     NamedToolChoice,
     ToolCall,
-    ToolCallDelta,
     ToolChoice,
     ToolUse,
     check_tools,
@@ -315,129 +312,3 @@ class CompletionRequest(SamplingRequest):
         if self.suffix:
             _refuse("suffix", "insertion is not implemented")
         return self
-
-
-class TopLogprob(BaseModel):
-    """One candidate token: its decoded text, its log probability and its UTF-8 bytes."""
-
-    token: str
-    logprob: float | None = None  # None only for a prompt's first token: nothing predicts it
-    bytes: list[int] | None = None
-
-
-class TokenLogprob(TopLogprob):
-    """A generated token's log probability and the most likely alternatives at its place."""
-
-    top_logprobs: list[TopLogprob] = []
-
-
-class ChoiceLogprobs(BaseModel):
-    content: list[TokenLogprob] | None
-    refusal: None = None
-
-
-class TextLogprobs(BaseModel):
-    """The legacy completions' logprobs: parallel lists, one entry per generated token."""
-
-    tokens: list[str]
-    token_logprobs: list[float | None]
-    top_logprobs: list[dict[str, float]]
-    text_offset: list[int]
-
-    @classmethod
-    def of(cls, entries: list[TokenLogprob], offset: int) -> TextLogprobs:
-        """`offset`: where the first token's text starts in the choice's text."""
-        offsets = []
-        for entry in entries:
-            offsets.append(offset)
-            offset += len(entry.token)
-        return cls(
-            tokens=[e.token for e in entries],
-            token_logprobs=[e.logprob for e in entries],
-            top_logprobs=[
-                {t.token: t.logprob for t in e.top_logprobs if t.logprob is not None}
-                for e in entries
-            ],
-            text_offset=offsets,
-        )
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    refusal: None = None
-    tool_calls: list[ToolCall] | None = None
-
-    @model_serializer(mode="wrap")
-    def _tool_calls_only_when_made(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        if data.get("tool_calls") is None:
-            data.pop("tool_calls", None)
-        return data
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    finish_reason: FinishReason
-    logprobs: ChoiceLogprobs | None = None
-
-
-class ChatCompletion(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    service_tier: str | None = None
-    system_fingerprint: str | None = None
-
-
-class ChunkDelta(BaseModel):
-    """A stream chunk's delta; fields left None are omitted, as OpenAI does."""
-
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    tool_calls: list[ToolCallDelta] | None = None
-
-    @model_serializer(mode="wrap")
-    def _omit_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return {k: v for k, v in handler(self).items() if v is not None}
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: ChunkDelta
-    finish_reason: FinishReason | None = None
-    logprobs: ChoiceLogprobs | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    service_tier: str | None = None
-    system_fingerprint: str | None = None
-
-
-class TextChoice(BaseModel):
-    index: int = 0
-    text: str
-    finish_reason: FinishReason | None = None
-    logprobs: TextLogprobs | None = None
-
-
-class Completion(BaseModel):
-    """A text completion body, and (with `usage` None and one partial choice) a stream chunk."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[TextChoice]
-    usage: Usage | None = None
-    system_fingerprint: str | None = None

@@ -15,8 +15,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from shared.completions import FinishReason, TokenLogprob, Usage
+from shared.completions import FinishReason, Usage
 from shared.errors import ErrorDetail, GenerationError, MLXQError
+from shared.logprobs import TokenLogprob
 from shared.tools import ToolCall
 
 

@@ -33,9 +33,9 @@ from pydantic import (
 )
 
 from shared.events import DoneEvent, ErrorEvent, Event, RequeuedEvent, StartedEvent, TokenEvent
+from shared.response_items import FunctionCallItem
 from shared.response_state import Progress, call_item, render
 from shared.responses import (
-    FunctionCallItem,
     OutputMessage,
     OutputText,
     ResponseObject,

@@ -17,8 +17,8 @@ from typing import Literal
 from shared.answers import Transcript
 from shared.errors import ErrorDetail
 from shared.events import DoneEvent, ErrorEvent, Event, RequeuedEvent, StartedEvent, TokenEvent
+from shared.response_items import FunctionCallItem
 from shared.responses import (
-    FunctionCallItem,
     IncompleteDetails,
     OutputMessage,
     OutputText,

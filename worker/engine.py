@@ -19,8 +19,8 @@ from typing import Protocol
 
 from mlx_lm.generate import BatchGenerator, StopSequences
 
-from shared.completions import TokenLogprob
 from shared.jobs import GenerationJob
+from shared.logprobs import TokenLogprob
 from shared.tools import ToolCall
 from worker.decode import use_decode_batch
 from worker.detokenize import TextDecoder

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from openai._streaming import SSEDecoder
 
 from api.sse import DONE, KEEPALIVE, frame, token_framer
-from shared.completions import ChatChunkChoice, ChatCompletionChunk, ChunkDelta
+from shared.answers import ChatChunkChoice, ChatCompletionChunk, ChunkDelta
 from shared.events import TokenEvent
 
 # Any text a model can produce: every code point but surrogates, newlines and SSE syntax included.
