@@ -53,6 +53,8 @@ class LogprobRecorder:
             top_ids = top_ids[:, : self._alternatives]
             top_values = mx.take_along_axis(logprobs, top_ids, axis=-1)
         self._draws.append(Draw(token, chosen, top_ids, top_values))
+        # Computed with the step's tokens, in the background: `take` then only reads them.
+        mx.async_eval(token, chosen, *(a for a in (top_ids, top_values) if a is not None))
         return token
 
     def take(self) -> TokenLogprob:
