@@ -37,7 +37,17 @@ def test_api_app_builds_where_mlx_cannot_be_imported() -> None:
 
 
 def test_worker_modules_load_where_flask_cannot_be_imported() -> None:
-    modules = ["serve", "engine", "prepare", "loop", "job_function", "slots", "stack", "cli", "gguf"]
+    modules = [
+        "serve",
+        "engine",
+        "prepare",
+        "loop",
+        "job_function",
+        "slots",
+        "stack",
+        "cli",
+        "gguf",
+    ]
     imports = "\n".join(f"import worker.{m}" for m in modules)
     result = run_blocked("flask", imports + "\nprint('ok')")
     assert result.returncode == 0, result.stderr
