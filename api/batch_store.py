@@ -4,7 +4,7 @@ No coordinator process. Creation validates the input file (api/batch_intake.py),
 batch hash (layout in shared/batches.py), the custom_ids in input order and the lines refused at
 intake, then puts one RQ job per line on its model's bulk queue (with RQ retries for lines whose
 worker dies). Each worker records its line's answer in the batch's results hash, first write
-wins, and bumps the counters (worker/batch_lines.py), only while the batch is `in_progress`.
+wins, and bumps the counters (worker/runtime/batch_lines.py), only while the batch is `in_progress`.
 
 Reading a batch settles it: once every line is recorded (or its completion window has passed)
 the reader moves it to `finalizing` with a compare-and-set, takes the finalizing lock, writes the

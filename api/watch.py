@@ -12,7 +12,8 @@ The error enters the request's subscription like any event from the channel: a s
 with an OpenAI error object in `data:`, a request that has not answered yet answers 5xx/404.
 A killed worker is seen within one poll (its presence channel empties when its process dies),
 a hung or sleeping one within LIVE_FACTOR heartbeats. Putting the job's records right (RQ
-registries, replay log) and retrying bulk jobs is the live workers' business (worker/reaper.py).
+registries, replay log) and retrying bulk jobs is the live workers' business
+(worker/runtime/reaper.py).
 """
 
 from __future__ import annotations

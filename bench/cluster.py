@@ -170,7 +170,7 @@ class Cluster:
     # Workers
 
     def start_worker(self, wait: bool = True, **env: str) -> Worker:
-        args = [sys.executable, "-m", "worker.cli", "worker"]
+        args = [sys.executable, "-m", "worker.ops.cli", "worker"]
         proc = self._spawn(args, self.environment(**env))
         worker = Worker(proc, f"{socket.gethostname()}.{proc.pid}", dict(env))
         self.workers.append(worker)

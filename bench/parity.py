@@ -12,8 +12,8 @@ from typing import Any
 from bench import systems
 from bench.machine import describe
 from bench.report import write
-from worker.default_model import ensure_default_model
-from worker.launch import environment
+from worker.gguf.default_model import ensure_default_model
+from worker.ops.launch import environment
 
 
 def table(rows: list[dict[str, Any]]) -> str:

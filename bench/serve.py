@@ -21,8 +21,8 @@ from bench import systems
 from bench.load import LoadResult, run_load
 from bench.machine import describe
 from bench.report import chart, table, write
-from worker.default_model import KEEP, ensure_default_model
-from worker.launch import environment
+from worker.gguf.default_model import KEEP, ensure_default_model
+from worker.ops.launch import environment
 
 
 def engine_rows(model: Path, levels: list[int], max_tokens: int, blas: bool) -> dict[str, Any]:

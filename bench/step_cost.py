@@ -18,8 +18,8 @@ from typing import Any
 
 from shared.completions import ChatCompletionRequest
 from shared.jobs import job_for
-from worker.engine import Engine
-from worker.model import load_model
+from worker.engine.batch import Engine
+from worker.engine.model import load_model
 
 BATCH = 16
 # A schema that keeps every sequence writing for the whole measurement.

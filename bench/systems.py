@@ -17,8 +17,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker.blas import find_openblas
-from worker.launch import (
+from worker.ops.launch import (
     environment,
     free_port,
     http_answers,
@@ -28,6 +27,7 @@ from worker.launch import (
     stop,
     wait_until,
 )
+from worker.runtime.blas import find_openblas
 
 
 @dataclass

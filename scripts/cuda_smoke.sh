@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())" | tee -a "$OUT/gpu.txt"
 
 for dtype in keep float32; do
-  python3 -m worker.cli import-gguf /tmp/SmolLM2-135M-Instruct.Q4_1.gguf --dtype $dtype \
+  python3 -m worker.ops.cli import-gguf /tmp/SmolLM2-135M-Instruct.Q4_1.gguf --dtype $dtype \
     --out /tmp/models/smollm2-$dtype
   python3 -m bench.engine_only /tmp/models/smollm2-$dtype --concurrency 1,16,32 \
     | tee "$OUT/engine-$dtype.json"

@@ -1,7 +1,8 @@
 """Wire formats of the Batch API: the request, the batch object, input and output lines.
 
 A batch is a hash in Redis (keys.py `batch`), written by the API (creation, cancellation,
-finalization) and by the workers (one recorded line each, worker/batch_lines.py). Its fields:
+finalization) and by the workers (one recorded line each, worker/runtime/batch_lines.py). Its
+fields:
 
     owner, record     who owns it; `StoredBatch` as JSON (what never changes)
     status, ending    the OpenAI status; the final status finalization will set

@@ -75,7 +75,8 @@ def _refuse(param: str, why: str) -> None:
 
 
 class PromptTokensDetails(BaseModel):
-    # Prompt tokens whose KV state came from the worker's prefix cache (worker/prefix_cache.py).
+    # Prompt tokens whose KV state came from the worker's prefix cache
+    # (worker/engine/prefix_cache.py).
     cached_tokens: int = 0
 
 

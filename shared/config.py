@@ -34,7 +34,7 @@ class Settings(BaseSettings):
     engine: Literal["mlx", "synthetic"] = "mlx"
     synthetic_step_s: float = Field(default=0.05, gt=0)
     batch_size: int = Field(default=16, ge=1, le=1024)
-    # KV caches of prompts seen before, per worker (worker/prefix_cache.py); 0 entries: off.
+    # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.
     prefix_cache_entries: int = Field(default=64, ge=0)
     prefix_cache_mb: int = Field(default=512, ge=1)
     # Linux CPU workers: preload the system OpenBLAS, with this many threads (None: its default).
@@ -42,7 +42,8 @@ class Settings(BaseSettings):
     blas_threads: int | None = Field(default=None, ge=1)
     heartbeat_s: float = Field(default=2.0, gt=0)
     queue_cap: int = Field(default=1024, ge=1)
-    # Faults, load and shutdown (worker/reaper.py, worker/watchdog.py, api/admission.py).
+    # Faults, load and shutdown (worker/runtime/reaper.py, worker/runtime/watchdog.py,
+    # api/admission.py).
     queue_token_cap: int = Field(default=262_144, ge=1)
     retry_after_s: int = Field(default=2, ge=1)
     queue_timeout_s: float = Field(default=120.0, gt=0)

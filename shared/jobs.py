@@ -21,7 +21,7 @@ from shared.responses import ResponsesRequest
 from shared.sampling import SamplingParams
 from shared.tools import ToolUse
 
-JOB_FUNCTION = "worker.job_function.run_generation"
+JOB_FUNCTION = "worker.runtime.job_function.run_generation"
 
 
 class JobLimits(BaseModel):

@@ -1,6 +1,7 @@
 """Counting a job's prompt tokens on the API side, exactly as the worker will.
 
-A worker publishes its model's `TokenizerSpec` in Redis when it starts (worker/tokenizer_spec.py,
+A worker publishes its model's `TokenizerSpec` in Redis when it starts
+(worker/runtime/tokenizer_spec.py,
 key `keys.tokenizer(model)`): the context window, the tokenizer as loaded (the Hugging Face
 `tokenizer.json` of its backend, post-processor included) and the chat template with the
 variables the worker renders it with. `PromptCounter` rebuilds that tokenizer with the

@@ -114,7 +114,7 @@ def worker_process(
     env = service_env(settings, MLXQ_BATCH_SIZE="8")
     with (logs / "worker.log").open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker"],
+            [sys.executable, "-m", "worker.ops.cli", "worker"],
             env=env,
             cwd=ROOT,
             stdout=out,

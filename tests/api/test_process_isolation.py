@@ -38,15 +38,15 @@ def test_api_app_builds_where_mlx_cannot_be_imported() -> None:
 
 def test_worker_modules_load_where_flask_cannot_be_imported() -> None:
     modules = [
-        "serve",
-        "engine",
-        "prepare",
-        "loop",
-        "job_function",
-        "slots",
-        "stack",
-        "cli",
-        "gguf",
+        "runtime.serve",
+        "engine.batch",
+        "engine.prepare",
+        "runtime.loop",
+        "runtime.job_function",
+        "runtime.slots",
+        "ops.stack",
+        "ops.cli",
+        "gguf.convert",
     ]
     imports = "\n".join(f"import worker.{m}" for m in modules)
     result = run_blocked("flask", imports + "\nprint('ok')")

@@ -17,7 +17,7 @@ CHAT = "/v1/chat/completions"
 def mlxq(api_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {"OPENAI_BASE_URL": f"{api_url}/v1", "OPENAI_API_KEY": "unused", "PATH": "/usr/bin"}
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli", "batch", *args],
+        [sys.executable, "-m", "worker.ops.cli", "batch", *args],
         env=env,
         cwd=ROOT,
         capture_output=True,

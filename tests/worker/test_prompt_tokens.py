@@ -17,7 +17,7 @@ from mlx_lm.utils import load_tokenizer
 
 from shared.prompt_tokens import ChatInput, PromptCounter
 from tests.conftest import MODEL
-from worker.tokenizer_spec import build_spec
+from worker.runtime.tokenizer_spec import build_spec
 
 MODEL_DIR = Path.home() / ".cache" / "mlxq" / "models" / MODEL
 CONTEXT = 8192

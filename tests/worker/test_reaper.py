@@ -14,7 +14,7 @@ from rq.serializers import JSONSerializer
 from shared.config import Settings
 from shared.jobs import JOB_FUNCTION
 from shared.keys import Keys
-from worker.reaper import Reaper
+from worker.runtime.reaper import Reaper
 
 MODEL = "reaper-test-model"
 

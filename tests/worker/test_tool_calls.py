@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from mlx_lm.tool_parsers import json_tools
 
 from shared.tools import CALL_END, CALL_START
-from worker.tool_calls import ToolCallScanner
+from worker.engine.tool_calls import ToolCallScanner
 
 CALL = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
 

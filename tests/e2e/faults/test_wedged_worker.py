@@ -1,6 +1,6 @@
 """A worker breaks without dying: one sequence fails, or the engine loop wedges.
 
-Point 2 of the fault contract. The worker runs with fault injection (worker/faults.py): a
+Point 2 of the fault contract. The worker runs with fault injection (worker/engine/faults.py): a
 prompt holding `[[fault:raise]]` makes its own sequence fail at its third token, one holding
 `[[fault:wedge]]` blocks the engine loop there while the process and its heartbeat live on.
 """
@@ -27,8 +27,8 @@ from tests.e2e.faults.conftest import (
     rq_job,
     wait_for,
 )
-from worker.faults import RAISE, WEDGE
-from worker.serve import EXIT_WEDGED
+from worker.engine.faults import RAISE, WEDGE
+from worker.runtime.serve import EXIT_WEDGED
 
 # Well above one step of the real model on a loaded 2-core machine, still quick to fire.
 WATCHDOG_S = 3.0

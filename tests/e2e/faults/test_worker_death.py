@@ -37,7 +37,7 @@ from tests.e2e.faults.conftest import (
     started_ids,
     wait_for,
 )
-from worker.serve import EXIT_BURIED
+from worker.runtime.serve import EXIT_BURIED
 
 CHAT = "/v1/chat/completions"
 LONG = 2000

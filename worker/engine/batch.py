@@ -1,0 +1,333 @@
+"""The engine: a loaded model generating many sequences in one continuous batch.
+
+It knows nothing of Redis or HTTP. Its surface follows mlx-lm's BatchGenerator: `prepare` turns
+a job into prompt tokens and limits (worker/engine/prepare.py; it refuses what cannot run), `insert`
+queues it for the batch, `step` lets the queued jobs in together and advances every sequence by
+one token, returning what each may show now, `remove` drops jobs (cancellation).
+
+A job runs as one sequence per choice (`n`), each a `Sequence` dataclass; the choices of a job
+share one prefill of the prompt and each ends on its own, the job when the last one does. A
+prompt whose opening the prefix cache holds (worker/engine/prefix_cache.py) enters the batch with a
+copy of that KV cache and only its remaining tokens to prefill.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from mlx_lm.generate import BatchGenerator, StopSequences
+
+from shared.jobs import GenerationJob
+from shared.logprobs import TokenLogprob
+from shared.tools import ToolCall
+from worker.engine.decode import use_decode_batch
+from worker.engine.detokenize import TextDecoder
+from worker.engine.logprobs import LogprobRecorder, prompt_logprobs
+from worker.engine.model import LoadedModel
+from worker.engine.prefix_cache import PrefixCache, Reuse, level, prefill
+from worker.engine.prepare import PreparedJob, Preparer
+from worker.engine.stop import StopStringMatcher
+from worker.engine.tool_calls import ToolCallScanner
+
+
+@dataclass
+class Sequence:
+    """One choice of a running job."""
+
+    job_id: str
+    index: int
+    decoder: TextDecoder
+    matcher: StopStringMatcher
+    recorder: LogprobRecorder | None
+    calls: ToolCallScanner | None
+    # The prompt's own logprobs (an echo that asked for them), sent with the first token.
+    opening: list[TokenLogprob] | None = None
+
+
+@dataclass
+class JobInBatch:
+    """A job in the batch: what its usage counts, and its choices still running."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    uids: list[int] = field(default_factory=list)
+    completion_tokens: int = 0  # all choices together
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step produced for one choice: new visible text, and why it ended if it did.
+
+    The job has ended when a choice ends with `choices_left` 0. Token counts are the job's (all
+    choices). A choice whose own work failed ends its whole job with finish_reason "error" and
+    the reason in `error`.
+    """
+
+    job_id: str
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[ToolCall] | None = None
+    index: int = 0
+    choices_left: int = 0
+
+    @property
+    def ends_job(self) -> bool:
+        return self.finish_reason is not None and self.choices_left == 0
+
+
+class BatchEngine(Protocol):
+    """What the engine loop and the job function need from an engine."""
+
+    def prepare(self, job: GenerationJob) -> PreparedJob: ...
+    def insert(self, prepared: PreparedJob) -> None: ...
+    def step(self) -> list[StepOutput]: ...
+    def remove(self, job_ids: list[str]) -> None: ...
+
+
+class Engine:
+    """Continuous batching over mlx-lm's BatchGenerator, with our stop handling on top."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        batch_size: int,
+        default_max_tokens: int,
+        prefixes: PrefixCache | None = None,
+    ):
+        self._loaded = loaded
+        self._prefixes = prefixes
+        self._preparer = Preparer(loaded, default_max_tokens, with_history=prefixes is not None)
+        self._stop_sequences = StopSequences([[i] for i in sorted(loaded.stop_ids)])
+        self._batch = BatchGenerator(
+            loaded.model,
+            completion_batch_size=batch_size,
+            # A burst of requests is prefilled as one group: one stall of the running sequences
+            # instead of several, and larger matrix products (measured: bench/results).
+            prefill_batch_size=batch_size,
+            prefill_step_size=512,
+        )
+        use_decode_batch(self._batch)
+        self._pending: list[PreparedJob] = []
+        self._by_uid: dict[int, Sequence] = {}
+        self._jobs: dict[str, JobInBatch] = {}
+        self._ready: list[StepOutput] = []  # outputs made at admission (prompts only scored)
+        self.prefilled_tokens = 0  # prompt tokens computed, for the benchmark
+
+    @property
+    def active(self) -> int:
+        return len(self._by_uid) + len(self._pending)
+
+    def prepare(self, job: GenerationJob) -> PreparedJob:
+        return self._preparer.prepare(job)
+
+    def insert(self, prepared: PreparedJob) -> None:
+        """Queue the job for the batch; it enters at the next step, with whatever else came."""
+        self._pending.append(prepared)
+
+    def _enter_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        groups = [(p, k) for p in pending for k in range(len(p.prompts))]
+        starts = level(
+            [p.prompts[k] for p, k in groups], [self._shared_start(p, k) for p, k in groups]
+        )
+        start_of = {(p.job_id, k): r for (p, k), r in zip(groups, starts, strict=True)}
+        scored = {(p.job_id, k): self._score(p, k) for p, k in groups}
+        for p in pending:
+            hits = sum(start_of[(p.job_id, k)].hits for k in range(len(p.prompts)))
+            self._jobs[p.job_id] = JobInBatch(p.prompt_tokens, hits)
+        self._ready = [o for p in pending if p.max_tokens == 0 for o in self._scored(p, scored)]
+        rows = [(p, i) for p in pending if p.max_tokens > 0 for i in range(len(p.choices))]
+        if rows:
+            self._insert(rows, start_of, scored)
+
+    def _insert(
+        self,
+        rows: list[tuple[PreparedJob, int]],
+        start_of: dict[tuple[str, int], Reuse],
+        scored: dict[tuple[str, int], list[TokenLogprob] | None],
+    ) -> None:
+        keys = [(p.job_id, p.choices[i].prompt) for p, i in rows]
+        # Each choice gets a cache of its own, copied before the batch takes any of them.
+        caches = [
+            start_of[key].cache if keys.index(key) == n else copy.deepcopy(start_of[key].cache)
+            for n, key in enumerate(keys)
+        ]
+        prompts = [p.prompts[p.choices[i].prompt] for p, i in rows]
+        begin = [start_of[key].tokens for key in keys]
+        uids = self._batch.insert(
+            [prompt[b:] for prompt, b in zip(prompts, begin, strict=True)],
+            max_tokens=[p.max_tokens for p, _ in rows],
+            caches=caches,
+            all_tokens=[prompt[:b] for prompt, b in zip(prompts, begin, strict=True)],
+            samplers=[p.choices[i].sampler for p, i in rows],
+            stop_sequences=[self._stop_sequences] * len(rows),
+            logits_processors=[list(p.choices[i].processors) for p, i in rows],
+        )
+        self.prefilled_tokens += sum(len(t) - b for t, b in zip(prompts, begin, strict=True))
+        for uid, (prepared, i), key in zip(uids, rows, keys, strict=True):
+            choice = prepared.choices[i]
+            self._by_uid[uid] = Sequence(
+                job_id=prepared.job_id,
+                index=i,
+                decoder=self._new_decoder(prepared),
+                matcher=StopStringMatcher(prepared.stops),
+                recorder=choice.recorder,
+                calls=choice.calls,
+                opening=scored[key],
+            )
+            self._jobs[prepared.job_id].uids.append(uid)
+
+    def _score(self, prepared: PreparedJob, k: int) -> list[TokenLogprob] | None:
+        if prepared.prompt_logprobs is None:
+            return None
+        prompt = prepared.prompts[k]
+        return prompt_logprobs(
+            self._loaded.model, prompt, prepared.prompt_logprobs, self._loaded.token_piece
+        )
+
+    def _scored(
+        self, prepared: PreparedJob, scored: dict[tuple[str, int], list[TokenLogprob] | None]
+    ) -> list[StepOutput]:
+        """A job that only scores its prompts (max_tokens 0): each choice ends at once."""
+        job = self._jobs.pop(prepared.job_id)
+        return [
+            StepOutput(
+                job_id=prepared.job_id,
+                text="",
+                finish_reason="length",
+                prompt_tokens=job.prompt_tokens,
+                completion_tokens=0,
+                cached_tokens=job.cached_tokens,
+                logprobs=scored[(prepared.job_id, choice.prompt)],
+                index=i,
+                choices_left=len(prepared.choices) - 1 - i,
+            )
+            for i, choice in enumerate(prepared.choices)
+        ]
+
+    def _new_decoder(self, prepared: PreparedJob) -> TextDecoder:
+        return self._loaded.new_decoder()
+
+    def _shared_start(self, prepared: PreparedJob, k: int) -> Reuse:
+        """Where the prefill of the job's prompt k starts; when several choices continue it,
+        all but its last token is prefilled here once, and each choice computes only that."""
+        prompt = prepared.prompts[k]
+        start = Reuse(None, 0, 0)
+        if self._prefixes is not None:
+            start = self._prefixes.reuse(prompt, prepared.shared_tokens if k == 0 else 0)
+        sharing = sum(1 for c in prepared.choices if c.prompt == k) > 1
+        if sharing and prepared.max_tokens > 0 and start.tokens < len(prompt) - 1:
+            self.prefilled_tokens += len(prompt) - 1 - start.tokens
+            start = prefill(self._loaded.model, prompt[:-1], start)
+        return start
+
+    def step(self) -> list[StepOutput]:
+        """Advance every sequence by one token (prompts by one chunk)."""
+        self._enter_pending()
+        outputs, self._ready = self._ready, []
+        _, generated = self._batch.next()
+        for r in generated:
+            if r.uid not in self._by_uid:  # its job ended earlier in this step
+                continue
+            out = self._advance_one(r.uid, r.token, r.finish_reason)
+            outputs.append(out)
+            if out.ends_job:
+                self.remove([out.job_id])
+            elif out.finish_reason is not None:
+                self._drop([r.uid])
+        if self._prefixes is not None:
+            for r in generated:
+                if r.prompt_cache is not None and r.all_tokens is not None:
+                    self._prefixes.store(r.all_tokens, r.prompt_cache)
+        return outputs
+
+    def _advance_one(self, uid: int, token: int, finish_reason: str | None) -> StepOutput:
+        """One sequence's share of a step: if it fails, its job ends, not the batch."""
+        try:
+            return self._advance(uid, token, finish_reason)
+        except Exception as err:
+            seq = self._by_uid[uid]
+            job = self._jobs[seq.job_id]
+            return StepOutput(
+                job_id=seq.job_id,
+                text="",
+                finish_reason="error",
+                prompt_tokens=job.prompt_tokens,
+                completion_tokens=job.completion_tokens,
+                cached_tokens=job.cached_tokens,
+                error=f"{type(err).__name__}: {err}",
+                index=seq.index,
+            )
+
+    def _advance(self, uid: int, token: int, finish_reason: str | None) -> StepOutput:
+        seq = self._by_uid[uid]
+        job = self._jobs[seq.job_id]
+        job.completion_tokens += 1
+        text = ""
+        logprobs = None
+        if seq.recorder is not None:
+            entry = seq.recorder.take()
+            logprobs = [] if token in self._loaded.stop_ids else [entry]
+        if seq.opening is not None:
+            logprobs, seq.opening = seq.opening + (logprobs or []), None
+        if token not in self._loaded.stop_ids:
+            text = seq.matcher.feed(seq.decoder.add(token))
+        if seq.matcher.matched:
+            finish_reason = "stop"
+        elif finish_reason is not None:
+            text += seq.matcher.feed(seq.decoder.finish()) + seq.matcher.flush()
+            finish_reason = "stop" if seq.matcher.matched else finish_reason
+        calls = None
+        if seq.calls is not None:
+            text, calls = self._scan(seq.calls, text, finish_reason is not None)
+            if seq.calls.made and finish_reason == "stop":
+                finish_reason = "tool_calls"
+        left = len(job.uids) - (finish_reason is not None)
+        return StepOutput(
+            job_id=seq.job_id,
+            text=text,
+            finish_reason=finish_reason,
+            prompt_tokens=job.prompt_tokens,
+            completion_tokens=job.completion_tokens,
+            cached_tokens=job.cached_tokens,
+            logprobs=logprobs,
+            tool_calls=calls,
+            index=seq.index,
+            choices_left=left,
+        )
+
+    @staticmethod
+    def _scan(scanner: ToolCallScanner, text: str, last: bool) -> tuple[str, list[ToolCall] | None]:
+        shown, calls = scanner.feed(text)
+        if last:
+            rest, more = scanner.finish()
+            shown, calls = shown + rest, calls + more
+        return shown, calls or None
+
+    def remove(self, job_ids: list[str]) -> None:
+        self._pending = [p for p in self._pending if p.job_id not in job_ids]
+        for job_id in job_ids:
+            job = self._jobs.pop(job_id, None)
+            if job is not None:
+                self._drop(job.uids)
+
+    def _drop(self, uids: list[int]) -> None:
+        """Take sequences out of the batch (mlx-lm's own retired ones are simply not found)."""
+        uids = [u for u in uids if u in self._by_uid]
+        if not uids:
+            return
+        self._batch.remove(uids)
+        for uid in uids:
+            seq = self._by_uid.pop(uid)
+            job = self._jobs.get(seq.job_id)
+            if job is not None and uid in job.uids:
+                job.uids.remove(uid)

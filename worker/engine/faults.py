@@ -1,0 +1,78 @@
+"""Fault injection, for the fault tests only: a worker started with MLXQ_FAULT_INJECTION=true
+fails on demand, so that tests can prove what happens when a sequence or the loop breaks.
+
+A job whose prompt contains `[[fault:raise]]` gets a text decoder that raises at its third
+token (one sequence's own work fails: the rest of the batch must go on); `[[fault:wedge]]` one
+that blocks forever there (the engine loop wedges while it holds work: the watchdog must see
+it). With the setting off (the default) serve.py uses the plain `Engine` and none of this runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import cached_property
+
+from typing_extensions import override
+
+from shared.jobs import GenerationJob
+from worker.engine.batch import Engine
+from worker.engine.detokenize import TextDecoder
+from worker.engine.prepare import PreparedJob
+
+RAISE = "[[fault:raise]]"
+WEDGE = "[[fault:wedge]]"
+FAULT_AT_TOKEN = 3
+
+
+class InjectedFault(RuntimeError):
+    """The failure a test asked for."""
+
+
+class FaultyDecoder:
+    def __init__(self, inner: TextDecoder, fault: str):
+        self._inner = inner
+        self._fault = fault
+        self._tokens = 0
+
+    def add(self, token: int) -> str:
+        self._tokens += 1
+        if self._tokens == FAULT_AT_TOKEN:
+            if self._fault == WEDGE:
+                threading.Event().wait()  # forever: a deadlock inside the engine loop
+            raise InjectedFault("injected fault in one sequence")
+        return self._inner.add(token)
+
+    def finish(self) -> str:
+        return self._inner.finish()
+
+
+class FaultyEngine(Engine):
+    """The engine, but jobs that ask for a fault get a faulty text decoder."""
+
+    @cached_property
+    def _armed(self) -> dict[str, str]:
+        """Job id -> the fault its prompt asked for, from `prepare` until its decoder is made."""
+        return {}
+
+    @override
+    def prepare(self, job: GenerationJob) -> PreparedJob:
+        prepared = super().prepare(job)
+        fault = _fault_in(job)
+        if fault is not None:
+            self._armed[job.job_id] = fault
+        return prepared
+
+    @override
+    def _new_decoder(self, prepared: PreparedJob) -> TextDecoder:
+        decoder = super()._new_decoder(prepared)
+        fault = self._armed.pop(prepared.job_id, None)
+        return FaultyDecoder(decoder, fault) if fault is not None else decoder
+
+
+def _fault_in(job: GenerationJob) -> str | None:
+    texts = [m.text() for m in job.messages or []]
+    texts += [i for i in job.prompt_items() if isinstance(i, str)]
+    for fault in (RAISE, WEDGE):
+        if any(fault in text for text in texts):
+            return fault
+    return None

@@ -1,0 +1,115 @@
+"""Log probabilities, for the sequences that ask for them and only those.
+
+A `LogprobRecorder` wraps a sequence's sampler. Each draw also keeps, as lazy MLX arrays, the
+sampled token's log probability and the k most likely alternatives, computed from the logits the
+sampler was given: after penalties, logit bias and a grammar's mask, before temperature (vLLM's
+"processed logprobs"). The decode step runs one token ahead (worker/engine/decode.py), so draws are
+queued and `take` hands them out in order as the engine reads each token. Tokens are reported as
+their decoded text and UTF-8 bytes, never as raw vocabulary symbols. `prompt_logprobs` scores
+a prompt's own tokens (an echoed text completion with logprobs: what eval harnesses ask for).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from shared.logprobs import TokenLogprob, TopLogprob
+from worker.engine.sampling import Sampler
+
+T = TypeVar("T", bound=TopLogprob)
+# The log probability reported for a token that could not be drawn (OpenAI reports -9999.0).
+FLOOR = -9999.0
+CHUNK = 256  # prompt positions scored at a time
+
+
+@dataclass(frozen=True)
+class Draw:
+    token: mx.array
+    logprob: mx.array
+    top_ids: mx.array | None
+    top_logprobs: mx.array | None
+
+
+class LogprobRecorder:
+    def __init__(self, sampler: Sampler, alternatives: int, piece: Callable[[int], bytes]):
+        self._sampler = sampler
+        self._alternatives = alternatives
+        self._piece = piece
+        self._draws: deque[Draw] = deque()
+
+    def __call__(self, logits: mx.array) -> mx.array:
+        token = self._sampler(logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        chosen = mx.take_along_axis(logprobs, token.reshape(1, 1), axis=-1)
+        top_ids = top_values = None
+        if self._alternatives:
+            top_ids = mx.argpartition(-logprobs, kth=self._alternatives - 1, axis=-1)
+            top_ids = top_ids[:, : self._alternatives]
+            top_values = mx.take_along_axis(logprobs, top_ids, axis=-1)
+        self._draws.append(Draw(token, chosen, top_ids, top_values))
+        # Computed with the step's tokens, in the background: `take` then only reads them.
+        mx.async_eval(token, chosen, *(a for a in (top_ids, top_values) if a is not None))
+        return token
+
+    def take(self) -> TokenLogprob:
+        """The oldest draw not yet taken: the token the engine is reading now."""
+        draw = self._draws.popleft()
+        top: list[TopLogprob] = []
+        if draw.top_ids is not None and draw.top_logprobs is not None:
+            top = _alternatives(self._piece, draw.top_ids[0], draw.top_logprobs[0])
+        token = cast(int, draw.token.item())
+        entry = _describe(self._piece, token, cast(float, draw.logprob.item()), TokenLogprob)
+        entry.top_logprobs = top
+        return entry
+
+
+def prompt_logprobs(
+    model: Any, prompt: list[int], alternatives: int, piece: Callable[[int], bytes]
+) -> list[TokenLogprob]:
+    """Each prompt token's log probability given the tokens before it (the first has none),
+    computed in chunks so that only CHUNK rows of vocabulary-wide logits exist at a time."""
+    entries = [
+        TokenLogprob(
+            token=piece(prompt[0]).decode("utf-8", "replace"),
+            logprob=None,
+            bytes=list(piece(prompt[0])),
+        )
+    ]
+    cache = make_prompt_cache(model)
+    for start in range(0, len(prompt) - 1, CHUNK):
+        inputs = prompt[start : start + CHUNK]
+        targets = prompt[start + 1 : start + 1 + CHUNK]
+        logits = model(mx.array([inputs]), cache=cache)[0][: len(targets)]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        chosen = mx.take_along_axis(logprobs, mx.array(targets)[:, None], axis=-1)[:, 0]
+        top_ids = mx.argpartition(-logprobs, kth=max(alternatives - 1, 0), axis=-1)
+        top_ids = top_ids[:, :alternatives]
+        top_values = mx.take_along_axis(logprobs, top_ids, axis=-1)
+        mx.eval(chosen, top_ids, top_values)
+        values = cast(list[float], chosen.tolist())
+        for row, (token, value) in enumerate(zip(targets, values, strict=True)):
+            entry = _describe(piece, token, value, TokenLogprob)
+            if alternatives:
+                entry.top_logprobs = _alternatives(piece, top_ids[row], top_values[row])
+            entries.append(entry)
+    return entries
+
+
+def _alternatives(
+    piece: Callable[[int], bytes], ids: mx.array, values: mx.array
+) -> list[TopLogprob]:
+    pairs = zip(cast(list[int], ids.tolist()), cast(list[float], values.tolist()), strict=True)
+    ranked = sorted(pairs, key=lambda pair: -pair[1])
+    return [_describe(piece, i, v, TopLogprob) for i, v in ranked]
+
+
+def _describe(piece: Callable[[int], bytes], token: int, logprob: float, kind: type[T]) -> T:
+    text = piece(token)
+    shown = max(logprob, FLOOR)  # a masked-out alternative: -inf is not JSON
+    return kind(token=text.decode("utf-8", "replace"), logprob=shown, bytes=list(text))

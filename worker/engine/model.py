@@ -1,0 +1,64 @@
+"""A model loaded once per worker process, with what every sequence needs to know about it:
+its context window, its stop tokens, its detokenizer and each token's bytes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlx_lm import load
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from worker.engine.detokenize import TextDecoder, decoder_factory, token_pieces
+from worker.engine.stop import stop_token_ids
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: Any  # an mlx.nn.Module
+    tokenizer: TokenizerWrapper
+    context_length: int
+    stop_ids: frozenset[int]
+    new_decoder: Callable[[], TextDecoder]
+    vocab_size: int  # the width of the model's logits
+    token_piece: Callable[[int], bytes]
+
+
+def load_model(path: str) -> LoadedModel:
+    model, tokenizer, config = load(path, return_config=True)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        context_length=_context_length(config),
+        stop_ids=stop_token_ids(
+            tokenizer.eos_token_ids, _generation_config_eos(Path(path)), _token_lookup(tokenizer)
+        ),
+        new_decoder=decoder_factory(tokenizer),
+        vocab_size=int(config.get("vocab_size") or len(tokenizer.get_vocab())),
+        token_piece=token_pieces(tokenizer),
+    )
+
+
+def _context_length(config: dict[str, Any]) -> int:
+    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "context_length"):
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    return 4096
+
+
+def _generation_config_eos(path: Path) -> list[int]:
+    file = path / "generation_config.json"
+    if not file.is_file():
+        return []
+    eos = json.loads(file.read_text()).get("eos_token_id")
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else [int(i) for i in eos]
+
+
+def _token_lookup(tokenizer: TokenizerWrapper) -> Any:
+    vocab: dict[str, int] = tokenizer.get_vocab()
+    return vocab.get

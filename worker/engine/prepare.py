@@ -1,0 +1,170 @@
+"""A job turned into what the batch needs, outside the engine loop (in the job's RQ slot thread).
+
+`Preparer.prepare` renders and tokenizes the prompt (shared/prompt_tokens.py's `chat_input`, as
+the API counts it), applies the context-window rule (shared/context_window.py), and builds one
+`ChoiceSetup` per requested choice (`n`): its sampler and, only where the job asked for them,
+logits processors (penalties, logit bias, a grammar), a logprob recorder and a tool-call
+scanner. Every choice gets objects of its own: they keep per-sequence state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlx_lm.sample_utils import LogitsProcessor
+
+from shared.context_window import completion_budget
+from shared.errors import InvalidRequestError
+from shared.jobs import GenerationJob
+from shared.prompt_tokens import chat_input
+from worker.engine.grammar import Grammars
+from worker.engine.logprobs import LogprobRecorder
+from worker.engine.model import LoadedModel
+from worker.engine.processors import processors_for
+from worker.engine.sampling import Sampler, make_sampler
+from worker.engine.tool_calls import ToolCallScanner, ToolFormat
+
+
+@dataclass(frozen=True)
+class ChoiceSetup:
+    """What one choice samples with; a job asking for n choices has n, sharing one prefill."""
+
+    sampler: Sampler
+    # Penalties, logit bias, a grammar: empty for a plain job, which then pays nothing for them.
+    processors: tuple[LogitsProcessor, ...] = ()
+    # Set when the job asked for log probabilities: the sampler, recording each draw.
+    recorder: LogprobRecorder | None = None
+    # Set when the job's tool calls are to be parsed out of its text.
+    calls: ToolCallScanner | None = None
+    prompt: int = 0  # which of the job's prompts this choice continues
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    job_id: str
+    prompts: tuple[list[int], ...]  # one for a chat job; a text completion may have several
+    max_tokens: int  # per choice; 0 scores the prompts only
+    choices: tuple[ChoiceSetup, ...]  # n per prompt, in OpenAI's index order
+    stops: tuple[str, ...]
+    # Leading prompt tokens other requests are likely to share (chat history, system prompt).
+    shared_tokens: int = 0
+    # Set when the prompt tokens' own logprobs are wanted (an echoed text completion).
+    prompt_logprobs: int | None = None
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.prompts[0]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+
+class Preparer:
+    def __init__(self, loaded: LoadedModel, default_max_tokens: int, with_history: bool):
+        self._loaded = loaded
+        self._default_max_tokens = default_max_tokens
+        self._with_history = with_history  # only a prefix cache uses the history's length
+        self._grammars = Grammars(loaded.tokenizer._tokenizer, loaded.stop_ids, loaded.vocab_size)
+        self._tool_format = ToolFormat.of(loaded.tokenizer)
+
+    def prepare(self, job: GenerationJob) -> PreparedJob:
+        """Tokenize the job and fix its limits; raises an InvalidRequestError if it cannot run."""
+        prompts = self._tokenize(job)
+        where = "messages" if job.messages is not None else "prompt"
+        window = self._loaded.context_length
+        budget = min(completion_budget(len(p), job.max_tokens, window, where) for p in prompts)
+        if job.max_tokens is None:
+            budget = min(budget, self._default_max_tokens)
+        choices = [
+            self._choice(job, k * job.n + i, prompt=k)
+            for k in range(len(prompts))
+            for i in range(job.n)
+        ]
+        return PreparedJob(
+            job_id=job.job_id,
+            prompts=tuple(prompts),
+            max_tokens=budget,
+            choices=tuple(choices),
+            stops=tuple(job.stop),
+            shared_tokens=self._history_tokens(job, prompts[0]),
+            prompt_logprobs=job.prompt_logprobs,
+        )
+
+    def _choice(self, job: GenerationJob, index: int, prompt: int) -> ChoiceSetup:
+        sampling = job.sampling
+        if sampling.seed is not None and index:  # each choice its own draws, still reproducible
+            sampling = sampling.model_copy(update={"seed": sampling.seed + index})
+        sampler = make_sampler(sampling)
+        recorder = None
+        if job.logprobs is not None:
+            recorder = sampler = LogprobRecorder(sampler, job.logprobs, self._loaded.token_piece)
+        calls = None
+        if job.tools is not None and job.tools.parses_calls():
+            calls = self._tool_format.scanner(job.tools)
+        return ChoiceSetup(sampler, self._processors(job), recorder, calls, prompt)
+
+    def _processors(self, job: GenerationJob) -> tuple[LogitsProcessor, ...]:
+        outside = [t for t in job.sampling.logit_bias if t >= self._loaded.vocab_size]
+        if outside:
+            raise InvalidRequestError(
+                f"logit_bias names token {outside[0]}, which is not in this model's vocabulary "
+                f"of {self._loaded.vocab_size} tokens.",
+                param="logit_bias",
+            )
+        found = processors_for(job.sampling)
+        grammar = job.grammar
+        if job.tools is not None and job.tools.constrained():
+            if not self._tool_format.constrainable():
+                raise InvalidRequestError(
+                    "This model writes tool calls in a format that cannot be forced; "
+                    "use tool_choice 'auto'.",
+                    param="tool_choice",
+                )
+            grammar = job.tools.call_grammar()
+        if grammar is not None:
+            found.append(self._grammars.constraint(grammar))
+        return tuple(found)
+
+    def _tokenize(self, job: GenerationJob) -> list[list[int]]:
+        tokenizer = self._loaded.tokenizer
+        if job.messages is not None:
+            chat = chat_input(job.messages, job.tools, self._tool_format.in_template)
+            prompts: list[list[int]] = [
+                tokenizer.apply_chat_template(
+                    chat.messages, tools=chat.tools, add_generation_prompt=True
+                )
+            ]
+        else:
+            prompts = [
+                tokenizer.encode(item) if isinstance(item, str) else item
+                for item in job.prompt_items()
+            ]
+        if not all(prompts):
+            raise InvalidRequestError("The prompt is empty.", param="prompt")
+        outside = [t for p in prompts for t in p if t >= self._loaded.vocab_size]
+        if outside:
+            raise InvalidRequestError(
+                f"The prompt names token {outside[0]}, which is not in this model's vocabulary.",
+                param="prompt",
+            )
+        return prompts
+
+    def _history_tokens(self, job: GenerationJob, prompt: list[int]) -> int:
+        """How many prompt tokens come before the last message's text: the template's system
+        prompt and the earlier turns, which the next request of a conversation shares."""
+        if not self._with_history or not job.messages:
+            return 0
+        chat = chat_input(job.messages, job.tools, self._tool_format.in_template)
+        *earlier, last = chat.messages
+        head: list[int] = self._loaded.tokenizer.apply_chat_template(
+            [*earlier, {"role": last["role"], "content": ""}],
+            tools=chat.tools,
+            add_generation_prompt=False,
+        )
+        same = 0
+        for a, b in zip(head, prompt, strict=False):
+            if a != b:
+                break
+            same += 1
+        return same

@@ -1,0 +1,1 @@
+"""Operator tools: the `mlxq` command line, the stack it runs, and the Batch API client."""

@@ -1,0 +1,116 @@
+"""The `mlxq` command: run the stack, run a worker, import models, submit and follow batches."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from shared.config import Settings
+
+
+def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.runtime.blas import ensure_openblas_preloaded
+    from worker.runtime.serve import serve
+
+    ensure_openblas_preloaded(settings)
+    serve(settings)
+    return 0
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.ops.stack import run_stack
+
+    return run_stack(settings)
+
+
+def _import_gguf(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.gguf.convert import import_gguf
+
+    source = Path(args.file)
+    out = Path(args.out) if args.out else settings.models_dir / (args.name or source.stem)
+    dtype = None if args.dtype == "keep" else args.dtype
+    print(import_gguf(source, out, dtype=dtype))
+    return 0
+
+
+def _prepare(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.gguf.default_model import ensure_default_model
+
+    print(ensure_default_model(settings.models_dir))
+    return 0
+
+
+def _batch(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.ops import batch_client as bc
+
+    client = bc.BatchClient.from_env(settings.api_bind)
+    try:
+        if args.batch_command == "submit":
+            return bc.submit(client, Path(args.file), args.endpoint, args.wait)
+        if args.batch_command == "results":
+            errors = Path(args.errors) if args.errors else None
+            return bc.results(client, args.batch_id, Path(args.out), errors)
+        batch = client.cancel(args.batch_id) if args.batch_command == "cancel" else None
+        print(bc.summary(batch or client.get(args.batch_id)))
+        return 0
+    except bc.ApiError as err:
+        print(f"mlxq batch: {err}", file=sys.stderr)
+        return 2
+
+
+def _batch_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    batch = sub.add_parser(
+        "batch", help="submit and follow batches (OPENAI_BASE_URL, OPENAI_API_KEY)"
+    )
+    cmd = batch.add_subparsers(dest="batch_command", required=True)
+    submit = cmd.add_parser("submit", help="upload a JSONL file of requests and start a batch")
+    submit.add_argument("file", help="the .jsonl file ({custom_id, method, url, body} a line)")
+    submit.add_argument("--endpoint", help="default: the url of the file's first line")
+    submit.add_argument("--wait", action="store_true", help="show progress until it ends")
+    cmd.add_parser("status", help="a batch's status and counts").add_argument("batch_id")
+    cmd.add_parser("cancel", help="cancel a batch").add_argument("batch_id")
+    results = cmd.add_parser("results", help="download a finished batch's output file")
+    results.add_argument("batch_id")
+    results.add_argument("-o", "--out", required=True, help="where the output lines go")
+    results.add_argument("--errors", help="where the error lines go (if any)")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mlxq", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="Redis (if none), the API and a worker with the default model")
+    sub.add_parser("worker", help="serve MLXQ_MODEL from the queue at REDIS_URL")
+    sub.add_parser("prepare-model", help="download and import the default model")
+    imp = sub.add_parser("import-gguf", help="import a llama-architecture GGUF file")
+    imp.add_argument("file", help="the .gguf file")
+    imp.add_argument("--name", help="model name under MLXQ_MODELS_DIR (default: file stem)")
+    imp.add_argument("--out", help="output directory (overrides --name)")
+    imp.add_argument(
+        "--dtype",
+        choices=["keep", "float32", "float16", "bfloat16"],
+        default="keep",
+        help="keep the file's (quantized) weights, or convert them",
+    )
+    _batch_parser(sub)
+    return p
+
+
+COMMANDS = {
+    "run": _run,
+    "worker": _worker,
+    "prepare-model": _prepare,
+    "import-gguf": _import_gguf,
+    "batch": _batch,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return COMMANDS[args.command](args, Settings())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The one job function RQ runs: hand a generation job to the engine loop and wait for it.
+
+RQ imports it by name (`shared.jobs.JOB_FUNCTION`) in a slot thread of a worker process that
+has bound its runtime with `bind`; the model stays loaded in that process across jobs.
+Everything a client must see goes out on the job's channel; the return value is RQ's record.
+The job's limits are kept here: a job taken after its queue deadline is failed without being
+run (`queue_timeout`), and one that runs past its run limit is ended by the slot thread, which
+waits on it anyway: "length" (a normal end, finish_reason "length") or "error".
+A batch line's extra work (skip if its batch stopped, record its answer) is
+worker/runtime/batch_lines.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from redis import Redis
+from redis.commands.core import Script
+from rq import get_current_job
+
+from shared.completions import Usage
+from shared.errors import (
+    GenerationError,
+    GenerationTimeoutError,
+    InvalidRequestError,
+    MLXQError,
+    QueueTimeoutError,
+)
+from shared.events import DoneEvent, ErrorEvent, Event
+from shared.jobs import GenerationJob, JobOutcome
+from shared.keys import Keys
+from worker.engine.batch import BatchEngine
+from worker.runtime.batch_lines import BatchLines
+from worker.runtime.loop import EngineLoop
+from worker.runtime.publish import EventSink, Route
+
+log = logging.getLogger(__name__)
+
+# How long a slot waits for the loop to apply the cancel that ends a job at its run limit.
+END_GRACE_S = 30.0
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What a job needs from its worker process."""
+
+    engine: BatchEngine
+    loop: EngineLoop
+    sink: EventSink
+    redis: Redis
+    keys: Keys
+    job_timeout_s: float
+    release: Script  # shared/backlog.py RELEASE, registered on `redis`
+
+
+_runtime: Runtime | None = None
+
+
+def bind(runtime: Runtime) -> None:
+    global _runtime
+    _runtime = runtime
+
+
+def run_generation(payload: dict[str, Any]) -> dict[str, Any]:
+    if _runtime is None:
+        raise RuntimeError("run_generation runs only inside an mlxq worker process")
+    current = get_current_job()
+    if current is None:
+        raise RuntimeError("run_generation runs only as an RQ job")
+    rt, job_id = _runtime, current.id
+    try:
+        outcome = _outcome(rt, job_id, payload, current.retries_left or 0)
+    except Exception as err:  # a bug, not the client's fault: the client still hears of it now
+        log.exception("job %s failed", job_id)
+        _publish_error(rt, job_id, GenerationError(f"the job failed: {type(err).__name__}"))
+        raise
+    return outcome.model_dump()
+
+
+def _outcome(rt: Runtime, job_id: str, payload: dict[str, Any], retries_left: int) -> JobOutcome:
+    try:
+        job = _parse(job_id, payload)
+    except MLXQError as err:
+        _publish_error(rt, job_id, err)
+        return _failed()
+    if job.batch_line is not None:
+        return BatchLines(rt.redis, rt.keys).run(job, lambda: _run(rt, job), retries_left)
+    outcome = _run(rt, job)
+    if job.replay_ttl_s is not None:
+        rt.redis.expire(rt.keys.replay(job_id), job.replay_ttl_s)
+    return outcome
+
+
+def _failed() -> JobOutcome:
+    return JobOutcome(finish_reason="error", prompt_tokens=0, completion_tokens=0)
+
+
+def _parse(job_id: str, payload: dict[str, Any]) -> GenerationJob:
+    try:
+        job = GenerationJob.model_validate(payload)
+    except ValidationError as err:
+        raise InvalidRequestError(f"malformed job payload: {err.error_count()} errors") from err
+    if job.job_id != job_id:
+        raise InvalidRequestError("job payload does not match its RQ job id")
+    return job
+
+
+def _run(rt: Runtime, job: GenerationJob) -> JobOutcome:
+    try:
+        return _generate(rt, job)
+    except MLXQError as err:
+        _publish_error(rt, job.job_id, err)
+        return _failed()
+
+
+def _generate(rt: Runtime, job: GenerationJob) -> JobOutcome:
+    if _taken(rt, job):
+        return JobOutcome(finish_reason="cancelled", prompt_tokens=0, completion_tokens=0)
+    deadline = job.limits.queue_deadline
+    if deadline is not None and time.time() > deadline:
+        raise QueueTimeoutError(
+            "The job waited in the queue past its deadline and was not started; retry later."
+        )
+    prepared = rt.engine.prepare(job)
+    future = rt.loop.submit(prepared)
+    limit_s = job.limits.run_limit_s
+    try:
+        return future.result(timeout=min(limit_s or rt.job_timeout_s, rt.job_timeout_s))
+    except TimeoutError:
+        if limit_s is None or limit_s >= rt.job_timeout_s:
+            raise
+    rt.loop.cancel(job.job_id)
+    outcome = future.result(timeout=END_GRACE_S)
+    if outcome.finish_reason != "cancelled":
+        return outcome  # it ended on its own meanwhile
+    return _end_at_limit(rt, job, outcome, limit_s)
+
+
+def _taken(rt: Runtime, job: GenerationJob) -> bool:
+    """Take the job out of its model's backlog; True if it was cancelled while queued."""
+    pipe = rt.redis.pipeline(transaction=False)
+    backlog = [rt.keys.backlog(job.model), rt.keys.backlog_tokens(job.model)]
+    rt.release(keys=backlog, args=[job.job_id], client=pipe)
+    pipe.exists(rt.keys.cancelled(job.job_id))
+    _, cancelled = pipe.execute()
+    return bool(cancelled)
+
+
+def _end_at_limit(
+    rt: Runtime, job: GenerationJob, outcome: JobOutcome, limit_s: float
+) -> JobOutcome:
+    if job.limits.on_run_limit == "error":
+        err = GenerationTimeoutError(f"The generation ran past its limit of {limit_s:g} s.")
+        _publish(rt, job.job_id, ErrorEvent.from_error(err))
+        return outcome.model_copy(update={"finish_reason": "error"})
+    usage = Usage(
+        prompt_tokens=outcome.prompt_tokens,
+        completion_tokens=outcome.completion_tokens,
+        total_tokens=outcome.prompt_tokens + outcome.completion_tokens,
+    )
+    _publish(rt, job.job_id, DoneEvent(finish_reason="length", usage=usage))
+    return outcome.model_copy(update={"finish_reason": "length"})
+
+
+def _publish(rt: Runtime, job_id: str, event: Event) -> None:
+    rt.sink.send([(Route.of(rt.keys, job_id), event)])
+
+
+def _publish_error(rt: Runtime, job_id: str, err: MLXQError) -> None:
+    _publish(rt, job_id, ErrorEvent.from_error(err))

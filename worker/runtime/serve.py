@@ -1,0 +1,195 @@
+"""A worker process: load one model, then serve its RQ queues until told to stop.
+
+Threads: the main thread runs the engine loop (worker/runtime/loop.py); B RQ slot threads dequeue
+jobs (worker/runtime/slots.py); a heartbeat announces the model (worker/runtime/heartbeat.py); a
+listener
+forwards cancellations and holds the worker's presence (worker/runtime/cancellations.py); a reaper
+takes over the jobs of dead workers (worker/runtime/reaper.py); a watchdog watches the loop's
+progress
+(worker/runtime/watchdog.py). SIGTERM/SIGINT: drain (worker/runtime/drain.py), deregister, exit 0.
+Exit statuses for a supervisor: 0 after a stop it was asked for; EXIT_WEDGED when the engine
+loop crashed or stopped making progress (its jobs were handed back first); EXIT_BURIED when
+other workers declared this one dead (it hung or slept) and took over its jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from redis.exceptions import RedisError
+
+from shared import backlog
+from shared.config import Settings
+from shared.connection import connect, connect_blocking
+from shared.keys import Keys
+from shared.liveness import LIVE_FACTOR
+from shared.prompt_tokens import TokenizerSpec
+from worker.engine.batch import BatchEngine, Engine
+from worker.engine.faults import FaultyEngine
+from worker.engine.model import load_model
+from worker.engine.prefix_cache import PrefixCache
+from worker.engine.synthetic import SyntheticEngine
+from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+from worker.runtime import job_function
+from worker.runtime.cancellations import listen_for_cancels
+from worker.runtime.drain import Drain
+from worker.runtime.fence import FencedSink
+from worker.runtime.heartbeat import beat, born, keep_beating, retire
+from worker.runtime.loop import EngineLoop
+from worker.runtime.reaper import Reaper
+from worker.runtime.slots import LEAVE_S, SlotWorker, held, start_slots, stop_slots
+from worker.runtime.tokenizer_spec import build_spec, publish_spec
+from worker.runtime.watchdog import Watchdog
+
+log = logging.getLogger(__name__)
+
+EXIT_WEDGED = 70  # EX_SOFTWARE
+EXIT_BURIED = 75  # EX_TEMPFAIL
+PRESENCE_WAIT_S = 10.0
+
+
+def resolve_model(settings: Settings) -> tuple[str, str]:
+    """(served name, what mlx_lm.load takes) for the configured model."""
+    given = Path(settings.model).expanduser()
+    if given.is_dir():
+        return given.resolve().name, str(given)
+    named = settings.models_dir / settings.model
+    if named.is_dir():
+        return settings.model, str(named)
+    if settings.model == DEFAULT_MODEL_NAME:
+        return settings.model, str(ensure_default_model(settings.models_dir))
+    return settings.model, settings.model  # a hub id, on machines that reach the hub
+
+
+def build_engine(settings: Settings) -> tuple[str, BatchEngine, TokenizerSpec | None]:
+    """(served model name, engine, what the API needs to count its prompts): the configured
+    model, or the synthetic engine (which publishes no tokenizer)."""
+    if settings.engine == "synthetic":
+        log.warning("SYNTHETIC engine: no model, tokens every %.3f s", settings.synthetic_step_s)
+        synthetic = SyntheticEngine(settings.synthetic_step_s, settings.default_max_tokens)
+        return settings.model, synthetic, None
+    name, source = resolve_model(settings)
+    log.info("loading %s from %s", name, source)
+    started = time.perf_counter()
+    loaded = load_model(source)
+    log.info("loaded %s in %.1f s", name, time.perf_counter() - started)
+    prefixes = (
+        PrefixCache(loaded.model, settings.prefix_cache_entries, settings.prefix_cache_mb << 20)
+        if settings.prefix_cache_entries
+        else None
+    )
+    engine_class = FaultyEngine if settings.fault_injection else Engine
+    engine = engine_class(loaded, settings.batch_size, settings.default_max_tokens, prefixes)
+    return name, engine, build_spec(loaded)
+
+
+def serve(settings: Settings) -> None:
+    name, engine, spec = build_engine(settings)
+    keys = Keys(settings.namespace)
+    redis = connect(settings)
+    if spec is not None:
+        publish_spec(redis, keys, name, spec)
+    replay_ttl_s = settings.job_timeout_s + settings.result_ttl_s
+    worker_id = f"{socket.gethostname()}.{os.getpid()}"
+    buried = "declared dead by the other workers"
+    sink = FencedSink(
+        redis,
+        replay_ttl_s,
+        keys,
+        worker_id,
+        gap_s=LIVE_FACTOR * settings.heartbeat_s,
+        on_buried=lambda: die(EXIT_BURIED, buried),
+    )
+    loop = EngineLoop(engine, sink, keys)
+    release = redis.register_script(backlog.RELEASE)
+    runtime = job_function.Runtime(
+        engine, loop, sink, redis, keys, float(settings.job_timeout_s), release
+    )
+    job_function.bind(runtime)
+
+    services = threading.Event()  # stops the heartbeat, listener, reaper and watchdog
+    slots: list[SlotWorker] = []
+    reaper = Reaper(
+        redis,
+        keys,
+        name,
+        worker_id,
+        settings.heartbeat_s,
+        replay_ttl_s,
+        held=lambda: held(slots),
+        cancel=loop.cancel,
+    )
+
+    def die(status: int, why: str) -> None:
+        """End the process now, from any thread, after handing its jobs on."""
+        log.critical("worker %s: %s; exiting with status %d", worker_id, why, status)
+        if status == EXIT_WEDGED:
+            try:
+                log.info("failed %d jobs", reaper.hand_back(worker_id, why, interactive_only=True))
+                if stop_slots(slots, wait_s=LEAVE_S):  # else the live workers' reapers will
+                    log.info("requeued %d jobs", reaper.hand_back(worker_id, why))
+                retire(redis, keys, name, worker_id)
+            except Exception:
+                log.exception("could not hand the jobs back")
+        logging.shutdown()
+        os._exit(status)
+
+    _until_redis_answers(lambda: born(redis, keys, worker_id))
+    blocking = connect_blocking(settings)
+    present = listen_for_cancels(blocking, keys, loop, worker_id, services)
+    if not present.wait(PRESENCE_WAIT_S):
+        log.warning("presence not confirmed yet (Redis slow?); serving anyway")
+    # Known before it takes a job: then it can be reaped.
+    _until_redis_answers(lambda: beat(redis, keys, name, worker_id))
+    keep_beating(
+        redis,
+        keys,
+        name,
+        worker_id,
+        settings.heartbeat_s,
+        services,
+        on_tombstone=lambda: die(EXIT_BURIED, buried),
+    )
+    queues = [keys.queue(name), keys.bulk_queue(name)]  # in priority order
+    # Some slots take interactive jobs only, so a long batch never holds every slot.
+    reserved = min(settings.interactive_slots, settings.batch_size - 1)
+    slots += start_slots(blocking, keys, queues, settings.batch_size, worker_id, reserved)
+    reaper.run(services)
+    wedged = "the engine loop made no progress while holding jobs"
+    Watchdog(loop, settings.watchdog_s, lambda: die(EXIT_WEDGED, wedged)).start(services)
+    drain = Drain(slots, loop, settings.drain_timeout_s)
+    drain.on_signals()
+    log.info("worker %s serving %s with %d slots", worker_id, name, settings.batch_size)
+
+    try:
+        loop.run(drain.loop_stop)
+    except Exception:
+        log.exception("the engine loop crashed")
+        die(EXIT_WEDGED, "the engine loop crashed")
+    left = stop_slots(slots, wait_s=LEAVE_S)
+    why = "the worker shut down before finishing it"
+    try:
+        handed = reaper.hand_back(worker_id, why, interactive_only=not left)
+        services.set()
+        retire(redis, keys, name, worker_id)
+    except RedisError as err:  # the live workers' reapers will hand them on instead
+        log.warning("could not hand back or deregister: %s", err)
+        return
+    log.info("worker %s stopped (%d jobs handed back)", worker_id, handed)
+
+
+def _until_redis_answers(step: Callable[[], object]) -> None:
+    """Run a start-up step, waiting for Redis if it is down (a worker may start first)."""
+    while True:
+        try:
+            step()
+            return
+        except RedisError as err:
+            log.warning("waiting for Redis: %s", err)
+            time.sleep(1.0)
