@@ -103,11 +103,12 @@ class ToolUse(BaseModel):
         ]
         schema = {"anyOf": [_call_schema(f) for f in allowed]}
         repeat = "+" if self.parallel and not isinstance(self.choice, NamedToolChoice) else ""
-        return grammar_from_lark(
+        lark = (
             f"start: call{repeat}\n"
             f"call: {json.dumps(CALL_START)} body {json.dumps(CALL_END)}\n"
             f"body: %json {json.dumps(schema)}\n"
         )
+        return str(LLMatcher.grammar_from_lark(lark))
 
 
 def _call_schema(function: FunctionDefinition) -> dict[str, Any]:
@@ -164,7 +165,3 @@ def _json_or_text(arguments: str) -> Any:
         return json.loads(arguments)
     except ValueError:
         return arguments
-
-
-def grammar_from_lark(lark: str) -> str:
-    return str(LLMatcher.grammar_from_lark(lark))
