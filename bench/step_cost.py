@@ -87,7 +87,7 @@ def shared_prefill(engine: Engine, max_tokens: int) -> dict[str, int]:
     engine.insert(prepared)
     while engine.active:
         engine.step()
-    prompt = len(prepared.prompt)
+    prompt = len(prepared.prompts[0])
     return {"prompt": prompt, "requested": 4 * prompt, "computed": engine.prefilled_tokens - before}
 
 

@@ -16,7 +16,7 @@ from mlx_lm.sample_utils import LogitsProcessor
 from shared.context_window import completion_budget
 from shared.errors import InvalidRequestError
 from shared.jobs import GenerationJob
-from shared.prompt_tokens import chat_input
+from shared.prompt_tokens import ChatInput, chat_input
 from worker.engine.grammar import Grammars
 from worker.engine.logprobs import LogprobRecorder
 from worker.engine.model import LoadedModel
@@ -52,10 +52,6 @@ class PreparedJob:
     prompt_logprobs: int | None = None
 
     @property
-    def prompt(self) -> list[int]:
-        return self.prompts[0]
-
-    @property
     def prompt_tokens(self) -> int:
         return sum(len(p) for p in self.prompts)
 
@@ -70,7 +66,10 @@ class Preparer:
 
     def prepare(self, job: GenerationJob) -> PreparedJob:
         """Tokenize the job and fix its limits; raises an InvalidRequestError if it cannot run."""
-        prompts = self._tokenize(job)
+        chat = None
+        if job.messages is not None:
+            chat = chat_input(job.messages, job.tools, self._tool_format.in_template)
+        prompts = self._tokenize(job, chat)
         where = "messages" if job.messages is not None else "prompt"
         window = self._loaded.context_length
         budget = min(completion_budget(len(p), job.max_tokens, window, where) for p in prompts)
@@ -87,7 +86,7 @@ class Preparer:
             max_tokens=budget,
             choices=tuple(choices),
             stops=tuple(job.stop),
-            shared_tokens=self._history_tokens(job, prompts[0]),
+            shared_tokens=self._history_tokens(chat, prompts[0]),
             prompt_logprobs=job.prompt_logprobs,
         )
 
@@ -126,10 +125,9 @@ class Preparer:
             found.append(self._grammars.constraint(grammar))
         return tuple(found)
 
-    def _tokenize(self, job: GenerationJob) -> list[list[int]]:
+    def _tokenize(self, job: GenerationJob, chat: ChatInput | None) -> list[list[int]]:
         tokenizer = self._loaded.tokenizer
-        if job.messages is not None:
-            chat = chat_input(job.messages, job.tools, self._tool_format.in_template)
+        if chat is not None:
             prompts: list[list[int]] = [
                 tokenizer.apply_chat_template(
                     chat.messages, tools=chat.tools, add_generation_prompt=True
@@ -150,12 +148,11 @@ class Preparer:
             )
         return prompts
 
-    def _history_tokens(self, job: GenerationJob, prompt: list[int]) -> int:
+    def _history_tokens(self, chat: ChatInput | None, prompt: list[int]) -> int:
         """How many prompt tokens come before the last message's text: the template's system
         prompt and the earlier turns, which the next request of a conversation shares."""
-        if not self._with_history or not job.messages:
+        if not self._with_history or chat is None:
             return 0
-        chat = chat_input(job.messages, job.tools, self._tool_format.in_template)
         *earlier, last = chat.messages
         head: list[int] = self._loaded.tokenizer.apply_chat_template(
             [*earlier, {"role": last["role"], "content": ""}],
