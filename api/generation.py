@@ -31,6 +31,7 @@ from shared.events import (
     DoneEvent,
     ErrorEvent,
     Event,
+    EventDecodeError,
     StartedEvent,
     TokenEvent,
     decode_event,
@@ -64,9 +65,10 @@ class RunningJob:
 
     def updates(self) -> Iterator[list[Relayed] | Keepalive]:
         """Tokens as they arrive, in groups of whatever is waiting, the last ending with the
-        DoneEvent; a Keepalive after a silence; raises the job's error if it fails."""
+        DoneEvent; a Keepalive after a silence; raises the job's error if it fails, after the
+        tokens that arrived before it."""
         if self.early:
-            yield self._take(self.early)
+            yield from self._take(self.early)
         timeout_s = self.broker.settings.event_timeout_s
         deadline = time.monotonic() + timeout_s
         while not self.finished:
@@ -75,9 +77,11 @@ class RunningJob:
                 yield Keepalive()
                 continue
             deadline = time.monotonic() + timeout_s
-            yield self._take(events)
+            yield from self._take(events)
 
-    def _take(self, events: list[Event]) -> list[Relayed]:
+    def _take(self, events: list[Event]) -> Iterator[list[Relayed]]:
+        """`events` as one group. An error among them ends the job: it is raised after the
+        group of the events that came before it."""
         batch: list[Relayed] = []
         for event in events:
             if isinstance(event, TokenEvent | ChoiceEndEvent | DoneEvent):
@@ -85,8 +89,10 @@ class RunningJob:
                 self.finished = isinstance(event, DoneEvent)
             else:
                 self.finished = True
+                if batch:
+                    yield batch
                 raise _as_error(event)
-        return batch
+        yield batch
 
     def close(self) -> None:
         self.broker.relay.unsubscribe(self.sub)
@@ -132,9 +138,22 @@ def _next_events(
             raise late or GenerationError("the worker sent nothing in time", code="timeout")
         messages = sub.next_messages(min(left, wake_s) if wake_s else left)
         if messages:
-            return [decode_event(m) for m in messages]
+            return _decoded(messages)
         if wake_s is not None and time.monotonic() < deadline:
             return []
+
+
+def _decoded(messages: list[bytes]) -> list[Event]:
+    """The messages as events. One that cannot be decoded becomes an error event that ends the
+    list, so the events before it still reach the client and the stream ends with an error."""
+    events: list[Event] = []
+    for message in messages:
+        try:
+            events.append(decode_event(message))
+        except EventDecodeError as err:
+            events.append(ErrorEvent.from_error(err))
+            break
+    return events
 
 
 def _as_error(event: Event | None) -> MLXQError:
