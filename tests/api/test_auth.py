@@ -13,7 +13,7 @@ from api import create_app
 from api.auth import ANONYMOUS, ApiKeys, OpenBindError, check_bind, owner_id, require_owner
 from shared.config import Settings
 from shared.keys import is_valid_id
-from tests.api.test_errors import assert_openai_error
+from tests.support import assert_openai_error
 
 KEYS = ("sk-first-0123456789", "sk-second-9876543210")
 CHAT = "/v1/chat/completions"
@@ -29,28 +29,30 @@ def bearer(key: str) -> dict[str, str]:
 notes = Blueprint("notes", __name__)
 
 
-def _redis() -> Redis:
+def _note(note_id: str) -> tuple[Redis, str]:
     from api.broker import broker
 
-    return broker().redis
+    return broker().redis, f"{broker().keys.ns}:note:{note_id}"
 
 
 @notes.post("/v1/test-notes/<note_id>")
 def create_note(note_id: str) -> Response:
-    _redis().hset(f"mlxqtest:note:{note_id}", "owner", owner_id())
+    redis, key = _note(note_id)
+    redis.hset(key, "owner", owner_id())
     return jsonify(id=note_id)
 
 
 @notes.get("/v1/test-notes/<note_id>")
 def get_note(note_id: str) -> Response:
-    owner = _redis().hget(f"mlxqtest:note:{note_id}", "owner")
+    redis, key = _note(note_id)
+    owner = redis.hget(key, "owner")
     require_owner(owner.decode() if owner else None, "note", note_id)
     return jsonify(id=note_id)
 
 
 @pytest.fixture
-def keyed_app(settings: Settings) -> Flask:
-    app = create_app(settings.model_copy(update={"api_keys": Settings(api_keys=KEYS).api_keys}))
+def keyed_app(app_settings: Settings) -> Flask:
+    app = create_app(app_settings.model_copy(update={"api_keys": Settings(api_keys=KEYS).api_keys}))
     app.register_blueprint(notes)
     return app
 

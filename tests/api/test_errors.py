@@ -7,32 +7,14 @@ because every request here is refused before a job would be queued.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
-from werkzeug.test import TestResponse
 
 from api import create_app
 from shared.config import Settings
-from tests.conftest import free_port
-
-CHAT = "/v1/chat/completions"
-MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-def chat(http: FlaskClient, **body: Any) -> TestResponse:
-    return http.post(CHAT, json={"model": "m", "messages": MESSAGES, **body})
-
-
-def assert_openai_error(response: TestResponse, status: int, param: str | None = None) -> None:
-    assert response.status_code == status, response.get_data(as_text=True)
-    body = response.get_json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert body["error"]["message"]
-    if param is not None:
-        assert body["error"]["param"] == param
+from tests.support import CHAT, MESSAGES, assert_openai_error, chat
+from worker.ops.cluster import free_port
 
 
 def test_malformed_json_is_a_400(http: FlaskClient) -> None:

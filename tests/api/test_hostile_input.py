@@ -17,8 +17,7 @@ from werkzeug.test import TestResponse
 from shared.completions import MAX_CONTENT_CHARS, MAX_MESSAGES, MAX_STOP_CHARS, MAX_TOKENS
 from shared.config import Settings
 from shared.keys import Keys
-from tests.api.test_errors import assert_openai_error
-from tests.conftest import MODEL
+from tests.support import MODEL, assert_openai_error, rq_queue
 
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
@@ -29,14 +28,13 @@ DEEP = 100_000
 
 @pytest.fixture(autouse=True)
 def nothing_logged_at_error_and_nothing_queued(
-    caplog: pytest.LogCaptureFixture, settings: Settings, redis: Redis
+    caplog: pytest.LogCaptureFixture, app_settings: Settings, redis: Redis
 ) -> Any:
-    queue = f"rq:queue:{Keys(settings.namespace).queue(MODEL)}"
-    before = redis.llen(queue)
+    queue = rq_queue(redis, Keys(app_settings.namespace).queue(MODEL))
     with caplog.at_level(logging.WARNING):
         yield
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert redis.llen(queue) == before
+    assert queue.count == 0
 
 
 def post_raw(http: FlaskClient, body: bytes | str, path: str = CHAT, **kw: Any) -> TestResponse:

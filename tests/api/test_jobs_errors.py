@@ -12,7 +12,7 @@ from flask.testing import FlaskClient
 
 from api import create_app
 from shared.config import Settings
-from tests.api.test_errors import assert_openai_error
+from tests.support import assert_openai_error
 
 RESPONSES = "/v1/responses"
 
@@ -73,8 +73,8 @@ def upload(http: FlaskClient, data: bytes, purpose: str = "batch") -> object:
     return http.post("/v1/files", data=form, content_type="multipart/form-data")
 
 
-def test_upload_over_the_size_cap_is_a_413(settings: Settings) -> None:
-    small = settings.model_copy(update={"max_file_bytes": 2048})
+def test_upload_over_the_size_cap_is_a_413(app_settings: Settings) -> None:
+    small = app_settings.model_copy(update={"max_file_bytes": 2048})
     http = create_app(small).test_client()
     assert upload(http, b"x" * 2000).status_code == 200  # type: ignore[attr-defined]
     assert_openai_error(upload(http, b"x" * 3000), 413)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from api import batches, files, responses
 from api.broker import Broker
 from api.response_store import ResponseStore
 from shared.responses import ResponsesRequest, StoredResponse
-from tests.api.test_errors import assert_openai_error
+from tests.support import assert_openai_error
 
 
 def act_as(monkeypatch: pytest.MonkeyPatch, owner: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
-from tests.api.test_errors import MESSAGES, assert_openai_error, chat
+from tests.support import MESSAGES, assert_openai_error, chat
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,41 +10,33 @@ from pathlib import Path
 import openai
 import pytest
 
-from shared.config import Settings
-from tests.conftest import MODEL, ROOT, _answers, _stop, free_port, service_env, wait_until
+from tests.support import MODEL
+from worker.ops.cluster import API, Cluster, free_port, http_answers, spawn, stop, wait_until
 
 KEYS = ("sk-mlxq-test-alpha-5b1d0c", "sk-mlxq-test-beta-77e2f9")
-GUNICORN = [sys.executable, "-m", "gunicorn", "--config", "python:api.gunicorn_conf"]
 
 
-def start_api(settings: Settings, log: Path, **env: str) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [*GUNICORN, "api:create_app()"],
-            env=service_env(settings, **env),
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+def start_api(stack: Cluster, log: Path, **env: str) -> subprocess.Popen[bytes]:
+    return spawn(API, stack.environment(**env), log)
 
 
 @pytest.fixture(scope="module")
 def keyed_api(
-    settings: Settings, tmp_path_factory: pytest.TempPathFactory
+    stack: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, Path]]:
     port = free_port()
     log = tmp_path_factory.mktemp("keyed") / "gunicorn.log"
     proc = start_api(
-        settings,
+        stack,
         log,
         MLXQ_API_BIND=f"127.0.0.1:{port}",
         MLXQ_API_KEYS=",".join(KEYS),
         MLXQ_API_ACCESS_LOG="true",
     )
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _answers(url), 30, "the keyed API")
+    wait_until(lambda: http_answers(f"{url}/health"), 30, "the keyed API")
     yield url, log
-    _stop(proc)
+    stop(proc)
 
 
 def test_the_sdk_works_with_a_key_and_gets_401_without(
@@ -78,25 +69,25 @@ def test_keys_never_reach_the_logs(keyed_api: tuple[str, Path]) -> None:
     assert not any(key in text for key in (*KEYS, "sk-a-wrong-key-3c9f"))
 
 
-def test_without_keys_an_open_bind_is_refused_at_start(settings: Settings, tmp_path: Path) -> None:
+def test_without_keys_an_open_bind_is_refused_at_start(stack: Cluster, tmp_path: Path) -> None:
     log = tmp_path / "open.log"
-    proc = start_api(settings, log, MLXQ_API_BIND=f"0.0.0.0:{free_port()}", MLXQ_API_KEYS="")
+    proc = start_api(stack, log, MLXQ_API_BIND=f"0.0.0.0:{free_port()}", MLXQ_API_KEYS="")
     try:
         assert proc.wait(timeout=30) != 0
     finally:
-        _stop(proc)
+        stop(proc)
     assert "refusing to listen on 0.0.0.0" in log.read_text()
     assert "Listening at" not in log.read_text()
 
 
-def test_without_keys_the_api_says_it_binds_to_loopback(settings: Settings, tmp_path: Path) -> None:
+def test_without_keys_the_api_says_it_binds_to_loopback(stack: Cluster, tmp_path: Path) -> None:
     log = tmp_path / "loopback.log"
     port = free_port()
-    proc = start_api(settings, log, MLXQ_API_BIND=f"127.0.0.1:{port}", MLXQ_API_KEYS="")
+    proc = start_api(stack, log, MLXQ_API_BIND=f"127.0.0.1:{port}", MLXQ_API_KEYS="")
     try:
-        wait_until(lambda: _answers(f"http://127.0.0.1:{port}"), 30, "the API")
+        wait_until(lambda: http_answers(f"http://127.0.0.1:{port}/health"), 30, "the API")
     finally:
-        _stop(proc)
+        stop(proc)
     assert "no API keys set (MLXQ_API_KEYS): listening on the loopback interface only" in (
         log.read_text()
     )

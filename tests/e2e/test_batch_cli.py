@@ -9,7 +9,8 @@ from pathlib import Path
 
 import openai
 
-from tests.conftest import MODEL, ROOT
+from tests.support import MODEL
+from worker.ops.cluster import ROOT
 
 CHAT = "/v1/chat/completions"
 

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import socket
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -17,8 +13,8 @@ from rq.serializers import JSONSerializer
 
 from shared.config import Settings
 from shared.keys import Keys
-from tests.conftest import MODEL, ROOT, service_env, wait_until
-from tests.e2e.test_batches import lines_of, start, wait
+from tests.support import MODEL, lines_of, start_batch, wait_batch
+from worker.ops.cluster import Cluster
 
 SLOTS = 4
 
@@ -36,14 +32,11 @@ def running_on(redis: Redis, settings: Settings, worker_id: str) -> list[str]:
 
 
 def test_a_worker_killed_mid_batch_loses_nothing_and_doubles_nothing(
-    client: openai.OpenAI, settings: Settings, redis: Redis
+    client: openai.OpenAI, settings: Settings, redis: Redis, stack: Cluster
 ) -> None:
-    keys = Keys(settings.namespace)
-    env = service_env(settings, MLXQ_BATCH_SIZE=str(SLOTS), MLXQ_INTERACTIVE_SLOTS="0")
-    doomed = subprocess.Popen([sys.executable, "-m", "worker.ops.cli", "worker"], env=env, cwd=ROOT)
-    worker_id = f"{socket.gethostname()}.{doomed.pid}"
+    doomed = stack.start_worker(MLXQ_BATCH_SIZE=str(SLOTS), MLXQ_INTERACTIVE_SLOTS="0")
+    worker_id = doomed.worker_id
     try:
-        wait_until(lambda: redis.zscore(keys.workers(MODEL), worker_id), 180, "a second worker")
         lines: list[dict[str, Any]] = [
             {
                 "custom_id": f"k{i}",
@@ -58,21 +51,18 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_doubles_nothing(
             }
             for i in range(12)
         ]
-        batch = start(client, lines)
+        batch = start_batch(client, lines)
         deadline = time.monotonic() + 60
         while len(lost := running_on(redis, settings, worker_id)) < SLOTS:
             if lost and time.monotonic() > deadline - 30:
                 break  # it got fewer lines than it has slots; kill it anyway
             assert time.monotonic() < deadline, "the second worker took no line"
             time.sleep(0.05)
-        doomed.send_signal(signal.SIGKILL)
-        doomed.wait()
-        done = wait(client, batch.id, timeout_s=240)
-
+        stack.kill_worker(doomed)
+        done = wait_batch(client, batch.id, timeout_s=240)
     finally:
-        if doomed.poll() is None:
-            doomed.kill()
-            doomed.wait()
+        if doomed in stack.workers:
+            stack.kill_worker(doomed)
     assert done.status == "completed"
     out = lines_of(client, done.output_file_id)
     assert sorted(o["custom_id"] for o in out) == sorted(f"k{i}" for i in range(12))

@@ -4,54 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 import openai
-from openai.types import Batch
 from redis import Redis
 
 from shared.batches import StoredBatch
 from shared.config import Settings
 from shared.keys import Keys
-from tests.conftest import MODEL
-
-CHAT = "/v1/chat/completions"
-
-
-def chat_line(custom_id: str, content: str, **body: Any) -> dict[str, Any]:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], **body}
-    return {"custom_id": custom_id, "method": "POST", "url": CHAT, "body": body}
-
-
-def upload(client: openai.OpenAI, lines: list[dict[str, Any]] | bytes) -> str:
-    data = lines if isinstance(lines, bytes) else "\n".join(map(json.dumps, lines)).encode()
-    return client.files.create(file=("in.jsonl", data), purpose="batch").id
-
-
-def start(
-    client: openai.OpenAI, lines: list[dict[str, Any]] | bytes, endpoint: str = CHAT
-) -> Batch:
-    return client.batches.create(
-        input_file_id=upload(client, lines),
-        endpoint=endpoint,  # type: ignore[arg-type]
-        completion_window="24h",
-    )
-
-
-def wait(client: openai.OpenAI, batch_id: str, timeout_s: float = 120) -> Batch:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "expired", "cancelled"):
-            return batch
-        assert time.monotonic() < deadline, f"batch still {batch.status}"
-        time.sleep(0.25)
-
-
-def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    if file_id is None:
-        return []
-    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+from tests.support import CHAT, MODEL, chat_line, lines_of, start_batch, wait_batch
 
 
 def test_files_round_trip(client: openai.OpenAI) -> None:
@@ -73,10 +33,10 @@ def test_batch_round_trip_in_input_order(client: openai.OpenAI) -> None:
     lines = [
         chat_line(f"q{i}", f"What is {i} plus {i}?", max_tokens=8, temperature=0) for i in range(4)
     ]
-    batch = start(client, lines)
+    batch = start_batch(client, lines)
     assert batch.status == "in_progress"
     assert batch.request_counts is not None and batch.request_counts.total == 4
-    done = wait(client, batch.id)
+    done = wait_batch(client, batch.id)
     assert done.status == "completed"
     assert done.request_counts is not None
     assert (done.request_counts.completed, done.request_counts.failed) == (4, 0)
@@ -102,7 +62,7 @@ def test_a_bad_line_fails_alone(client: openai.OpenAI) -> None:
         chat_line("good-2", "Hello", max_tokens=4),
         chat_line("streamed", "Hi", stream=True),
     ]
-    done = wait(client, start(client, lines).id)
+    done = wait_batch(client, start_batch(client, lines).id)
     assert done.status == "completed"
     assert done.request_counts is not None
     assert (done.request_counts.completed, done.request_counts.failed) == (2, 2)
@@ -123,12 +83,12 @@ def test_completions_and_responses_endpoints(client: openai.OpenAI) -> None:
         "temperature": 0,
     }
     lines = [{"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": completion}]
-    done = wait(client, start(client, lines, "/v1/completions").id)
+    done = wait_batch(client, start_batch(client, lines, "/v1/completions").id)
     body = lines_of(client, done.output_file_id)[0]["response"]["body"]
     assert body["object"] == "text_completion" and "Paris" in body["choices"][0]["text"]
     response = {"model": MODEL, "input": "What is the capital of France?", "temperature": 0}
     lines = [{"custom_id": "r", "method": "POST", "url": "/v1/responses", "body": response}]
-    done = wait(client, start(client, lines, "/v1/responses").id)
+    done = wait_batch(client, start_batch(client, lines, "/v1/responses").id)
     body = lines_of(client, done.output_file_id)[0]["response"]["body"]
     assert body["object"] == "response" and body["status"] == "completed"
     assert "Paris" in body["output"][0]["content"][0]["text"]
@@ -151,7 +111,7 @@ def test_a_batch_failing_validation_names_each_problem(client: openai.OpenAI) ->
         )
         + "\n"
     ).encode()
-    batch = start(client, lines)
+    batch = start_batch(client, lines)
     assert batch.status == "failed"
     assert batch.failed_at is not None
     assert batch.errors is not None and batch.errors.data is not None
@@ -164,7 +124,7 @@ def test_a_batch_failing_validation_names_each_problem(client: openai.OpenAI) ->
         ("invalid_request", 6),
     }
     assert client.batches.retrieve(batch.id).status == "failed"
-    empty = start(client, b"\n")
+    empty = start_batch(client, b"\n")
     assert empty.status == "failed"
     assert empty.errors is not None and empty.errors.data is not None
     assert empty.errors.data[0].code == "empty_file"
@@ -175,14 +135,14 @@ def test_cancel_while_running(client: openai.OpenAI) -> None:
     long = [
         chat_line(f"s{i}", "Write a long story about a cat.", max_tokens=2000) for i in range(2, 10)
     ]
-    batch = start(client, short + long)
+    batch = start_batch(client, short + long)
     deadline = time.monotonic() + 60
     while client.batches.retrieve(batch.id).request_counts.completed == 0:  # type: ignore[union-attr]
         assert time.monotonic() < deadline
         time.sleep(0.2)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")
-    done = wait(client, batch.id, timeout_s=30)
+    done = wait_batch(client, batch.id, timeout_s=30)
     assert done.status == "cancelled" and done.cancelled_at is not None
     out = lines_of(client, done.output_file_id)
     errors = lines_of(client, done.error_file_id)
@@ -198,7 +158,7 @@ def test_a_batch_past_its_window_expires_with_its_unfinished_lines(
 ) -> None:
     short = [chat_line(f"x{i}", "Hi", max_tokens=2) for i in range(2)]
     long = [chat_line(f"x{i}", "Write a long story.", max_tokens=2000) for i in range(2, 8)]
-    batch = start(client, short + long)
+    batch = start_batch(client, short + long)
     deadline = time.monotonic() + 60
     while client.batches.retrieve(batch.id).request_counts.completed < 2:  # type: ignore[union-attr]
         assert time.monotonic() < deadline
@@ -220,7 +180,7 @@ def test_interactive_requests_do_not_wait_behind_a_batch(client: openai.OpenAI) 
     lines = [
         chat_line(f"b{i}", "Write a long story about a dog.", max_tokens=120) for i in range(24)
     ]
-    batch = start(client, lines)
+    batch = start_batch(client, lines)
     time.sleep(1.0)  # the batch holds every bulk slot, with lines queued behind them
     started = time.monotonic()
     stream = client.chat.completions.create(
@@ -235,4 +195,4 @@ def test_interactive_requests_do_not_wait_behind_a_batch(client: openai.OpenAI) 
     assert progress.request_counts is not None and progress.request_counts.completed < 24
     assert ttft < 10.0  # it takes a reserved slot at once; a line takes far longer
     client.batches.cancel(batch.id)
-    assert wait(client, batch.id, timeout_s=30).status == "cancelled"
+    assert wait_batch(client, batch.id, timeout_s=30).status == "cancelled"

@@ -6,15 +6,16 @@ from __future__ import annotations
 import openai
 import pytest
 from redis import Redis
+from rq.job import Job
 
-from tests.conftest import MODEL
+from tests.support import MODEL
 
 CONTEXT = 8192  # SmolLM2-135M-Instruct
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def rq_jobs(redis: Redis) -> set[bytes]:
-    return set(redis.scan_iter("rq:job:*", count=1000))
+    return set(redis.scan_iter(Job.key_for("*"), count=1000))
 
 
 def prompt_tokens(client: openai.OpenAI, **kwargs: object) -> int:

@@ -18,8 +18,8 @@ from api.broker import Broker
 from shared.config import Settings
 from shared.jobs import GenerationJob
 from shared.keys import Keys
-from tests.conftest import MODEL
-from tests.e2e.faults.conftest import Stream, chat_body, wait_for
+from tests.support import MODEL, Stream, chat_body
+from worker.ops.cluster import wait_until
 
 
 def _outcome(redis: Redis, job_id: str) -> dict[str, object] | None:
@@ -38,7 +38,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot_within_a_second(
     job_id = stream.read_tokens(2)
     stream.close()
     left = time.monotonic()
-    wait_for(lambda: _outcome(redis, job_id) is not None, 5, "the job to end")
+    wait_until(lambda: _outcome(redis, job_id) is not None, 5, "the job to end")
     assert time.monotonic() - left < 1.0
     outcome = _outcome(redis, job_id)
     assert outcome is not None
@@ -51,7 +51,7 @@ def test_a_background_job_nobody_listens_to_runs_to_its_end(
 ) -> None:
     job = GenerationJob(job_id="resp_nobody_listens", model=MODEL, prompt="Once", max_tokens=8)
     Broker(settings).submit_bulk([job])
-    wait_for(lambda: _outcome(redis, job.job_id) is not None, 60, "the job to end")
+    wait_until(lambda: _outcome(redis, job.job_id) is not None, 60, "the job to end")
     outcome = _outcome(redis, job.job_id)
     assert outcome is not None
     assert outcome["finish_reason"] == "length"

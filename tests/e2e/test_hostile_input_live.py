@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import openai
 import pytest
 
-from tests.conftest import MODEL
+from tests.support import MODEL
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.conftest import MODEL
+from tests.support import MODEL
 
 HAIKU = [{"role": "user", "content": "Write a haiku about the sea."}]
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]

@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from api.openapi import document
-from tests.conftest import MODEL
+from tests.support import MODEL
 
 EXAMPLES = 30
 MAX_TOKENS = 3

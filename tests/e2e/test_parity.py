@@ -17,9 +17,7 @@ from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from shared.config import Settings
-from tests.conftest import MODEL
-from tests.e2e.test_batches import chat_line, lines_of, start, wait
-from tests.e2e.test_responses import finished, poll
+from tests.support import MODEL, chat_line, finished, lines_of, poll, start_batch, wait_batch
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 PERSON = [{"role": "user", "content": "Describe a person called Ada as JSON."}]
@@ -116,7 +114,7 @@ def test_batch_lines_carry_response_format_and_logprobs(client: openai.OpenAI) -
         ),
         chat_line("lp", FRANCE[0]["content"], temperature=0, max_tokens=8, logprobs=True),
     ]
-    batch = wait(client, start(client, lines).id)
+    batch = wait_batch(client, start_batch(client, lines).id)
     assert batch.status == "completed"
     bodies = {o["custom_id"]: o["response"]["body"] for o in lines_of(client, batch.output_file_id)}
     content = bodies["schema"]["choices"][0]["message"]["content"]

@@ -6,7 +6,7 @@ import secrets
 
 import openai
 
-from tests.conftest import MODEL
+from tests.support import MODEL
 
 
 def _system() -> dict[str, str]:

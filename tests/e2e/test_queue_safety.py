@@ -21,7 +21,7 @@ from rq.serializers import JSONSerializer
 from shared.config import Settings
 from shared.jobs import JOB_FUNCTION
 from shared.keys import Keys
-from tests.conftest import MODEL
+from tests.support import MODEL
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 

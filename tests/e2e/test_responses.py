@@ -4,31 +4,14 @@ from __future__ import annotations
 
 import time
 import urllib.request
-from collections.abc import Callable
 
 import openai
 import pytest
-from openai.types.responses import Response
 
-from tests.conftest import MODEL
+from tests.support import MODEL, finished, poll
 
 FRANCE = "What is the capital of France?"
 STORY = "Write a long story about a dragon who learns to bake bread."
-
-
-def poll(
-    client: openai.OpenAI, response_id: str, until: Callable[[Response], bool], timeout_s: float
-) -> Response:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        current = client.responses.retrieve(response_id)
-        if until(current) or time.monotonic() > deadline:
-            return current
-        time.sleep(0.1)
-
-
-def finished(r: Response) -> bool:
-    return r.status in ("completed", "incomplete", "failed", "cancelled")
 
 
 def test_sync_response_answers_with_output_text_and_usage(client: openai.OpenAI) -> None:

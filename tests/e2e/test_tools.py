@@ -10,8 +10,7 @@ from typing import Any
 import jsonschema
 import openai
 
-from tests.conftest import MODEL
-from tests.e2e.test_batches import chat_line, lines_of, start, wait
+from tests.support import MODEL, chat_line, lines_of, start_batch, wait_batch
 
 WEATHER_PARAMETERS: dict[str, Any] = {
     "type": "object",
@@ -122,7 +121,7 @@ def test_a_batch_line_with_tools_answers_with_tool_calls(client: openai.OpenAI) 
     line = chat_line(
         "t", ASK[0]["content"], tools=TOOLS, tool_choice="required", temperature=0, max_tokens=80
     )
-    batch = wait(client, start(client, [line]).id)
+    batch = wait_batch(client, start_batch(client, [line]).id)
     body = lines_of(client, batch.output_file_id)[0]["response"]["body"]
     assert body["choices"][0]["finish_reason"] == "tool_calls"
     call = body["choices"][0]["message"]["tool_calls"][0]

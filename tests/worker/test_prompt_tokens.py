@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from mlx_lm.utils import load_tokenizer
 
 from shared.prompt_tokens import ChatInput, PromptCounter
-from tests.conftest import MODEL
+from tests.support import MODEL
 from worker.runtime.tokenizer_spec import build_spec
 
 MODEL_DIR = Path.home() / ".cache" / "mlxq" / "models" / MODEL

@@ -17,7 +17,7 @@ from honcho.manager import Manager
 
 from shared.config import Settings
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
-from worker.ops.launch import ROOT, redis_answers, start_redis, stop
+from worker.ops.cluster import ROOT, redis_answers, start_redis, stop
 
 PROCFILE = ROOT / "Procfile"
 

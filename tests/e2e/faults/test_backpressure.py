@@ -11,14 +11,14 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 import pytest
 
-from bench.cluster import MODEL, Cluster, rss_mb
-from tests.e2e.faults.conftest import chat_body, post, wait_for
+from tests.support import MODEL, chat_body, post, rq_queue
+from worker.ops.cluster import Cluster, rss_mb, wait_until
 
 CHAT = "/v1/chat/completions"
 STAND_IN = "stand-in.1"
@@ -32,21 +32,20 @@ API_ENV = {
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    c = Cluster(namespace="mlxqflood", heartbeat_s=60.0, env=API_ENV)
-    c.start_redis()
-    redis = c.redis()
+def cluster(start_cluster: Callable[..., Cluster]) -> Iterator[Cluster]:
+    """The API and a stand-in for a worker that never takes a job: a live heartbeat and a
+    presence subscription, so that requests are admitted and then wait."""
+    cluster = start_cluster(workers=0, heartbeat_s=60.0, env=API_ENV)
+    redis = cluster.redis()
     presence = redis.pubsub()
-    presence.subscribe(c.keys.presence(STAND_IN))
-    redis.zadd(c.keys.workers(MODEL), {STAND_IN: time.time()})
-    c.start_api()
-    yield c
+    presence.subscribe(cluster.keys.presence(STAND_IN))
+    redis.zadd(cluster.keys.workers(MODEL), {STAND_IN: time.time()})
+    yield cluster
     presence.close()
-    c.stop()
 
 
 def _queue_key(cluster: Cluster) -> str:
-    return f"rq:queue:{cluster.keys.queue(MODEL)}"
+    return rq_queue(cluster.redis(), cluster.keys.queue(MODEL)).key
 
 
 def _assert_queue_full(reply_status: int, headers: dict[str, str], body: dict[str, object]) -> None:
@@ -65,7 +64,7 @@ def test_over_the_token_cap_a_request_gets_429_at_once_and_a_late_job_503(
     big = chat_body(messages=[{"role": "user", "content": "word " * 200}], max_tokens=4)
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(post, cluster.api_url, CHAT, big)  # admitted: the queue was empty
-        wait_for(lambda: redis.llen(_queue_key(cluster)) == 1, 10, "the big job to be queued")
+        wait_until(lambda: redis.llen(_queue_key(cluster)) == 1, 10, "the big job to be queued")
         refused = post(cluster.api_url, CHAT, chat_body(max_tokens=4))
         late = waiting.result(timeout=30)
 

@@ -9,41 +9,36 @@ MLXQ_RUN_LIMIT_S). Jobs enqueued directly carry their own limits (shared/jobs.py
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from rq import Queue
-from rq.serializers import JSONSerializer
 
-from bench.cluster import MODEL, Cluster
 from shared.events import DoneEvent, ErrorEvent, Event, decode_event
 from shared.jobs import JOB_FUNCTION, GenerationJob, JobLimits
-from tests.e2e.faults.conftest import HEARTBEAT_S, chat_body, post, rq_job, wait_for
+from tests.support import MODEL, chat_body, post, rq_job, rq_queue
+from worker.ops.cluster import Cluster, wait_until
 
 CHAT = "/v1/chat/completions"
 RUN_LIMIT_S = 1.5
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def cluster(start_cluster: Callable[..., Cluster]) -> Cluster:
     env = {
         "MLXQ_BATCH_SIZE": "1",
         "MLXQ_QUEUE_TIMEOUT_S": "1",
         "MLXQ_RUN_LIMIT_S": str(RUN_LIMIT_S),
     }
-    c = Cluster(namespace="mlxqdeadline", heartbeat_s=HEARTBEAT_S, env=env)
-    c.start(workers=1)
-    yield c
-    c.stop()
+    return start_cluster(env=env)
 
 
 def _run_directly(cluster: Cluster, job: GenerationJob) -> list[Event]:
     """Enqueue a job as a producer other than the API would; its events once it ended."""
     redis = cluster.redis()
-    queue = Queue(cluster.keys.queue(MODEL), connection=redis, serializer=JSONSerializer)
+    queue = rq_queue(redis, cluster.keys.queue(MODEL))
     queue.enqueue_call(JOB_FUNCTION, args=(job.model_dump(mode="json"),), job_id=job.job_id)
-    wait_for(lambda: rq_job(redis, job.job_id).get_status() == "finished", 60, job.job_id)
+    wait_until(lambda: rq_job(redis, job.job_id).get_status() == "finished", 60, job.job_id)
     return [decode_event(e) for e in redis.lrange(cluster.keys.replay(job.job_id), 0, -1)]
 
 

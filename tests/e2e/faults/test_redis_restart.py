@@ -12,22 +12,19 @@ import signal
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 
-from bench.cluster import MODEL, Cluster
-from tests.e2e.faults.conftest import HEARTBEAT_S, Stream, chat_body, post, wait_for
+from tests.support import MODEL, Stream, chat_body, post
+from worker.ops.cluster import Cluster, wait_until
 
 CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    c = Cluster(namespace="mlxqredis", heartbeat_s=HEARTBEAT_S, env={"MLXQ_BATCH_SIZE": "4"})
-    c.start(workers=1)
-    yield c
-    c.stop()
+def cluster(start_cluster: Callable[..., Cluster]) -> Cluster:
+    return start_cluster(env={"MLXQ_BATCH_SIZE": "4"})
 
 
 def _health(cluster: Cluster) -> tuple[int, dict[str, object]]:
@@ -58,9 +55,9 @@ def test_while_redis_is_down_the_api_answers_503_and_afterwards_all_carry_on(
     assert body["error"]["code"] == "backend_unavailable"
 
     cluster.start_redis()  # same port, empty
-    wait_for(lambda: _health(cluster) == (200, {"status": "ok", "models": [MODEL]}), 20, "health")
+    wait_until(lambda: _health(cluster) == (200, {"status": "ok", "models": [MODEL]}), 20, "health")
     # The worker re-subscribes its presence within a beat or so of its heartbeat.
-    wait_for(
+    wait_until(
         lambda: post(cluster.api_url, CHAT, chat_body(max_tokens=1)).status == 200, 5, "a reply"
     )
     reply = post(cluster.api_url, CHAT, chat_body(max_tokens=4))

@@ -10,39 +10,26 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from api.broker import Broker
-from bench.cluster import MODEL, Cluster
 from shared.config import Settings
 from shared.events import RequeuedEvent, decode_event
 from shared.jobs import GenerationJob
 from shared.sampling import SamplingParams
-from tests.e2e.faults.conftest import (
-    HEARTBEAT_S,
-    STORY,
-    Reply,
-    Stream,
-    chat_body,
-    exactly_workers,
-    post,
-    rq_job,
-    started_ids,
-    wait_for,
-)
+from tests.e2e.faults.conftest import HEARTBEAT_S, exactly_workers, started_ids
+from tests.support import MODEL, STORY, Reply, Stream, chat_body, post, rq_job, rq_queue
+from worker.ops.cluster import Cluster, wait_until
 
 CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    c = Cluster(namespace="mlxqdrain", heartbeat_s=HEARTBEAT_S, env={"MLXQ_BATCH_SIZE": "4"})
-    c.start(workers=2)
-    yield c
-    c.stop()
+def cluster(start_cluster: Callable[..., Cluster]) -> Cluster:
+    return start_cluster(workers=2, env={"MLXQ_BATCH_SIZE": "4"})
 
 
 def _load(cluster: Cluster, stop: threading.Event) -> list[Reply]:
@@ -77,7 +64,7 @@ def test_a_rolling_restart_under_load_loses_no_request(cluster: Cluster) -> None
     stop = threading.Event()
     with ThreadPoolExecutor(4) as pool:
         clients = [pool.submit(_load, cluster, stop) for _ in range(4)]
-        wait_for(lambda: len(started_ids(cluster)) >= 2, 60, "the load to run")
+        wait_until(lambda: len(started_ids(cluster)) >= 2, 60, "the load to run")
         assert _terminate(cluster) == 0
         cluster.start_worker(MLXQ_DRAIN_TIMEOUT_S="1")  # the replacement, for the next test too
         assert _terminate(cluster) == 0
@@ -108,7 +95,7 @@ def test_past_the_drain_timeout_running_jobs_are_handed_back_and_the_worker_exit
         sampling=SamplingParams(temperature=0),
     )
     Broker(settings).submit_bulk([bulk])
-    wait_for(lambda: rq_job(redis, bulk.job_id).get_status() == "started", 30, "the bulk job")
+    wait_until(lambda: rq_job(redis, bulk.job_id).get_status() == "started", 30, "the bulk job")
 
     worker.proc.send_signal(signal.SIGTERM)
     error = json.loads(stream.rest()[-1])
@@ -117,7 +104,7 @@ def test_past_the_drain_timeout_running_jobs_are_handed_back_and_the_worker_exit
 
     assert error["error"]["code"] == "worker_lost"
     assert rq_job(redis, bulk.job_id).get_status() == "queued"
-    queue = f"rq:queue:{cluster.keys.bulk_queue(MODEL)}"
+    queue = rq_queue(redis, cluster.keys.bulk_queue(MODEL)).key
     assert redis.lrange(queue, 0, -1) == [bulk.job_id.encode()]
     replay = [decode_event(e) for e in redis.lrange(cluster.keys.replay(bulk.job_id), 0, -1)]
     assert replay == [RequeuedEvent(attempt=2)]

@@ -9,25 +9,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 
 from api.broker import Broker
-from bench.cluster import MODEL, Cluster
 from shared.config import Settings
 from shared.events import DoneEvent, RequeuedEvent, decode_event
 from shared.jobs import GenerationJob
-from tests.e2e.faults.conftest import (
-    HEARTBEAT_S,
-    Stream,
-    chat_body,
-    exactly_workers,
-    post,
-    rq_job,
-    wait_for,
-)
+from tests.e2e.faults.conftest import HEARTBEAT_S, exactly_workers
+from tests.support import MODEL, Stream, chat_body, post, rq_job
 from worker.engine.faults import RAISE, WEDGE
+from worker.ops.cluster import Cluster, wait_until
 from worker.runtime.serve import EXIT_WEDGED
 
 # Well above one step of the real model on a loaded 2-core machine, still quick to fire.
@@ -36,12 +29,10 @@ FAULTY = {"MLXQ_FAULT_INJECTION": "true", "MLXQ_WATCHDOG_S": str(WATCHDOG_S)}
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    c = Cluster(namespace="mlxqwedge", heartbeat_s=HEARTBEAT_S, env={"MLXQ_BATCH_SIZE": "4"})
-    c.start(workers=1, **FAULTY)
-    post(c.api_url, "/v1/chat/completions", chat_body(max_tokens=2))  # warm up
-    yield c
-    c.stop()
+def cluster(start_cluster: Callable[..., Cluster]) -> Cluster:
+    cluster = start_cluster(env={"MLXQ_BATCH_SIZE": "4"}, **FAULTY)
+    post(cluster.api_url, "/v1/chat/completions", chat_body(max_tokens=2))  # warm up
+    return cluster
 
 
 def ask(text: str, **extra: object) -> dict[str, object]:
@@ -88,7 +79,7 @@ def test_a_wedged_loop_is_caught_by_the_watchdog_its_jobs_handed_on_and_the_work
     assert rq_job(redis, bulk.job_id).get_status() == "queued"  # handed back, not lost
 
     cluster.start_worker(MLXQ_FAULT_INJECTION="false")  # what its supervisor would do
-    wait_for(lambda: rq_job(redis, bulk.job_id).get_status() == "finished", 60, "the bulk job")
+    wait_until(lambda: rq_job(redis, bulk.job_id).get_status() == "finished", 60, "the bulk job")
     events = [decode_event(e) for e in redis.lrange(cluster.keys.replay(bulk.job_id), 0, -1)]
     assert events[0] == RequeuedEvent(attempt=2)
     assert sum(isinstance(e, DoneEvent) for e in events) == 1

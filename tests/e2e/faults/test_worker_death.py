@@ -10,33 +10,21 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from redis import Redis
-from rq import Queue
-from rq.serializers import JSONSerializer
 
 from api.broker import Broker
-from bench.cluster import MODEL, Cluster
 from shared.config import Settings
 from shared.events import DoneEvent, RequeuedEvent, StartedEvent, decode_event
 from shared.jobs import JOB_FUNCTION, GenerationJob
 from shared.liveness import LIVE_FACTOR
 from shared.sampling import SamplingParams
-from tests.e2e.faults.conftest import (
-    HEARTBEAT_S,
-    STORY,
-    Stream,
-    chat_body,
-    exactly_workers,
-    holder,
-    post,
-    rq_job,
-    started_ids,
-    wait_for,
-)
+from tests.e2e.faults.conftest import HEARTBEAT_S, exactly_workers, holder, started_ids
+from tests.support import MODEL, STORY, Stream, chat_body, post, rq_job, rq_queue
+from worker.ops.cluster import Cluster, wait_until
 from worker.runtime.serve import EXIT_BURIED
 
 CHAT = "/v1/chat/completions"
@@ -44,11 +32,8 @@ LONG = 2000
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    c = Cluster(namespace="mlxqdeath", heartbeat_s=HEARTBEAT_S, env={"MLXQ_BATCH_SIZE": "4"})
-    c.start(workers=1)
-    yield c
-    c.stop()
+def cluster(start_cluster: Callable[..., Cluster]) -> Cluster:
+    return start_cluster(env={"MLXQ_BATCH_SIZE": "4"})
 
 
 def test_a_killed_worker_ends_streams_and_requests_with_an_error_within_two_heartbeats(
@@ -59,7 +44,7 @@ def test_a_killed_worker_ends_streams_and_requests_with_an_error_within_two_hear
     stream.read_tokens(2)
     with ThreadPoolExecutor(1) as pool:
         whole = pool.submit(post, cluster.api_url, CHAT, chat_body(max_tokens=LONG))
-        wait_for(lambda: len(started_ids(cluster, worker)) == 2, 60, "both jobs to run")
+        wait_until(lambda: len(started_ids(cluster, worker)) == 2, 60, "both jobs to run")
         cluster.kill_worker(worker)
         killed = time.monotonic()
         frames = stream.rest()
@@ -103,13 +88,13 @@ def test_bulk_jobs_of_a_killed_worker_run_again_on_a_live_one_and_finish_exactly
     for job in jobs:
         broker.submit_bulk([job])
     ids = [j.job_id for j in jobs]
-    wait_for(lambda: rq_job(redis, ids[0]).get_status() == "started", 60, "a bulk job to run")
+    wait_until(lambda: rq_job(redis, ids[0]).get_status() == "started", 60, "a bulk job to run")
     victim = holder(cluster, ids[0])
     names = {j: rq_job(redis, j).worker_name or "" for j in ids}
     lost = [j for j in ids if names[j].startswith(victim.worker_id + ".")]
     cluster.kill_worker(victim)
 
-    wait_for(
+    wait_until(
         lambda: all(rq_job(redis, j).get_status() == "finished" for j in ids), 180, "all to finish"
     )
     for job_id in ids:
@@ -135,11 +120,11 @@ def test_a_frozen_worker_declared_dead_exits_when_it_wakes_and_its_job_finishes_
     )
     job = GenerationJob(job_id="resp_sleeper", model=MODEL, messages=STORY, max_tokens=24)
     Broker(settings).submit_bulk([job])
-    wait_for(lambda: rq_job(redis, job.job_id).get_status() == "started", 60, "the job")
+    wait_until(lambda: rq_job(redis, job.job_id).get_status() == "started", 60, "the job")
     sleeper = holder(cluster, job.job_id)
     sleeper.proc.send_signal(signal.SIGSTOP)  # a Mac that went to sleep
     try:
-        wait_for(lambda: rq_job(redis, job.job_id).get_status() == "finished", 90, "a rerun")
+        wait_until(lambda: rq_job(redis, job.job_id).get_status() == "finished", 90, "a rerun")
     finally:
         sleeper.proc.send_signal(signal.SIGCONT)
     assert sleeper.proc.wait(timeout=30) == EXIT_BURIED
@@ -161,13 +146,13 @@ def test_a_job_a_dead_worker_took_but_never_started_goes_back_to_its_queue(
     job = GenerationJob(job_id="batch_req_taken", model=MODEL, prompt="Once", max_tokens=4)
     ghost = "ghost-host.4242"  # a worker killed right after it took the job
     redis.zadd(cluster.keys.workers(MODEL), {ghost: time.time()})
-    queue = Queue(cluster.keys.bulk_queue(MODEL), connection=redis, serializer=JSONSerializer)
+    queue = rq_queue(redis, cluster.keys.bulk_queue(MODEL))
     record = queue.create_job(JOB_FUNCTION, args=(job.model_dump(mode="json"),), job_id=job.job_id)
     with redis.pipeline(transaction=True) as pipe:  # enqueued and taken in one step
         queue.enqueue_job(record, pipeline=pipe)
         pipe.lmove(queue.key, cluster.keys.taking(ghost), "LEFT", "RIGHT")
         pipe.execute()
-    wait_for(lambda: rq_job(redis, job.job_id).get_status() == "finished", 60, "the job")
+    wait_until(lambda: rq_job(redis, job.job_id).get_status() == "finished", 60, "the job")
     assert redis.zscore(cluster.keys.workers(MODEL), ghost) is None
     assert redis.exists(cluster.keys.dead(ghost))
 
@@ -177,13 +162,13 @@ def test_with_no_worker_left_queued_requests_fail_in_the_heartbeat_window_and_ne
 ) -> None:
     (worker,) = exactly_workers(cluster, 1)  # 4 slots
     redis = cluster.redis()
-    queue = f"rq:queue:{cluster.keys.queue(MODEL)}"
+    queue = rq_queue(redis, cluster.keys.queue(MODEL)).key
     with ThreadPoolExecutor(5) as pool:
         pending = [
             pool.submit(post, cluster.api_url, CHAT, chat_body(max_tokens=LONG)) for _ in range(5)
         ]
-        wait_for(lambda: len(started_ids(cluster, worker)) == 4, 60, "four jobs to run")
-        wait_for(lambda: redis.llen(queue) == 1, 10, "the fifth job to wait in the queue")
+        wait_until(lambda: len(started_ids(cluster, worker)) == 4, 60, "four jobs to run")
+        wait_until(lambda: redis.llen(queue) == 1, 10, "the fifth job to wait in the queue")
         cluster.kill_worker(worker)
         killed = time.monotonic()
         replies = [p.result(timeout=30) for p in pending]

@@ -1,0 +1,202 @@
+"""What the tests share, in one place: the model they ask for, the check of OpenAI's error body,
+plain requests and SSE streams (httpx with httpx-sse), Batch and Responses API steps through
+the SDK, RQ lookups, and the flush of a test's namespace.
+
+Starting processes is not here: that is worker/ops/cluster.py, the harness `mlxq run` and the
+benchmarks use too.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import openai
+from flask.testing import FlaskClient
+from httpx_sse import EventSource, connect_sse
+from openai.types import Batch
+from openai.types.responses import Response
+from redis import Redis
+from rq import Queue
+from rq.job import Job
+from rq.serializers import JSONSerializer
+from werkzeug.test import TestResponse
+
+from worker.gguf.default_model import DEFAULT_MODEL_NAME
+
+MODEL = DEFAULT_MODEL_NAME
+CHAT = "/v1/chat/completions"
+MESSAGES = [{"role": "user", "content": "hi"}]
+STORY = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
+
+# OpenAI's error body
+
+
+def chat(http: FlaskClient, **body: Any) -> TestResponse:
+    """A chat request to the in-process app, for a model that need not exist."""
+    return http.post(CHAT, json={"model": "m", "messages": MESSAGES, **body})
+
+
+def assert_openai_error(response: TestResponse, status: int, param: str | None = None) -> None:
+    assert response.status_code == status, response.get_data(as_text=True)
+    body = response.get_json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    if param is not None:
+        assert body["error"]["param"] == param
+
+
+# Requests and streams over HTTP
+
+
+def chat_body(**extra: Any) -> dict[str, Any]:
+    """A chat request for the real model that runs as long as `max_tokens` lets it."""
+    return {"model": MODEL, "messages": STORY, "temperature": 0, **extra}
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: httpx.Headers
+    body: Any
+    seconds: float
+    ended: float  # time.monotonic() when the reply was complete
+
+
+def post(base_url: str, path: str, body: dict[str, Any], timeout: float = 120) -> Reply:
+    """One request and its whole (non-streaming) reply."""
+    started = time.monotonic()
+    response = httpx.post(f"{base_url}{path}", json=body, timeout=timeout)
+    ended = time.monotonic()
+    return Reply(response.status_code, response.headers, response.json(), ended - started, ended)
+
+
+@dataclass
+class Stream:
+    """A streamed request: its `data:` payloads as they arrive. `close` is a client leaving."""
+
+    base_url: str
+    body: dict[str, Any]
+    path: str = CHAT
+    payloads: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._client = httpx.Client(base_url=self.base_url, timeout=60)
+        body = {**self.body, "stream": True}
+        self._request: AbstractContextManager[EventSource] = connect_sse(
+            self._client, "POST", self.path, json=body
+        )
+        self._source = self._request.__enter__()
+        self._events = self._source.iter_sse()
+
+    @property
+    def status(self) -> int:
+        return self._source.response.status_code
+
+    def frames(self) -> Iterator[str]:
+        for event in self._events:
+            self.payloads.append(event.data)
+            yield event.data
+
+    def read_tokens(self, n: int) -> str:
+        """Read until `n` content chunks arrived; returns the response id."""
+        seen = 0
+        for payload in self.frames():
+            chunk = json.loads(payload)
+            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                seen += 1
+                if seen >= n:
+                    return str(chunk["id"])
+        raise AssertionError(f"the stream ended after {seen} tokens: {self.payloads[-3:]}")
+
+    def rest(self) -> list[str]:
+        return list(self.frames())
+
+    def close(self) -> None:
+        self._request.__exit__(None, None, None)
+        self._client.close()
+
+
+# The Batch and Responses APIs through the SDK
+
+
+def chat_line(custom_id: str, content: str, **body: Any) -> dict[str, Any]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], **body}
+    return {"custom_id": custom_id, "method": "POST", "url": CHAT, "body": body}
+
+
+def upload(client: openai.OpenAI, lines: list[dict[str, Any]] | bytes) -> str:
+    data = lines if isinstance(lines, bytes) else "\n".join(map(json.dumps, lines)).encode()
+    return client.files.create(file=("in.jsonl", data), purpose="batch").id
+
+
+def start_batch(
+    client: openai.OpenAI, lines: list[dict[str, Any]] | bytes, endpoint: str = CHAT
+) -> Batch:
+    return client.batches.create(
+        input_file_id=upload(client, lines),
+        endpoint=endpoint,  # type: ignore[arg-type]
+        completion_window="24h",
+    )
+
+
+def wait_batch(client: openai.OpenAI, batch_id: str, timeout_s: float = 120) -> Batch:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ("completed", "failed", "expired", "cancelled"):
+            return batch
+        assert time.monotonic() < deadline, f"batch still {batch.status}"
+        time.sleep(0.25)
+
+
+def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def poll(
+    client: openai.OpenAI, response_id: str, until: Callable[[Response], bool], timeout_s: float
+) -> Response:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        current = client.responses.retrieve(response_id)
+        if until(current) or time.monotonic() > deadline:
+            return current
+        time.sleep(0.1)
+
+
+def finished(r: Response) -> bool:
+    return r.status in ("completed", "incomplete", "failed", "cancelled")
+
+
+# RQ and Redis
+
+
+def rq_job(redis: Redis, job_id: str) -> Job:
+    return Job.fetch(job_id, connection=redis, serializer=JSONSerializer)
+
+
+def rq_queue(redis: Redis, name: str) -> Queue:
+    """An mlxq queue as RQ sees it (`name` from shared/keys.py: `queue` or `bulk_queue`)."""
+    return Queue(name, connection=redis, serializer=JSONSerializer)
+
+
+def flush_namespace(redis: Redis, namespace: str) -> None:
+    """Delete everything a namespace holds: its own keys, its RQ queues and registries, and the
+    RQ jobs queued on them."""
+    doomed: set[bytes] = set(redis.scan_iter(f"{namespace}:*", count=1000))
+    rq_keys = set(redis.scan_iter(f"rq:*:{namespace}.*", count=1000))
+    for key in rq_keys:
+        if key.startswith(b"rq:queue:"):
+            doomed |= {Job.key_for(i.decode()) for i in redis.lrange(key, 0, -1)}
+    doomed |= rq_keys
+    if doomed:
+        redis.delete(*doomed)

@@ -1,0 +1,265 @@
+"""mlxq's processes on this machine, for `mlxq run`, the benchmarks and the tests alike: a
+private redis-server, worker processes and the API under gunicorn, each started, waited for,
+killed and stopped here, and nowhere else.
+
+A `Cluster` is one Redis, at most one API and any number of workers under one namespace. Its
+Redis listens on a free loopback port, so nothing here touches another Redis on the machine.
+Worker ids are `{hostname}.{pid}`, as the workers name themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from shared.keys import Keys
+from worker.gguf.default_model import DEFAULT_MODEL_NAME
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+WORKER = [sys.executable, "-m", "worker.ops.cli", "worker"]
+API = [sys.executable, "-m", "gunicorn", "--config", "python:api.gunicorn_conf", "api:create_app()"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def redis_answers(url: str) -> bool:
+    try:
+        return bool(Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5).ping())
+    except (RedisError, OSError):
+        return False
+
+
+def http_answers(url: str) -> bool:
+    """Whether an HTTP server answers at `url` at all (an error status is an answer)."""
+    try:
+        with urllib.request.urlopen(url, timeout=1):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process, from /proc (Linux) or ps (macOS)."""
+    status = Path(f"/proc/{pid}/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    out = subprocess.run(["ps", "-o", "rss=", "-p", str(pid)], capture_output=True, text=True)
+    return int(out.stdout.strip() or 0) / 1024
+
+
+def environment(**settings: str) -> dict[str, str]:
+    """This process's environment plus mlxq settings given as VARIABLE=value."""
+    return {**os.environ, **settings}
+
+
+def spawn(args: list[str], env: dict[str, str], log: Path | None = None) -> subprocess.Popen[bytes]:
+    """A process in the project's root; its output appended to `log`, or inherited."""
+    if log is None:
+        return subprocess.Popen(args, env=env, cwd=ROOT)
+    with log.open("ab") as out:
+        return subprocess.Popen(args, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+
+def start_redis(port: int, data_dir: Path | None = None) -> subprocess.Popen[bytes]:
+    """A redis-server on 127.0.0.1:`port`: in memory only, or with an append-only file in
+    `data_dir` so that its data survives a restart, as a real queue's would."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server not found: run scripts/setup.sh or install Redis.")
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    if data_dir is None:
+        args += ["--appendonly", "no"]
+    else:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        args += ["--appendonly", "yes", "--dir", str(data_dir)]
+    server = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: redis_answers(f"redis://127.0.0.1:{port}/0"), 10, f"Redis on {port}")
+    except TimeoutError:
+        stop(server)
+        raise
+    return server
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 15) -> None:
+    """SIGTERM, then SIGKILL if it is still there after `timeout_s`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    reap(proc, timeout_s)
+
+
+def reap(proc: subprocess.Popen[bytes], timeout_s: float = 15) -> None:
+    """Wait for a process told to stop; SIGKILL it after `timeout_s`."""
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def children(pid: int) -> list[int]:
+    """A process's direct children (the gunicorn workers of an arbiter)."""
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(child) for child in out.stdout.split()]
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen[bytes]
+    worker_id: str
+    env: dict[str, str] = field(default_factory=dict)  # what it was started with, on top
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+@dataclass
+class Cluster:
+    """One Redis, at most one API, any number of workers, all under `namespace`.
+
+    `env` goes to every process on top of the cluster's own settings; `logs` is a folder for
+    api.log and worker.log (else the processes write to this one's output).
+    """
+
+    namespace: str
+    heartbeat_s: float = 0.5
+    model: str = DEFAULT_MODEL_NAME
+    env: dict[str, str] = field(default_factory=dict)
+    data_dir: Path | None = None  # Redis keeps an append-only file here, if given
+    logs: Path | None = None
+    port: int = field(default_factory=free_port)
+    redis_proc: subprocess.Popen[bytes] | None = None
+    api_proc: subprocess.Popen[bytes] | None = None
+    api_url: str = ""
+    workers: list[Worker] = field(default_factory=list)
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.namespace)
+
+    def redis(self) -> Redis:
+        return Redis.from_url(self.redis_url, socket_timeout=2, socket_connect_timeout=1)
+
+    def environment(self, **extra: str) -> dict[str, str]:
+        return environment(
+            REDIS_URL=self.redis_url,
+            MLXQ_NAMESPACE=self.namespace,
+            MLXQ_HEARTBEAT_S=str(self.heartbeat_s),
+            MLXQ_MODEL=self.model,
+            **{**self.env, **extra},
+        )
+
+    def _log(self, name: str) -> Path | None:
+        return None if self.logs is None else self.logs / name
+
+    # Redis
+
+    def start_redis(self) -> None:
+        self.redis_proc = start_redis(self.port, self.data_dir)
+
+    def stop_redis(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        if self.redis_proc is not None:
+            self.redis_proc.send_signal(sig)
+            self.redis_proc.wait(timeout=30)
+            self.redis_proc = None
+
+    # The API
+
+    def start_api(self, **env: str) -> str:
+        port = free_port()
+        proc_env = self.environment(MLXQ_API_BIND=f"127.0.0.1:{port}", **env)
+        self.api_proc = spawn(API, proc_env, self._log("api.log"))
+        self.api_url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: http_answers(f"{self.api_url}/health"), 30, "the API")
+        return self.api_url
+
+    def api_worker_pids(self) -> list[int]:
+        """The gunicorn worker processes (children of the arbiter) that serve requests."""
+        assert self.api_proc is not None
+        return children(self.api_proc.pid)
+
+    # Workers
+
+    def start_worker(self, wait: bool = True, **env: str) -> Worker:
+        proc = spawn(WORKER, self.environment(**env), self._log("worker.log"))
+        worker = Worker(proc, f"{socket.gethostname()}.{proc.pid}", dict(env))
+        self.workers.append(worker)
+        if wait:
+            self.wait_for_worker(worker)
+        return worker
+
+    def wait_for_worker(self, worker: Worker, timeout_s: float = 180) -> None:
+        def registered() -> bool:
+            if worker.proc.poll() is not None:
+                raise RuntimeError(f"worker {worker.worker_id} exited: {worker.proc.returncode}")
+            return self.redis().zscore(self.keys.workers(self.model), worker.worker_id) is not None
+
+        wait_until(registered, timeout_s, f"worker {worker.worker_id}")
+
+    def kill_worker(self, worker: Worker, sig: signal.Signals = signal.SIGKILL) -> None:
+        worker.proc.send_signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            worker.proc.wait(timeout=120)
+            self.workers.remove(worker)
+
+    def worker_by_id(self, worker_id: str) -> Worker:
+        return next(w for w in self.workers if w.worker_id == worker_id)
+
+    # Everything
+
+    def start(self, workers: int = 1, **worker_env: str) -> Cluster:
+        """Redis, then the workers and the API starting side by side; returns when all serve."""
+        self.start_redis()
+        pending = [self.start_worker(wait=False, **worker_env) for _ in range(workers)]
+        self.start_api()
+        for worker in pending:
+            self.wait_for_worker(worker)
+        return self
+
+    def stop(self) -> None:
+        procs = [w.proc for w in self.workers]
+        procs += [p for p in (self.api_proc,) if p is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            reap(proc)
+        self.workers.clear()
+        self.api_proc = None
+        if self.redis_proc is not None and self.redis_proc.poll() is None:
+            self.stop_redis(signal.SIGKILL)
