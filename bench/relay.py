@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from redis import Redis
 from tqdm import tqdm
 
 from bench import systems
@@ -41,6 +42,8 @@ def measure(running: systems.Running, streams: int, tokens: int, step_s: float) 
             *(stream_chat("127.0.0.1", running.port, b, 300) for b in bodies)
         )
 
+    assert running.redis is not None
+    memory_before = _used_memory(running.redis)
     cpu_before = systems.cpu_seconds(running.api_pids)
     started = time.perf_counter()
     records = asyncio.run(main())
@@ -51,6 +54,8 @@ def measure(running: systems.Running, streams: int, tokens: int, step_s: float) 
     latencies = [x for r in ok for x in _latencies_ms(r)]
     gaps = [g * 1e3 for r in ok for g in r.gaps()]
     gap_p99 = percentile(gaps, 99)
+    kept = _used_memory(running.redis) - memory_before
+    replay_logs = sum(1 for _ in running.redis.scan_iter(f"{running.namespace}:replay:*"))
     return {
         "streams": streams,
         "errors": len(records) - len(ok),
@@ -63,7 +68,15 @@ def measure(running: systems.Running, streams: int, tokens: int, step_s: float) 
         "gap_p99_ms": gap_p99,
         "added_gap_p99_ms": None if gap_p99 is None else gap_p99 - step_s * 1e3,
         "api_cpu_s_per_1k_events": 1000 * api_cpu / events if events else None,
+        # What Redis still holds once every stream ended (RQ's job records, kept for their
+        # result TTL, included), and how many replay logs: plain requests should leave none.
+        "redis_bytes_kept_per_event": kept / events if events else None,
+        "replay_logs_kept": replay_logs,
     }
+
+
+def _used_memory(redis: Redis) -> int:
+    return int(redis.info("memory")["used_memory"])
 
 
 def main(args: Any) -> None:
@@ -85,14 +98,15 @@ def main(args: Any) -> None:
     write(out, "relay", result)
     lines = [
         "| streams | events/s | latency p50 ms | latency p99 ms | added gap p99 ms | "
-        "API CPU s/1k events | errors |",
-        "|" + " --- |" * 7,
+        "API CPU s/1k events | errors | Redis bytes kept/event | replay logs kept |",
+        "|" + " --- |" * 9,
     ]
     for r in rows:
         lines.append(
             f"| {r['streams']} | {r['events_per_s']:.0f} | {r['latency_p50_ms']:.1f} | "
             f"{r['latency_p99_ms']:.1f} | {r['added_gap_p99_ms']:.1f} | "
-            f"{r['api_cpu_s_per_1k_events']:.3f} | {r['errors']} |"
+            f"{r['api_cpu_s_per_1k_events']:.3f} | {r['errors']} | "
+            f"{r['redis_bytes_kept_per_event']:.1f} | {r['replay_logs_kept']} |"
         )
     text = "SYNTHETIC engine (no model), one API process\n\n" + "\n".join(lines)
     (out / "relay.md").write_text(f"Machine: {result['machine']['summary']}\n\n{text}\n")

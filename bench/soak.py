@@ -5,7 +5,7 @@ production would), the API under gunicorn and `--workers` workers on the real de
 all on this machine (worker/ops/cluster.py). For the whole run:
 - `--clients` interactive clients send streaming and non-streaming chat and text completions,
   and now and then hang up mid-stream (bench/traffic.py);
-- a producer puts a bulk job (a stand-in for a batch line or a background response) on the bulk
+- a producer puts a bulk job (a stand-in for a background response) on the bulk
   queue every `--bulk-every` seconds, as the Batch and Responses APIs do (Broker.submit_bulk);
 - every `--kill-every` seconds the oldest worker is killed (SIGKILL) and a new one started, as
   its supervisor would; once, at `--redis-at` of the run, Redis is stopped and started again.
@@ -156,10 +156,11 @@ class Soak:
         while not self.stop.wait(self.args.bulk_every):
             n += 1
             job = GenerationJob(
-                job_id=f"batch_req_soak{n:05d}",
+                job_id=f"resp_soak{n:05d}",
                 model=self.cluster.model,
                 prompt=random.choice(traffic.PROMPTS),
                 max_tokens=16,
+                replay_ttl_s=3600,  # a background response: its event log is its record
             )
             # Redis down: a batch runner retries later; it counts only if it got in.
             with contextlib.suppress(BackendUnavailableError):

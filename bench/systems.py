@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from redis import Redis
+
 from worker.ops.cluster import Cluster, environment, free_port, http_answers, stop, wait_until
 from worker.runtime.blas import find_openblas
 
@@ -28,6 +30,8 @@ class Running:
     port: int
     model: str
     api_pids: list[int] = field(default_factory=list)
+    redis: Redis | None = None  # mlxq's Redis, for its memory figures
+    namespace: str = ""
 
 
 HEARTBEAT_S = 2.0  # the worker's default
@@ -71,7 +75,8 @@ def mlxq(
         port = int(cluster.api_url.rsplit(":", 1)[1])
         wait_until(lambda: _serves(port, name), 300, "mlxq to serve the model")
         assert cluster.api_proc is not None
-        yield Running(port, name, [cluster.api_proc.pid, *cluster.api_worker_pids()])
+        pids = [cluster.api_proc.pid, *cluster.api_worker_pids()]
+        yield Running(port, name, pids, cluster.redis(), cluster.namespace)
     finally:
         cluster.stop()
 

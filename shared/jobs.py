@@ -58,6 +58,13 @@ class GenerationJob(BaseModel):
     replay_ttl_s: Annotated[int, Field(ge=1)] | None = None
     batch_line: BatchLine | None = None
 
+    @property
+    def replayed(self) -> bool:
+        """Whether its events are also kept in a replay log: only for a job that is read back
+        later (a stored response, a batch line). A plain request's reader subscribes to the
+        job's channel before the job is queued, so it misses nothing without one."""
+        return self.replay_ttl_s is not None or self.batch_line is not None
+
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerationJob:
         if (self.messages is None) == (self.prompt is None):

@@ -49,7 +49,9 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot_within_a_second(
 def test_a_background_job_nobody_listens_to_runs_to_its_end(
     settings: Settings, worker_process: subprocess.Popen[bytes], redis: Redis
 ) -> None:
-    job = GenerationJob(job_id="resp_nobody_listens", model=MODEL, prompt="Once", max_tokens=8)
+    job = GenerationJob(
+        job_id="resp_nobody_listens", model=MODEL, prompt="Once", max_tokens=8, replay_ttl_s=600
+    )
     Broker(settings).submit_bulk([job])
     wait_until(lambda: _outcome(redis, job.job_id) is not None, 60, "the job to end")
     outcome = _outcome(redis, job.job_id)

@@ -8,17 +8,18 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
 from redis import Redis
 
 from shared.events import ChoiceEndEvent, DoneEvent, Event, StartedEvent, TokenEvent, decode_event
-from shared.jobs import GenerationJob
+from shared.jobs import GenerationJob, JobOutcome
 from shared.keys import Keys
 from worker.engine.synthetic import SyntheticEngine
 from worker.runtime.loop import EngineLoop
-from worker.runtime.publish import EventSink
+from worker.runtime.publish import EventSink, Route
 
 STEP_S = 0.01
 
@@ -44,9 +45,23 @@ def loop(redis: Redis, keys: Keys) -> Iterator[tuple[EngineLoop, SyntheticEngine
 
 
 def job(job_id: str, max_tokens: int, **extra: Any) -> GenerationJob:
+    """A job that keeps a replay log, as a stored response does."""
     return GenerationJob(
-        job_id=job_id, model="m", prompt="one two three", max_tokens=max_tokens, **extra
+        job_id=job_id,
+        model="m",
+        prompt="one two three",
+        max_tokens=max_tokens,
+        replay_ttl_s=60,
+        **extra,
     )
+
+
+def submit(
+    running: EngineLoop, engine: SyntheticEngine, keys: Keys, job: GenerationJob
+) -> Future[JobOutcome]:
+    """Hand `job` to the loop as a worker's slot would, its events kept in a replay log when
+    the job asks for one (these tests read the log)."""
+    return running.submit(engine.prepare(job), Route.of(keys, job.job_id, job.replayed))
 
 
 def events(redis: Redis, keys: Keys, job_id: str) -> list[Event]:
@@ -57,7 +72,7 @@ def test_a_job_publishes_started_then_its_tokens_then_one_done(
     loop: tuple[EngineLoop, SyntheticEngine], redis: Redis, keys: Keys
 ) -> None:
     running, engine = loop
-    outcome = running.submit(engine.prepare(job("a", 5))).result(timeout=5)
+    outcome = submit(running, engine, keys, job("a", 5)).result(timeout=5)
     seen = events(redis, keys, "a")
     assert isinstance(seen[0], StartedEvent) and seen[0].prompt_tokens == 3
     assert [type(e) for e in seen[1:]] == [TokenEvent] * 5 + [DoneEvent]
@@ -70,9 +85,9 @@ def test_a_job_submitted_while_a_batch_runs_joins_it(
     loop: tuple[EngineLoop, SyntheticEngine], redis: Redis, keys: Keys
 ) -> None:
     running, engine = loop
-    first = running.submit(engine.prepare(job("long", 60)))
+    first = submit(running, engine, keys, job("long", 60))
     time.sleep(10 * STEP_S)
-    second = running.submit(engine.prepare(job("short", 3)))
+    second = submit(running, engine, keys, job("short", 3))
     second.result(timeout=5)
     assert not first.done()  # the second came and went while the first ran on
     long_tokens = [e for e in events(redis, keys, "long") if isinstance(e, TokenEvent)]
@@ -84,7 +99,7 @@ def test_a_cancelled_job_ends_at_the_next_step_and_publishes_nothing_more(
     loop: tuple[EngineLoop, SyntheticEngine], redis: Redis, keys: Keys
 ) -> None:
     running, engine = loop
-    future = running.submit(engine.prepare(job("c", 10_000)))
+    future = submit(running, engine, keys, job("c", 10_000))
     time.sleep(5 * STEP_S)
     running.cancel("c")
     outcome = future.result(timeout=2)
@@ -99,7 +114,7 @@ def test_a_job_with_several_choices_ends_each_then_the_job(
     loop: tuple[EngineLoop, SyntheticEngine], redis: Redis, keys: Keys
 ) -> None:
     running, engine = loop
-    outcome = running.submit(engine.prepare(job("n", 4, n=3))).result(timeout=5)
+    outcome = submit(running, engine, keys, job("n", 4, n=3)).result(timeout=5)
     seen = events(redis, keys, "n")
     ends = [e for e in seen if isinstance(e, ChoiceEndEvent)]
     assert sorted(e.index for e in ends) == [0, 1, 2]
@@ -113,5 +128,23 @@ def test_a_job_with_one_choice_publishes_no_choice_end(
     loop: tuple[EngineLoop, SyntheticEngine], redis: Redis, keys: Keys
 ) -> None:
     running, engine = loop
-    running.submit(engine.prepare(job("one", 4))).result(timeout=5)
+    submit(running, engine, keys, job("one", 4)).result(timeout=5)
     assert not any(isinstance(e, ChoiceEndEvent) for e in events(redis, keys, "one"))
+
+
+def test_a_plain_job_publishes_on_its_channel_and_leaves_no_key_behind(
+    loop: tuple[EngineLoop, SyntheticEngine], redis: Redis, keys: Keys
+) -> None:
+    running, engine = loop
+    listener = redis.pubsub()
+    listener.subscribe(keys.events("plain"))
+    assert listener.get_message(timeout=1) is not None  # the subscription is confirmed
+    plain = job("plain", 6).model_copy(update={"replay_ttl_s": None})
+    assert not plain.replayed
+    submit(running, engine, keys, plain).result(timeout=5)
+    heard = []
+    while (message := listener.get_message(timeout=0.5)) is not None:
+        heard.append(decode_event(message["data"]))
+    listener.close()
+    assert [type(e) for e in heard] == [StartedEvent] + [TokenEvent] * 6 + [DoneEvent]
+    assert list(redis.scan_iter(f"{keys.ns}:*")) == []

@@ -73,25 +73,27 @@ def run_generation(payload: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError("run_generation runs only as an RQ job")
     rt, job_id = _runtime, current.id
     try:
-        outcome = _outcome(rt, job_id, payload, current.retries_left or 0)
+        job = _parse(job_id, payload)
+    except MLXQError as err:  # not a job: nobody reads it back, so no replay log
+        _publish(rt, Route.of(rt.keys, job_id, replayed=False), ErrorEvent.from_error(err))
+        return _failed().model_dump()
+    route = Route.of(rt.keys, job_id, job.replayed)
+    try:
+        outcome = _outcome(rt, job, route, current.retries_left or 0)
     except Exception as err:  # a bug, not the client's fault: the client still hears of it now
         log.exception("job %s failed", job_id)
-        _publish_error(rt, job_id, GenerationError(f"the job failed: {type(err).__name__}"))
+        error = GenerationError(f"the job failed: {type(err).__name__}")
+        _publish(rt, route, ErrorEvent.from_error(error))
         raise
     return outcome.model_dump()
 
 
-def _outcome(rt: Runtime, job_id: str, payload: dict[str, Any], retries_left: int) -> JobOutcome:
-    try:
-        job = _parse(job_id, payload)
-    except MLXQError as err:
-        _publish_error(rt, job_id, err)
-        return _failed()
+def _outcome(rt: Runtime, job: GenerationJob, route: Route, retries_left: int) -> JobOutcome:
     if job.batch_line is not None:
-        return BatchLines(rt.redis, rt.keys).run(job, lambda: _run(rt, job), retries_left)
-    outcome = _run(rt, job)
+        return BatchLines(rt.redis, rt.keys).run(job, lambda: _run(rt, job, route), retries_left)
+    outcome = _run(rt, job, route)
     if job.replay_ttl_s is not None:
-        rt.redis.expire(rt.keys.replay(job_id), job.replay_ttl_s)
+        rt.redis.expire(rt.keys.replay(job.job_id), job.replay_ttl_s)
     return outcome
 
 
@@ -109,15 +111,15 @@ def _parse(job_id: str, payload: dict[str, Any]) -> GenerationJob:
     return job
 
 
-def _run(rt: Runtime, job: GenerationJob) -> JobOutcome:
+def _run(rt: Runtime, job: GenerationJob, route: Route) -> JobOutcome:
     try:
-        return _generate(rt, job)
+        return _generate(rt, job, route)
     except MLXQError as err:
-        _publish_error(rt, job.job_id, err)
+        _publish(rt, route, ErrorEvent.from_error(err))
         return _failed()
 
 
-def _generate(rt: Runtime, job: GenerationJob) -> JobOutcome:
+def _generate(rt: Runtime, job: GenerationJob, route: Route) -> JobOutcome:
     if _taken(rt, job):
         return JobOutcome(finish_reason="cancelled", prompt_tokens=0, completion_tokens=0)
     deadline = job.limits.queue_deadline
@@ -126,7 +128,7 @@ def _generate(rt: Runtime, job: GenerationJob) -> JobOutcome:
             "The job waited in the queue past its deadline and was not started; retry later."
         )
     prepared = rt.engine.prepare(job)
-    future = rt.loop.submit(prepared)
+    future = rt.loop.submit(prepared, route)
     limit_s = job.limits.run_limit_s
     try:
         return future.result(timeout=min(limit_s or rt.job_timeout_s, rt.job_timeout_s))
@@ -137,7 +139,7 @@ def _generate(rt: Runtime, job: GenerationJob) -> JobOutcome:
     outcome = future.result(timeout=END_GRACE_S)
     if outcome.finish_reason != "cancelled":
         return outcome  # it ended on its own meanwhile
-    return _end_at_limit(rt, job, outcome, limit_s)
+    return _end_at_limit(rt, route, job, outcome, limit_s)
 
 
 def _taken(rt: Runtime, job: GenerationJob) -> bool:
@@ -151,24 +153,20 @@ def _taken(rt: Runtime, job: GenerationJob) -> bool:
 
 
 def _end_at_limit(
-    rt: Runtime, job: GenerationJob, outcome: JobOutcome, limit_s: float
+    rt: Runtime, route: Route, job: GenerationJob, outcome: JobOutcome, limit_s: float
 ) -> JobOutcome:
     if job.limits.on_run_limit == "error":
         err = GenerationTimeoutError(f"The generation ran past its limit of {limit_s:g} s.")
-        _publish(rt, job.job_id, ErrorEvent.from_error(err))
+        _publish(rt, route, ErrorEvent.from_error(err))
         return outcome.model_copy(update={"finish_reason": "error"})
     usage = Usage(
         prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens,
         total_tokens=outcome.prompt_tokens + outcome.completion_tokens,
     )
-    _publish(rt, job.job_id, DoneEvent(finish_reason="length", usage=usage))
+    _publish(rt, route, DoneEvent(finish_reason="length", usage=usage))
     return outcome.model_copy(update={"finish_reason": "length"})
 
 
-def _publish(rt: Runtime, job_id: str, event: Event) -> None:
-    rt.sink.send([(Route.of(rt.keys, job_id), event)])
-
-
-def _publish_error(rt: Runtime, job_id: str, err: MLXQError) -> None:
-    _publish(rt, job_id, ErrorEvent.from_error(err))
+def _publish(rt: Runtime, route: Route, event: Event) -> None:
+    rt.sink.send([(route, event)])

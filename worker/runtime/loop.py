@@ -65,8 +65,8 @@ class EngineLoop:
         self._running: dict[str, Admission] = {}
         self.turns = 0
 
-    def submit(self, prepared: PreparedJob) -> Future[JobOutcome]:
-        admission = Admission(prepared, Route.of(self._keys, prepared.job_id))
+    def submit(self, prepared: PreparedJob, route: Route) -> Future[JobOutcome]:
+        admission = Admission(prepared, route)
         with self._lock:
             self._waiting[prepared.job_id] = admission
         self._inbox.put(admission)

@@ -1,9 +1,12 @@
-"""Where a job's events go: its pub/sub channel (live readers) and its replay log.
+"""Where a job's events go: its pub/sub channel (live readers) and, for a job that is read
+back later (`GenerationJob.replayed`: a stored response, a batch line), its replay log.
 
 The replay log is a Redis list with a bounded TTL holding every event of the job in order, so
 a reader that comes late (a resumed stream, a poller of a background job, another API
-process) can read what it missed, then follow the channel. One pipeline per call: the engine
-loop calls `send` once per step with every event of that step.
+process) can read what it missed, then follow the channel. A plain request writes none: its
+reader is subscribed before the job is queued, and Redis keeps nothing of it once it ends.
+One pipeline per call: the engine loop calls `send` once per step with every event of that
+step.
 """
 
 from __future__ import annotations
@@ -25,11 +28,11 @@ class Route:
     """A job's two destinations, built once per job rather than once per token."""
 
     channel: str
-    replay: str
+    replay: str | None  # None: the job keeps no replay log
 
     @classmethod
-    def of(cls, keys: Keys, job_id: str) -> Route:
-        return cls(keys.events(job_id), keys.replay(job_id))
+    def of(cls, keys: Keys, job_id: str, replayed: bool) -> Route:
+        return cls(keys.events(job_id), keys.replay(job_id) if replayed else None)
 
 
 class EventSink:
@@ -43,9 +46,10 @@ class EventSink:
         pipe = self._redis.pipeline(transaction=False)
         for route, event in events:
             data = encode_event(event)
-            pipe.rpush(route.replay, data)
-            if isinstance(event, StartedEvent | DoneEvent | ErrorEvent):
-                pipe.expire(route.replay, self._replay_ttl_s)
+            if route.replay is not None:
+                pipe.rpush(route.replay, data)
+                if isinstance(event, StartedEvent | DoneEvent | ErrorEvent):
+                    pipe.expire(route.replay, self._replay_ttl_s)
             pipe.publish(route.channel, data)
         try:
             pipe.execute()

@@ -297,37 +297,37 @@ class Reaper:
             job.meta["attempt"] = attempt
             pipe.lrem(s.queue.key, 0, s.job_id)  # never twice in its queue
             job.retry(s.queue, pipe)
-            self._announce(pipe, s.job_id, RequeuedEvent(attempt=attempt), reset=True)
+            self._announce(pipe, job, RequeuedEvent(attempt=attempt), reset=True)
             log.warning("requeued bulk job %s (attempt %d): %s", s.job_id, attempt, why)
             return False
         err = WorkerLostError(f"The worker running this job was lost: {why}.")
         record_job_failure(job, err.message, pipe)
-        self._announce(pipe, s.job_id, ErrorEvent.from_error(err), reset=False)
+        self._announce(pipe, job, ErrorEvent.from_error(err), reset=False)
         log.warning("failed job %s: %s", s.job_id, why)
         return True
 
     def _end_batch_line(self, job: Job, why: str) -> None:
         """A failed batch line still gets its answer: a 500 error line in its batch."""
-        try:
-            generation = GenerationJob.model_validate(job.args[0])
-        except (ValidationError, IndexError, TypeError):
-            return
-        line = generation.batch_line
+        generation = _generation(job)
+        line = generation.batch_line if generation is not None else None
         if line is not None:
             message = (
                 f"The worker running this request was lost and it could not be retried: {why}."
             )
             BatchLines(self._redis, self._keys).record(line, server_error(line.custom_id, message))
 
-    def _announce(self, pipe: Pipeline, job_id: str, event: Event, *, reset: bool) -> None:
-        """Queue the event on `pipe`: replay log (reset first if asked), then channel."""
-        replay = self._keys.replay(job_id)
+    def _announce(self, pipe: Pipeline, job: Job, event: Event, *, reset: bool) -> None:
+        """Queue the event on `pipe`: the replay log if the job keeps one (reset first if
+        asked), then the channel."""
         data = encode_event(event)
-        if reset:
-            pipe.delete(replay)
-        pipe.rpush(replay, data)
-        pipe.expire(replay, self._replay_ttl_s)
-        pipe.publish(self._keys.events(job_id), data)
+        generation = _generation(job)
+        if generation is not None and generation.replayed:
+            replay = self._keys.replay(job.id)
+            if reset:
+                pipe.delete(replay)
+            pipe.rpush(replay, data)
+            pipe.expire(replay, self._replay_ttl_s)
+        pipe.publish(self._keys.events(job.id), data)
 
     def _bury(self, worker: str) -> None:
         pipe = self._redis.pipeline(transaction=False)
@@ -335,6 +335,14 @@ class Reaper:
         pipe.zrem(self._keys.workers(self._model), worker)
         pipe.delete(self._keys.taking(worker))
         pipe.execute()
+
+
+def _generation(job: Job) -> GenerationJob | None:
+    """The generation job RQ's record carries, if it is one."""
+    try:
+        return GenerationJob.model_validate(job.args[0])
+    except (ValidationError, IndexError, TypeError):
+        return None
 
 
 def _worker(slot: bytes | None) -> str | None:

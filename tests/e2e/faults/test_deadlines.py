@@ -34,7 +34,8 @@ def cluster(start_cluster: Callable[..., Cluster]) -> Cluster:
 
 
 def _run_directly(cluster: Cluster, job: GenerationJob) -> list[Event]:
-    """Enqueue a job as a producer other than the API would; its events once it ended."""
+    """Enqueue a job as a producer other than the API would; its events once it ended (from
+    its replay log: the jobs here keep one, as stored responses do)."""
     redis = cluster.redis()
     queue = rq_queue(redis, cluster.keys.queue(MODEL))
     queue.enqueue_call(JOB_FUNCTION, args=(job.model_dump(mode="json"),), job_id=job.job_id)
@@ -66,7 +67,9 @@ def test_a_worker_fails_a_job_it_takes_after_its_queue_deadline_without_running_
     cluster: Cluster,
 ) -> None:
     stale = JobLimits(queue_deadline=time.time() - 1)
-    job = GenerationJob(job_id="chatcmpl-stale", model=MODEL, prompt="Once", limits=stale)
+    job = GenerationJob(
+        job_id="resp_stale", model=MODEL, prompt="Once", limits=stale, replay_ttl_s=60
+    )
     events = _run_directly(cluster, job)
     assert len(events) == 1
     assert isinstance(events[0], ErrorEvent)
@@ -77,7 +80,12 @@ def test_a_worker_fails_a_job_it_takes_after_its_queue_deadline_without_running_
 def test_a_run_limit_can_end_the_generation_with_an_error_instead(cluster: Cluster) -> None:
     limits = JobLimits(run_limit_s=0.5, on_run_limit="error")
     job = GenerationJob(
-        job_id="chatcmpl-slow", model=MODEL, prompt="Once", max_tokens=2000, limits=limits
+        job_id="resp_slow",
+        model=MODEL,
+        prompt="Once",
+        max_tokens=2000,
+        limits=limits,
+        replay_ttl_s=60,
     )
     events = _run_directly(cluster, job)
     assert isinstance(events[-1], ErrorEvent)

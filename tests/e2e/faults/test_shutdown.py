@@ -88,8 +88,9 @@ def test_past_the_drain_timeout_running_jobs_are_handed_back_and_the_worker_exit
         redis_url=cluster.redis_url, namespace=cluster.namespace, heartbeat_s=HEARTBEAT_S
     )
     bulk = GenerationJob(  # greedy on a long story: still running when the drain times out
-        job_id="batch_req_drain",
+        job_id="resp_drain",
         model=MODEL,
+        replay_ttl_s=600,  # a background response: its event log is its record
         messages=STORY,
         max_tokens=2000,
         sampling=SamplingParams(temperature=0),

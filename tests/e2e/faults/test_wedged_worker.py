@@ -67,7 +67,7 @@ def test_a_wedged_loop_is_caught_by_the_watchdog_its_jobs_handed_on_and_the_work
         redis_url=cluster.redis_url, namespace=cluster.namespace, heartbeat_s=HEARTBEAT_S
     )
     bulk = GenerationJob(
-        job_id="batch_req_wedge", model=MODEL, prompt=f"Once {WEDGE}", max_tokens=6
+        job_id="resp_wedge", model=MODEL, prompt=f"Once {WEDGE}", max_tokens=6, replay_ttl_s=600
     )
     Broker(settings).submit_bulk([bulk])
     wedge_from = time.monotonic()

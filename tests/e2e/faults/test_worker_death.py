@@ -79,6 +79,7 @@ def test_bulk_jobs_of_a_killed_worker_run_again_on_a_live_one_and_finish_exactly
         GenerationJob(
             job_id=f"resp_bulk{i}",
             model=MODEL,
+            replay_ttl_s=600,  # a background response: its event log is its record
             messages=STORY,
             max_tokens=12,
             sampling=SamplingParams(temperature=0),
@@ -118,7 +119,9 @@ def test_a_frozen_worker_declared_dead_exits_when_it_wakes_and_its_job_finishes_
     settings = Settings(
         redis_url=cluster.redis_url, namespace=cluster.namespace, heartbeat_s=HEARTBEAT_S
     )
-    job = GenerationJob(job_id="resp_sleeper", model=MODEL, messages=STORY, max_tokens=24)
+    job = GenerationJob(
+        job_id="resp_sleeper", model=MODEL, messages=STORY, max_tokens=24, replay_ttl_s=600
+    )
     Broker(settings).submit_bulk([job])
     wait_until(lambda: rq_job(redis, job.job_id).get_status() == "started", 60, "the job")
     sleeper = holder(cluster, job.job_id)
