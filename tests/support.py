@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,14 +22,17 @@ from httpx_sse import EventSource, connect_sse
 from openai.types import Batch
 from openai.types.responses import Response
 from redis import Redis
+from redis.client import PubSub
 from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from werkzeug.test import TestResponse
 
+from shared.keys import Keys
 from worker.gguf.default_model import DEFAULT_MODEL_NAME
 
 MODEL = DEFAULT_MODEL_NAME
+STAND_IN = "stand-in.1"  # the worker id of `stand_in_worker`
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
 STORY = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
@@ -178,6 +181,20 @@ def finished(r: Response) -> bool:
 
 
 # RQ and Redis
+
+
+@contextmanager
+def stand_in_worker(redis: Redis, keys: Keys, model: str = MODEL) -> Iterator[PubSub]:
+    """A worker for `model` that is alive (a heartbeat an hour ahead and a presence
+    subscription) and never takes a job, so the API admits requests and they wait. Closing the
+    returned presence connection is the worker dying."""
+    presence = redis.pubsub()
+    presence.subscribe(keys.presence(STAND_IN))
+    redis.zadd(keys.workers(model), {STAND_IN: time.time() + 3600})
+    try:
+        yield presence
+    finally:
+        presence.close()
 
 
 def rq_job(redis: Redis, job_id: str) -> Job:

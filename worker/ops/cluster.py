@@ -176,13 +176,13 @@ class Cluster:
         return Redis.from_url(self.redis_url, socket_timeout=2, socket_connect_timeout=1)
 
     def environment(self, **extra: str) -> dict[str, str]:
-        return environment(
-            REDIS_URL=self.redis_url,
-            MLXQ_NAMESPACE=self.namespace,
-            MLXQ_HEARTBEAT_S=str(self.heartbeat_s),
-            MLXQ_MODEL=self.model,
-            **{**self.env, **extra},
-        )
+        own = {
+            "REDIS_URL": self.redis_url,
+            "MLXQ_NAMESPACE": self.namespace,
+            "MLXQ_HEARTBEAT_S": str(self.heartbeat_s),
+            "MLXQ_MODEL": self.model,
+        }
+        return environment(**{**own, **self.env, **extra})
 
     def _log(self, name: str) -> Path | None:
         return None if self.logs is None else self.logs / name

@@ -17,11 +17,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.support import MODEL, chat_body, post, rq_queue
+from tests.support import MODEL, chat_body, post, rq_queue, stand_in_worker
 from worker.ops.cluster import Cluster, rss_mb, wait_until
 
 CHAT = "/v1/chat/completions"
-STAND_IN = "stand-in.1"
 API_ENV = {
     "MLXQ_QUEUE_CAP": "2",
     "MLXQ_QUEUE_TOKEN_CAP": "100",
@@ -36,12 +35,8 @@ def cluster(start_cluster: Callable[..., Cluster]) -> Iterator[Cluster]:
     """The API and a stand-in for a worker that never takes a job: a live heartbeat and a
     presence subscription, so that requests are admitted and then wait."""
     cluster = start_cluster(workers=0, heartbeat_s=60.0, env=API_ENV)
-    redis = cluster.redis()
-    presence = redis.pubsub()
-    presence.subscribe(cluster.keys.presence(STAND_IN))
-    redis.zadd(cluster.keys.workers(MODEL), {STAND_IN: time.time()})
-    yield cluster
-    presence.close()
+    with stand_in_worker(cluster.redis(), cluster.keys):
+        yield cluster
 
 
 def _queue_key(cluster: Cluster) -> str:

@@ -1,0 +1,142 @@
+"""Plumbing of the token path in the API process, on the session's real Redis and no worker:
+- the relay delivers a job channel's events in order from the moment `subscribe` returns, and
+  ends every open subscription with an error when its Redis connection drops;
+- a stream that receives an event it cannot decode ends with an OpenAI error frame, after the
+  tokens that came before it;
+- the job watch ends a request whose job can no longer finish: queued when its model's last
+  worker dies (404 model_not_found), or started by a worker that dies (worker_lost).
+A stand-in worker (a heartbeat and a presence subscription, tests/support.py) makes the API
+admit requests; closing its presence connection is its death."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from flask.testing import FlaskClient
+from redis import Redis
+from redis.client import PubSub
+from werkzeug.test import TestResponse
+
+from api.relay import EventRelay
+from shared.config import Settings
+from shared.events import StartedEvent, TokenEvent, decode_event, encode_event
+from shared.keys import Keys
+from tests.support import CHAT, MODEL, STAND_IN, rq_job, rq_queue, stand_in_worker
+from worker.ops.cluster import wait_until
+
+
+@pytest.fixture
+def relay(redis: Redis) -> EventRelay:
+    return EventRelay(redis)
+
+
+def test_events_published_once_subscribe_returns_all_arrive_in_order(
+    relay: EventRelay, redis: Redis, app_settings: Settings
+) -> None:
+    channel = Keys(app_settings.namespace).events("job-order")
+    sub = relay.subscribe(channel)
+    sent = [encode_event(TokenEvent(text=str(i))) for i in range(200)]
+    for data in sent:
+        redis.publish(channel, data)
+    got: list[bytes] = []
+    deadline = time.monotonic() + 5
+    while len(got) < len(sent) and time.monotonic() < deadline:
+        got += sub.next_messages(0.5)
+    assert got == sent
+    relay.unsubscribe(sub)
+    assert not relay.is_open(sub)
+
+
+def test_a_dropped_redis_connection_ends_every_open_subscription_with_an_error(
+    relay: EventRelay, redis: Redis, app_settings: Settings
+) -> None:
+    keys = Keys(app_settings.namespace)
+    subs = [relay.subscribe(keys.events(f"job-{i}")) for i in range(3)]
+    redis.client_kill_filter(_type="pubsub")
+    for sub in subs:
+        (message,) = sub.next_messages(5)
+        event = decode_event(message)
+        assert event.type == "error" and event.error.code == "backend_unavailable"  # type: ignore[union-attr]
+        assert not relay.is_open(sub)
+    again = relay.subscribe(keys.events("job-after"))  # and it reconnects
+    redis.publish(again.channel, encode_event(TokenEvent(text="x")))
+    assert again.next_messages(5) == [encode_event(TokenEvent(text="x"))]
+
+
+@pytest.fixture
+def stand_in(redis: Redis, app_settings: Settings) -> Iterator[tuple[Keys, PubSub]]:
+    keys = Keys(app_settings.namespace)
+    with stand_in_worker(redis, keys) as presence:
+        yield keys, presence
+
+
+def test_an_undecodable_event_ends_the_stream_with_an_openai_error_frame(
+    http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
+) -> None:
+    keys, _ = stand_in
+    queue = rq_queue(redis, keys.queue(MODEL))
+
+    def act_as_the_worker() -> None:
+        wait_until(lambda: queue.count == 1, 10, "the job to be queued")
+        job_id = queue.get_job_ids()[0]
+        channel = keys.events(job_id)
+        redis.publish(channel, encode_event(StartedEvent(prompt_tokens=3)))
+        redis.publish(channel, encode_event(TokenEvent(text="Hello")))
+        redis.publish(channel, b"{not an event")
+
+    worker = threading.Thread(target=act_as_the_worker, daemon=True)
+    worker.start()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    response = http.post(CHAT, json=body, buffered=False)
+    frames = [line[6:] for line in response.get_data().split(b"\n") if line.startswith(b"data: ")]
+    worker.join(timeout=5)
+    assert response.status_code == 200
+    texts = [json.loads(f)["choices"][0]["delta"].get("content") for f in frames[:-1]]
+    assert "Hello" in texts
+    error = json.loads(frames[-1])["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def _ask_in_the_background(http: FlaskClient) -> tuple[threading.Thread, list[TestResponse]]:
+    replies: list[TestResponse] = []
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    asking = threading.Thread(target=lambda: replies.append(http.post(CHAT, json=body)))
+    asking.start()
+    return asking, replies
+
+
+def test_a_queued_request_whose_last_worker_dies_gets_a_404_within_the_heartbeat_window(
+    http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub], app_settings: Settings
+) -> None:
+    keys, presence = stand_in
+    asking, replies = _ask_in_the_background(http)
+    queue = rq_queue(redis, keys.queue(MODEL))
+    wait_until(lambda: queue.count == 1, 10, "the job to be queued")
+    presence.close()  # the worker's process ends
+    died = time.monotonic()
+    asking.join(timeout=10)
+    assert time.monotonic() - died < 3 * app_settings.heartbeat_s
+    (reply,) = replies
+    assert reply.status_code == 404 and reply.get_json()["error"]["code"] == "model_not_found"
+    assert queue.count == 0  # and it was taken off the queue
+
+
+def test_a_request_whose_worker_dies_while_running_it_gets_worker_lost(
+    http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
+) -> None:
+    keys, presence = stand_in
+    asking, replies = _ask_in_the_background(http)
+    queue = rq_queue(redis, keys.queue(MODEL))
+    wait_until(lambda: queue.count == 1, 10, "the job to be queued")
+    job_id = queue.get_job_ids()[0]
+    job = rq_job(redis, job_id)  # the stand-in takes the job, as a worker's slot does
+    redis.hset(job.key, mapping={"status": "started", "worker_name": f"{STAND_IN}.0"})
+    redis.publish(keys.events(job_id), encode_event(StartedEvent(prompt_tokens=3)))
+    presence.close()
+    asking.join(timeout=10)
+    (reply,) = replies
+    assert reply.status_code >= 500 and reply.get_json()["error"]["code"] == "worker_lost"
