@@ -11,7 +11,10 @@ from pydantic import BaseModel
 from shared.events import TokenEvent
 
 DONE = b"data: [DONE]\n\n"
-KEEPALIVE = b": keepalive\n\n"
+# A comment line with no blank line after it: a blank line would end an event, and SSE readers
+# that keep the last event id (the OpenAI SDK among them) then hand the client an event with no
+# data after every keepalive on a stream whose events carry ids (the Responses API's).
+KEEPALIVE = b": keepalive\n"
 
 
 def frame(payload: BaseModel) -> bytes:

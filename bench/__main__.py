@@ -1,11 +1,11 @@
-"""`python -m bench serve|relay|parity`: the benchmarks mlxq ships (see README, Benchmarks)."""
+"""`python -m bench serve|relay|scale|parity`: the benchmarks mlxq ships (README, Benchmarks)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from bench import parity, relay, serve
+from bench import parity, relay, scale, serve
 from shared.config import Settings
 
 
@@ -24,6 +24,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--tokens", type=int, default=100, help="tokens per stream")
     r.add_argument("--step-ms", type=float, default=20.0, help="synthetic engine step")
     r.set_defaults(func=relay.main)
+    c = sub.add_parser("scale", help="tokens/s through HTTP as SYNTHETIC workers are added")
+    c.add_argument("--workers", default="1,2,4,8")
+    c.add_argument("--slots", type=int, default=8, help="batch size of each worker")
+    c.add_argument("--tokens", type=int, default=100, help="tokens per stream")
+    c.add_argument("--step-ms", type=float, default=50.0, help="synthetic engine step")
+    c.set_defaults(func=scale.main)
     q = sub.add_parser("parity", help="decode step: structured outputs, logprobs, penalties")
     q.add_argument("--rounds", type=int, default=3)
     q.set_defaults(func=parity.main)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai._streaming import SSEDecoder
 
-from api.sse import DONE, KEEPALIVE, frame, token_framer
+from api.sse import DONE, KEEPALIVE, event_frame, frame, token_framer
 from shared.answers import ChatChunkChoice, ChatCompletionChunk, ChunkDelta
 from shared.events import TokenEvent
 
@@ -75,3 +75,14 @@ def test_each_frame_is_one_data_line(text: list[str]) -> None:
         body = data[len(b"data: ") : -2]
         assert b"\n" not in body and b"\r" not in body
         assert json.loads(body)["choices"][0]["delta"]["content"] == t
+
+
+def test_keepalives_between_numbered_events_add_no_event() -> None:
+    numbered = [event_frame("response.output_text.delta", chat_chunk(str(i)), i) for i in range(3)]
+    data = KEEPALIVE + numbered[0] + KEEPALIVE + KEEPALIVE + numbered[1] + KEEPALIVE + numbered[2]
+    events = list(SSEDecoder().iter_bytes(iter([data])))
+    assert [(e.id, json.loads(e.data)["choices"][0]["delta"]["content"]) for e in events] == [
+        ("0", "0"),
+        ("1", "1"),
+        ("2", "2"),
+    ]
