@@ -80,6 +80,8 @@ class JobOutcome(BaseModel):
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
+    first_token_at: float | None = None  # unix s; None: it produced no token
 
 
 def job_for(

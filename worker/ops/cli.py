@@ -1,4 +1,5 @@
-"""The `mlxq` command: run the stack, run a worker, import models, submit and follow batches."""
+"""The `mlxq` command: run the stack, run a worker, import models, submit and follow batches,
+see the fleet."""
 
 from __future__ import annotations
 
@@ -42,6 +43,12 @@ def _prepare(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.ops.status import run_status
+
+    return run_status(settings, args.json, args.watch, args.interval)
+
+
 def _batch(args: argparse.Namespace, settings: Settings) -> int:
     from worker.ops import batch_client as bc
 
@@ -77,6 +84,13 @@ def _batch_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     results.add_argument("--errors", help="where the error lines go (if any)")
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mlxq", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -94,6 +108,10 @@ def parser() -> argparse.ArgumentParser:
         help="keep the file's (quantized) weights, or convert them",
     )
     _batch_parser(sub)
+    status = sub.add_parser("status", help="live workers, queues and recent jobs (from REDIS_URL)")
+    status.add_argument("--watch", action="store_true", help="refresh in place")
+    status.add_argument("--json", action="store_true", help="the snapshot as JSON, for scripts")
+    status.add_argument("--interval", type=_seconds, default=2.0, help="seconds between refreshes")
     return p
 
 
@@ -103,6 +121,7 @@ COMMANDS = {
     "prepare-model": _prepare,
     "import-gguf": _import_gguf,
     "batch": _batch,
+    "status": _status,
 }
 
 

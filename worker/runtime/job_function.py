@@ -7,7 +7,8 @@ The job's limits are kept here: a job taken after its queue deadline is failed w
 run (`queue_timeout`), and one that runs past its run limit is ended by the slot thread, which
 waits on it anyway: "length" (a normal end, finish_reason "length") or "error".
 A batch line's extra work (skip if its batch stopped, record its answer) is
-worker/runtime/batch_lines.py.
+worker/runtime/batch_lines.py. Once a job has ended, however it ended, its figures go to the
+fleet's metrics and recent jobs in one pipeline (shared/metrics.py), off the per-token path.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import Any
 from pydantic import ValidationError
 from redis import Redis
 from redis.commands.core import Script
+from redis.exceptions import RedisError
 from rq import get_current_job
+from rq.job import Job
 
 from shared.completions import Usage
 from shared.errors import (
@@ -32,7 +35,8 @@ from shared.errors import (
 )
 from shared.events import DoneEvent, ErrorEvent, Event
 from shared.jobs import GenerationJob, JobOutcome
-from shared.keys import Keys
+from shared.keys import Keys, is_valid_model_name
+from shared.metrics import JobRecord, record_job
 from worker.engine.batch import BatchEngine
 from worker.runtime.batch_lines import BatchLines
 from worker.runtime.loop import EngineLoop
@@ -55,6 +59,7 @@ class Runtime:
     keys: Keys
     job_timeout_s: float
     release: Script  # shared/backlog.py RELEASE, registered on `redis`
+    worker_id: str
 
 
 _runtime: Runtime | None = None
@@ -71,14 +76,46 @@ def run_generation(payload: dict[str, Any]) -> dict[str, Any]:
     current = get_current_job()
     if current is None:
         raise RuntimeError("run_generation runs only as an RQ job")
-    rt, job_id = _runtime, current.id
+    rt, job_id, started_at = _runtime, current.id, time.time()
     try:
         outcome = _outcome(rt, job_id, payload, current.retries_left or 0)
     except Exception as err:  # a bug, not the client's fault: the client still hears of it now
         log.exception("job %s failed", job_id)
         _publish_error(rt, job_id, GenerationError(f"the job failed: {type(err).__name__}"))
+        _report(rt, current, payload, _failed(), started_at)
         raise
+    _report(rt, current, payload, outcome, started_at)
     return outcome.model_dump()
+
+
+def _report(
+    rt: Runtime, current: Job, payload: dict[str, Any], outcome: JobOutcome, started_at: float
+) -> None:
+    """Add the ended job to the fleet's figures; a Redis hiccup costs the figures, not the job."""
+    model = payload.get("model")
+    if not isinstance(model, str) or not is_valid_model_name(model):
+        return  # a malformed payload: refused above, nothing to count it under
+    enqueued = current.enqueued_at
+    record = JobRecord(
+        job_id=current.id,
+        model=model,
+        lane="bulk" if current.origin == rt.keys.bulk_queue(model) else "interactive",
+        worker=rt.worker_id,
+        finish_reason=outcome.finish_reason,
+        prompt_tokens=outcome.prompt_tokens,
+        completion_tokens=outcome.completion_tokens,
+        cached_tokens=outcome.cached_tokens,
+        enqueued_at=started_at if enqueued is None else enqueued.timestamp(),
+        started_at=started_at,
+        first_token_at=outcome.first_token_at,
+        ended_at=time.time(),
+    )
+    pipe = rt.redis.pipeline(transaction=False)
+    record_job(pipe, rt.keys, record)
+    try:
+        pipe.execute()
+    except RedisError as err:
+        log.warning("could not record job %s in the fleet's metrics: %s", current.id, err)
 
 
 def _outcome(rt: Runtime, job_id: str, payload: dict[str, Any], retries_left: int) -> JobOutcome:
