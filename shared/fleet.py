@@ -12,9 +12,9 @@ this one snapshot.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis import Redis
 from rq import Queue
 from rq.job import Job
@@ -22,7 +22,7 @@ from rq.utils import str_to_date
 
 from shared.keys import Keys
 from shared.liveness import LIVE_FACTOR, alive
-from shared.metrics import LANES, JobRecord, Lane
+from shared.metrics import LANES, RECENT_JOBS, JobRecord, Lane
 
 
 class WorkerStats(BaseModel):
@@ -76,6 +76,14 @@ class FleetSnapshot(BaseModel):
     recent_jobs: list[JobRecord]
 
 
+class FleetQuery(BaseModel):
+    """The query of GET /v1/fleet: how many recent jobs come with the snapshot."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recent: Annotated[int, Field(ge=0, le=RECENT_JOBS)] = 20
+
+
 def _queue_key(keys: Keys, model: str, lane: Lane) -> str:
     name = keys.queue(model) if lane == "interactive" else keys.bulk_queue(model)
     return f"{Queue.redis_queue_namespace_prefix}{name}"
@@ -110,8 +118,10 @@ def read_snapshot(
         for lane in LANES:
             pipe.llen(_queue_key(keys, model, lane))
             pipe.lindex(_queue_key(keys, model, lane), 0)
-    pipe.lrange(keys.recent_jobs(), 0, recent - 1)
-    *per_model, recent_rows = pipe.execute()
+    if recent:
+        pipe.lrange(keys.recent_jobs(), 0, recent - 1)
+    per_model = pipe.execute()
+    recent_rows = per_model.pop() if recent else []
     step = 1 + 2 * len(LANES)
     beats = {
         _text(worker): float(score)
