@@ -4,11 +4,11 @@ see the fleet."""
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
 from shared.config import Settings
+from shared.logs import configure
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -127,8 +127,9 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return COMMANDS[args.command](args, Settings())
+    settings = Settings()
+    configure(settings)
+    return COMMANDS[args.command](args, settings)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from shared.errors import (
 from shared.events import DoneEvent, ErrorEvent, Event
 from shared.jobs import GenerationJob, JobOutcome
 from shared.keys import Keys, is_valid_model_name
+from shared.logs import log_event
 from shared.metrics import JobRecord, record_job
 from worker.engine.batch import BatchEngine
 from worker.runtime.batch_lines import BatchLines
@@ -43,6 +44,7 @@ from worker.runtime.loop import EngineLoop
 from worker.runtime.publish import EventSink, Route
 
 log = logging.getLogger(__name__)
+job_log = logging.getLogger("mlxq.job")  # one structured line per ended job (shared/logs.py)
 
 # How long a slot waits for the loop to apply the cancel that ends a job at its run limit.
 END_GRACE_S = 30.0
@@ -101,6 +103,7 @@ def _report(
         model=model,
         lane="bulk" if current.origin == rt.keys.bulk_queue(model) else "interactive",
         worker=rt.worker_id,
+        owner=owner if isinstance(owner := payload.get("owner"), str) else None,
         finish_reason=outcome.finish_reason,
         prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens,
@@ -109,6 +112,22 @@ def _report(
         started_at=started_at,
         first_token_at=outcome.first_token_at,
         ended_at=time.time(),
+    )
+    log_event(
+        job_log,
+        "job",
+        job_id=record.job_id,
+        model=model,
+        lane=record.lane,
+        owner=record.owner,
+        worker=record.worker,
+        finish_reason=record.finish_reason,
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
+        cached_tokens=record.cached_tokens,
+        queue_s=record.queue_s,
+        ttft_s=record.ttft_s,
+        duration_s=record.e2e_s,
     )
     pipe = rt.redis.pipeline(transaction=False)
     record_job(pipe, rt.keys, record)

@@ -58,8 +58,9 @@ class Admission:
 
 
 class EngineLoop:
-    def __init__(self, engine: BatchEngine, sink: EventSink, keys: Keys):
+    def __init__(self, engine: BatchEngine, sink: EventSink, keys: Keys, worker_id: str = ""):
         self._engine = engine
+        self._worker_id = worker_id or None
         self._sink = sink
         self._keys = keys
         self._inbox: queue.SimpleQueue[Admission] = queue.SimpleQueue()
@@ -108,9 +109,10 @@ class EngineLoop:
         for a in admitted:
             if a.cancelled:
                 a.outcome.set_result(_outcome(a, "cancelled"))
-        self._sink.send(
-            [(a.route, StartedEvent(prompt_tokens=a.prepared.prompt_tokens)) for a in started]
-        )
+        self._sink.send([(a.route, self._started(a)) for a in started])
+
+    def _started(self, a: Admission) -> StartedEvent:
+        return StartedEvent(prompt_tokens=a.prepared.prompt_tokens, worker=self._worker_id)
 
     def _drain(self) -> list[Admission]:
         admitted: list[Admission] = []

@@ -107,7 +107,7 @@ def serve(settings: Settings) -> None:
         gap_s=LIVE_FACTOR * settings.heartbeat_s,
         on_buried=lambda: die(EXIT_BURIED, buried),
     )
-    loop = EngineLoop(engine, sink, keys)
+    loop = EngineLoop(engine, sink, keys, worker_id)
     release = redis.register_script(backlog.RELEASE)
     runtime = job_function.Runtime(
         engine, loop, sink, redis, keys, float(settings.job_timeout_s), release, worker_id
