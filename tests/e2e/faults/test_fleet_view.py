@@ -91,6 +91,8 @@ def test_every_scrape_and_mlxq_status_show_both_workers_and_a_killed_one_is_neve
 def test_a_finished_request_adds_its_tokens_reason_and_latencies_to_the_fleets_figures(
     cluster: Cluster,
 ) -> None:
+    # Jobs of the test before (cancelled as their clients left) record their figures first.
+    wait_for(lambda: not any(w.slots_used for w in status(cluster).workers), 30, "idle workers")
     before = scrape(cluster)
     reply = post(cluster.api_url, "/v1/chat/completions", chat_body(max_tokens=5))
     assert reply.status == 200
