@@ -11,9 +11,12 @@ from api import (
     completions,
     errors,
     files,
+    fleet,
     health,
+    metrics,
     models,
     openapi,
+    page,
     responses,
 )
 from api.broker import Broker
@@ -22,13 +25,16 @@ from shared.config import Settings
 
 def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or Settings()
-    app = Flask(__name__)
+    app = Flask(__name__)  # static files: the page's (api/page.py, api/static/)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    Broker(settings).init_app(app)
+    b = Broker(settings)
+    b.init_app(app)
     errors.init_app(app)
     auth.init_app(app, settings)
     for blueprint in (chat.bp, completions.bp, models.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
-    for blueprint in (responses.bp, files.bp, batches.bp):
+    for blueprint in (responses.bp, files.bp, batches.bp, fleet.bp):
         app.register_blueprint(blueprint)
+    metrics.init_app(app, b)
+    page.init_app(app)
     return app

@@ -1,7 +1,8 @@
 """Who is calling and whether they may: API keys, the owner of stored resources, and the rule
 that a server without keys listens on the loopback interface only.
 
-With keys configured (`MLXQ_API_KEYS`, comma-separated), every route but `PUBLIC_PATHS` needs
+With keys configured (`MLXQ_API_KEYS`, comma-separated), every route but `PUBLIC_PATHS` (and
+the page's static files) needs
 `Authorization: Bearer <key>`; a missing or wrong key is a 401 `invalid_api_key`. The presented
 key is compared with every configured key in constant time (`hmac.compare_digest`, no early
 exit), and is never logged or echoed. The check is one `before_request` hook (`init_app`).
@@ -26,8 +27,10 @@ from shared.config import Settings
 from shared.errors import AuthenticationError, NotFoundError
 
 ANONYMOUS = "anonymous"
-# Liveness probes and the API description carry nothing private.
-PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
+# Liveness probes, the API description and the page's static files carry nothing private (the
+# page asks for a key itself; /metrics and /v1/fleet need one, as /v1 does).
+PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/"})
+PUBLIC_PREFIXES = ("/static/",)
 _BEARER = "bearer "
 
 
@@ -62,7 +65,7 @@ def _presented_key() -> str | None:
 
 
 def _check_key(keys: ApiKeys) -> None:
-    if request.path in PUBLIC_PATHS:
+    if request.path in PUBLIC_PATHS or request.path.startswith(PUBLIC_PREFIXES):
         return
     presented = _presented_key()
     if presented is None:

@@ -93,6 +93,8 @@ class BatchStore:
             output_expires_after=req.output_expires_after,
         )
         intake = take_in(self._files.content(owner, source.id), stored, self._is_served)
+        for job in intake.jobs:
+            job.owner = owner
         stored.models = sorted(intake.models)
         fields: dict[FieldT, EncodableT] = {"owner": owner, "record": stored.model_dump_json()}
         if intake.errors:

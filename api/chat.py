@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response
 
+from api.auth import owner_id
 from api.broker import broker
 from api.generation import RunningJob, collect, start, stream_frames
 from api.sse import frame, sse_response, token_framer
@@ -31,7 +32,7 @@ bp = Blueprint("chat", __name__)
 @bp.post("/v1/chat/completions")
 def create_chat_completion() -> Response:
     req = parse_body(ChatCompletionRequest)
-    running = start(broker(), job_for(new_id("chatcmpl-"), req))
+    running = start(broker(), job_for(new_id("chatcmpl-"), req, owner_id()))
     if req.stream:
         return sse_response(stream_chat(running, req))
     return Response(collect_chat(running, req).model_dump_json(), mimetype="application/json")

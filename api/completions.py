@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response
 
+from api.auth import owner_id
 from api.broker import broker
 from api.generation import RunningJob, collect, start, stream_frames
 from api.sse import frame, sse_response, token_framer
@@ -24,7 +25,7 @@ bp = Blueprint("completions", __name__)
 @bp.post("/v1/completions")
 def create_completion() -> Response:
     req = parse_body(CompletionRequest)
-    running = start(broker(), job_for(new_id("cmpl-"), req))
+    running = start(broker(), job_for(new_id("cmpl-"), req, owner_id()))
     if req.stream:
         return sse_response(stream_completion(running, req))
     return Response(collect_completion(running, req).model_dump_json(), mimetype="application/json")

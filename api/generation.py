@@ -11,10 +11,12 @@ a job whose worker is lost is ended by the job watch (api/watch.py).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from api.auth import owner_id
 from api.broker import Broker
 from api.relay import Subscription
 from api.sse import DONE, KEEPALIVE, frame
@@ -37,7 +39,9 @@ from shared.events import (
     decode_event,
 )
 from shared.jobs import GenerationJob
+from shared.logs import log_event
 
+request_log = logging.getLogger("mlxq.request")  # one structured line per request
 # How often a waiting stream wakes up to send a keepalive comment.
 KEEPALIVE_S = 5.0
 # How long past its queue deadline a request still waits for a worker that took the job just in
@@ -62,6 +66,13 @@ class RunningJob:
     broker: Broker
     early: list[Event] = field(default_factory=list)  # events that came with the start
     finished: bool = False
+    # For the request's log line: who asked, and when it was sent, started, first answered.
+    owner: str = ""
+    submitted_at: float = 0.0
+    started_at: float = 0.0
+    first_token_at: float | None = None
+    done: DoneEvent | None = None
+    error_code: str | None = None
 
     def updates(self) -> Iterator[list[Relayed] | Keepalive]:
         """Tokens as they arrive, in groups of whatever is waiting, the last ending with the
@@ -82,16 +93,21 @@ class RunningJob:
     def _take(self, events: list[Event]) -> Iterator[list[Relayed]]:
         """`events` as one group. An error among them ends the job: it is raised after the
         group of the events that came before it."""
+        if self.first_token_at is None:
+            self.first_token_at = time.time()
         batch: list[Relayed] = []
         for event in events:
             if isinstance(event, TokenEvent | ChoiceEndEvent | DoneEvent):
                 batch.append(event)
-                self.finished = isinstance(event, DoneEvent)
+                if isinstance(event, DoneEvent):
+                    self.finished, self.done = True, event
             else:
                 self.finished = True
+                err = _as_error(event)
+                self.error_code = err.code
                 if batch:
                     yield batch
-                raise _as_error(event)
+                raise err
         yield batch
 
     def close(self) -> None:
@@ -100,10 +116,33 @@ class RunningJob:
             # If Redis is gone, the job ends on its own (max_tokens, run limit).
             with contextlib.suppress(BackendUnavailableError):
                 self.broker.cancel(self.job.job_id)
+        self._log()
+
+    def _log(self) -> None:
+        usage = self.done.usage if self.done is not None else None
+        reason = self.done.finish_reason if self.done is not None else None
+        cached = usage.prompt_tokens_details.cached_tokens if usage is not None else None
+        first = self.first_token_at
+        log_event(
+            request_log,
+            "request",
+            job_id=self.job.job_id,
+            model=self.job.model,
+            owner=self.owner,
+            worker=self.started.worker,
+            finish_reason=reason or self.error_code or "cancelled",
+            prompt_tokens=self.started.prompt_tokens,
+            completion_tokens=usage.completion_tokens if usage is not None else None,
+            cached_tokens=cached,
+            queue_s=self.started_at - self.submitted_at,
+            ttft_s=None if first is None else first - self.submitted_at,
+            duration_s=time.time() - self.submitted_at,
+        )
 
 
 def start(broker: Broker, job: GenerationJob) -> RunningJob:
     job = job.model_copy(update={"limits": broker.interactive_limits()})
+    submitted_at = time.time()
     sub = broker.submit(job)
     limit_s = broker.settings.queue_timeout_s
     late = QueueTimeoutError(
@@ -119,7 +158,16 @@ def start(broker: Broker, job: GenerationJob) -> RunningJob:
     if not isinstance(first, StartedEvent):
         broker.relay.unsubscribe(sub)
         raise _as_error(first)
-    return RunningJob(job=job, started=first, sub=sub, broker=broker, early=rest)
+    return RunningJob(
+        job=job,
+        started=first,
+        sub=sub,
+        broker=broker,
+        early=rest,
+        owner=owner_id(),
+        submitted_at=submitted_at,
+        started_at=time.time(),
+    )
 
 
 def _withdraw_quietly(broker: Broker, job: GenerationJob) -> None:

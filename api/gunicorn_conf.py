@@ -9,8 +9,10 @@ from typing import Any
 
 from api.auth import check_bind
 from shared.config import Settings
+from shared.logs import configure
 
 _settings = Settings()
+configure(_settings)  # in the arbiter: its forked workers keep the handler
 
 bind = _settings.api_bind
 worker_class = "gthread"

@@ -36,7 +36,9 @@ from shared.catalog import Health, ModelCard, ModelList
 from shared.completions import ChatCompletionRequest, CompletionRequest
 from shared.errors import ErrorBody
 from shared.files import FileDeleted, FileList, FileObject, FileUpload
+from shared.fleet import FleetSnapshot
 from shared.keys import ID_PATTERN, MODEL_NAME_PATTERN
+from shared.metrics import RECENT_JOBS
 from shared.response_events import ResponseStreamEvent
 from shared.responses import ResponseDeleted, ResponseObject, ResponsesRequest
 
@@ -74,6 +76,7 @@ class Route:
     public: bool = False
     form: type[BaseModel] | None = None  # a multipart/form-data request body
     binary: bool = False  # the answer is the raw bytes of a file
+    text: str | None = None  # the answer is text of this media type
 
 
 MODEL_ID = Parameter.model_validate(
@@ -126,6 +129,14 @@ ROUTES = [
     Route("get", "/health", "Liveness: Redis answers; the live models", Health,
           errors=(405, 503), public=True),
     Route("get", "/openapi.json", "This document", None, errors=(405,), public=True),
+    Route("get", "/metrics", "The whole fleet's metrics in Prometheus' text format", None,
+          errors=(401, 405, 503), text="text/plain"),
+    Route("get", "/v1/fleet", "The fleet now: live workers, queues per lane, recent jobs",
+          FleetSnapshot, errors=LIST_ERRORS, parameters=[
+              _param("recent", "query", {"type": "integer", "minimum": 0, "maximum": RECENT_JOBS})
+          ]),
+    Route("get", "/", "The web page: fleet view and chat playground", None, errors=(405,),
+          public=True, text="text/html"),
     Route("post", "/v1/responses", "Create a response (sync, streamed or background)",
           ResponseObject, ResponsesRequest, ResponseStreamEvent, errors=GENERATION_ERRORS),
     Route("get", "/v1/responses/{response_id}", "Retrieve a stored response, or stream its "
@@ -181,6 +192,8 @@ def _responses(route: Route) -> dict[str, OpenAPIResponse]:
     if route.binary:
         binary = Schema(type="string", schema_format="binary")
         content = {"application/octet-stream": MediaType(media_type_schema=binary)}
+    if route.text is not None:
+        content = {route.text: MediaType(media_type_schema=Schema(type="string"))}
     if route.chunk is not None:
         content["text/event-stream"] = MediaType(media_type_schema=_sse_event(route.chunk))
     responses = {"200": OpenAPIResponse(description="OK", content=content)}

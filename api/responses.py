@@ -55,7 +55,7 @@ def create_response() -> Response:
         request=req,
     )
     responses = store()
-    job = job_for(stored.id, req)
+    job = job_for(stored.id, req, owner_id())
     if req.store:
         job.replay_ttl_s = responses.ttl_s
     if req.background:

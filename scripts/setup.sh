@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything mlxq needs on this machine, idempotently: system packages where missing
-# (redis-server; OpenBLAS on Linux), the virtualenv .venv with the project and its dev tools,
+# (redis-server; OpenBLAS on Linux; chromium for the page's browser test), the virtualenv .venv with the project and its dev tools,
 # and the default model. Sourced or run by scripts/run.sh and scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,6 +23,14 @@ has_openblas() { compgen -G "/usr/lib/*/libopenblas.so.0" >/dev/null || [ -e /us
 if [ "$(uname)" = Linux ] && ! has_openblas; then
   echo "setup: installing OpenBLAS (MLX's CPU backend is much faster with it)"
   apt_install libopenblas0-pthread || echo "setup: could not install OpenBLAS; the worker will run slower"
+fi
+
+has_chromium() { command -v chromium >/dev/null || command -v chromium-browser >/dev/null ||
+  [ -x /Applications/Chromium.app/Contents/MacOS/Chromium ]; }
+if ! has_chromium; then
+  echo "setup: installing chromium (the web page's browser test drives it headless)"
+  if [ "$(uname)" = Darwin ]; then brew install --cask chromium; else apt_install chromium ||
+    echo "setup: could not install chromium; the browser test (tests/e2e/test_page.py) will fail"; fi
 fi
 
 PYTHON=${PYTHON:-python3}

@@ -75,8 +75,16 @@ class Settings(BaseSettings):
     api_workers: int = Field(default=1, ge=1)
     api_threads: int = Field(default=128, ge=1)
     api_access_log: bool = False
+    # Logs (shared/logs.py): text or JSON lines, and the level.
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     # API keys (comma-separated in MLXQ_API_KEYS); none: no auth, and loopback only (api/auth.py).
     api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
 
     @field_validator("api_keys", mode="before")
     @classmethod

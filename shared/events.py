@@ -24,6 +24,7 @@ from shared.tools import ToolCall
 class StartedEvent(BaseModel):
     type: Literal["started"] = "started"
     prompt_tokens: int
+    worker: str | None = None  # the worker running the job, for the API's request log line
 
 
 class TokenEvent(BaseModel):

@@ -57,6 +57,8 @@ class GenerationJob(BaseModel):
     # Keep the job's event log this long once it ends (instead of the worker's default).
     replay_ttl_s: Annotated[int, Field(ge=1)] | None = None
     batch_line: BatchLine | None = None
+    # Who sent it: the hashed id of its API key (api/auth.py), for the job's log line and record.
+    owner: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
 
     @property
     def replayed(self) -> bool:
@@ -87,12 +89,24 @@ class JobOutcome(BaseModel):
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
+    first_token_at: float | None = None  # unix s; None: it produced no token
 
 
 def job_for(
-    job_id: str, req: ChatCompletionRequest | CompletionRequest | ResponsesRequest
+    job_id: str,
+    req: ChatCompletionRequest | CompletionRequest | ResponsesRequest,
+    owner: str | None = None,
 ) -> GenerationJob:
     """The generation job that answers a validated request of any of the three endpoints."""
+    job = _job_for(job_id, req)
+    job.owner = owner
+    return job
+
+
+def _job_for(
+    job_id: str, req: ChatCompletionRequest | CompletionRequest | ResponsesRequest
+) -> GenerationJob:
     if isinstance(req, ResponsesRequest):
         return GenerationJob(
             job_id=job_id,

@@ -19,6 +19,15 @@ Layout under the namespace `ns` (default "mlxq"):
     {ns}:backlog_tokens:{model} string  the sum of that hash (the queue's token cap reads it)
     {ns}:tokenizer:{model}      hash  "spec": the model's TokenizerSpec (shared/prompt_tokens.py),
                                 "digest": its digest; written by each worker serving the model
+    {ns}:worker:{worker_id}     hash  a worker's report (shared/fleet.py WorkerStats): host, model,
+                                slots in use per lane, tokens/s; rewritten each heartbeat, with
+                                a TTL of a few heartbeats so a dead worker's report goes away
+    {ns}:metrics:{model}        hash  the fleet's cumulative request figures for a model
+                                (shared/metrics.py): counters and histogram buckets, added to by
+                                the worker that ends each job
+    {ns}:refusals               hash  "{status}:{code}" -> HTTP 429/503 answers, every API process
+    {ns}:recent_jobs            list  the last finished jobs (shared/metrics.py JobRecord), newest
+                                first, trimmed to a few dozen
     RQ queue "{ns}.{model}"     interactive jobs for one model (RQ prefixes its keys "rq:")
     RQ queue "{ns}.{model}.bulk"  background and batch jobs: workers take them only when the
                                 interactive queue is empty
@@ -113,6 +122,18 @@ class Keys:
 
     def reaped(self, execution: str) -> str:
         return f"{self.ns}:reaped:{execution}"
+
+    def worker_stats(self, worker_id: str) -> str:
+        return f"{self.ns}:worker:{worker_id}"
+
+    def model_metrics(self, model: str) -> str:
+        return f"{self.ns}:metrics:{_model(model)}"
+
+    def refusals(self) -> str:
+        return f"{self.ns}:refusals"
+
+    def recent_jobs(self) -> str:
+        return f"{self.ns}:recent_jobs"
 
     def backlog(self, model: str) -> str:
         return f"{self.ns}:backlog:{_model(model)}"

@@ -1,13 +1,14 @@
-"""The `mlxq` command: run the stack, run a worker, import models, submit and follow batches."""
+"""The `mlxq` command: run the stack, run a worker, import models, submit and follow batches,
+see the fleet."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
 from shared.config import Settings
+from shared.logs import configure
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -40,6 +41,12 @@ def _prepare(args: argparse.Namespace, settings: Settings) -> int:
 
     print(ensure_default_model(settings.models_dir))
     return 0
+
+
+def _status(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.ops.status import run_status
+
+    return run_status(settings, args.json, args.watch, args.interval)
 
 
 def _batch(args: argparse.Namespace, settings: Settings) -> int:
@@ -77,6 +84,13 @@ def _batch_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     results.add_argument("--errors", help="where the error lines go (if any)")
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mlxq", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -94,6 +108,10 @@ def parser() -> argparse.ArgumentParser:
         help="keep the file's (quantized) weights, or convert them",
     )
     _batch_parser(sub)
+    status = sub.add_parser("status", help="live workers, queues and recent jobs (from REDIS_URL)")
+    status.add_argument("--watch", action="store_true", help="refresh in place")
+    status.add_argument("--json", action="store_true", help="the snapshot as JSON, for scripts")
+    status.add_argument("--interval", type=_seconds, default=2.0, help="seconds between refreshes")
     return p
 
 
@@ -103,13 +121,15 @@ COMMANDS = {
     "prepare-model": _prepare,
     "import-gguf": _import_gguf,
     "batch": _batch,
+    "status": _status,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return COMMANDS[args.command](args, Settings())
+    settings = Settings()
+    configure(settings)
+    return COMMANDS[args.command](args, settings)
 
 
 if __name__ == "__main__":

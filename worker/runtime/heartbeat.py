@@ -4,7 +4,9 @@ A worker is live while its heartbeat is younger than `LIVE_FACTOR` intervals and
 channel has a subscriber (shared/liveness.py); a model is served while any worker serving it is
 live. The API reads the same zsets (keys.py). Each beat also looks for the worker's tombstone:
 if another worker declared this one dead and took over its jobs (it hung, or its Mac slept),
-it must not finish them too, so `on_tombstone` is called (it ends the process).
+it must not finish them too, so `on_tombstone` is called (it ends the process). Each beat also
+publishes the worker's report (slots in use, tokens/s: shared/fleet.py) in the same pipeline,
+so the fleet view costs the worker nothing between beats.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from redis import Redis
 from redis.exceptions import RedisError
 
+from shared.fleet import WorkerStats, publish_stats
 from shared.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -24,13 +27,16 @@ log = logging.getLogger(__name__)
 RETRY_S = 0.25
 
 
-def beat(redis: Redis, keys: Keys, model: str, worker_id: str) -> bool:
-    """Announce the worker; False if it finds its tombstone instead."""
+def beat(
+    redis: Redis, keys: Keys, model: str, worker_id: str, stats: WorkerStats, interval_s: float
+) -> bool:
+    """Announce the worker and its report; False if it finds its tombstone instead."""
     now = time.time()
     pipe = redis.pipeline(transaction=False)
     pipe.exists(keys.dead(worker_id))
     pipe.zadd(keys.models(), {model: now})
     pipe.zadd(keys.workers(model), {worker_id: now})
+    publish_stats(pipe, keys, stats, interval_s)
     buried, *_ = pipe.execute()
     return not buried
 
@@ -44,7 +50,7 @@ def retire(redis: Redis, keys: Keys, model: str, worker_id: str) -> None:
     """Leave: the worker no longer serves, and holds no job."""
     pipe = redis.pipeline(transaction=False)
     pipe.zrem(keys.workers(model), worker_id)
-    pipe.delete(keys.taking(worker_id))
+    pipe.delete(keys.taking(worker_id), keys.worker_stats(worker_id))
     pipe.execute()
 
 
@@ -56,11 +62,12 @@ def keep_beating(
     interval_s: float,
     stop: threading.Event,
     on_tombstone: Callable[[], None],
+    report: Callable[[], WorkerStats],
 ) -> threading.Thread:
     def run() -> None:
         while not stop.is_set():
             try:
-                if not beat(redis, keys, model, worker_id):
+                if not beat(redis, keys, model, worker_id, report(), interval_s):
                     on_tombstone()
                     return
             except RedisError as err:

@@ -7,7 +7,8 @@ The job's limits are kept here: a job taken after its queue deadline is failed w
 run (`queue_timeout`), and one that runs past its run limit is ended by the slot thread, which
 waits on it anyway: "length" (a normal end, finish_reason "length") or "error".
 A batch line's extra work (skip if its batch stopped, record its answer) is
-worker/runtime/batch_lines.py.
+worker/runtime/batch_lines.py. Once a job has ended, however it ended, its figures go to the
+fleet's metrics and recent jobs in one pipeline (shared/metrics.py), off the per-token path.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import Any
 from pydantic import ValidationError
 from redis import Redis
 from redis.commands.core import Script
+from redis.exceptions import RedisError
 from rq import get_current_job
+from rq.job import Job
 
 from shared.completions import Usage
 from shared.errors import (
@@ -33,12 +36,15 @@ from shared.errors import (
 from shared.events import DoneEvent, ErrorEvent, Event
 from shared.jobs import GenerationJob, JobOutcome
 from shared.keys import Keys
+from shared.logs import log_event
+from shared.metrics import JobRecord, record_job
 from worker.engine.batch import BatchEngine
 from worker.runtime.batch_lines import BatchLines
 from worker.runtime.loop import EngineLoop
 from worker.runtime.publish import EventSink, Route
 
 log = logging.getLogger(__name__)
+job_log = logging.getLogger("mlxq.job")  # one structured line per ended job (shared/logs.py)
 
 # How long a slot waits for the loop to apply the cancel that ends a job at its run limit.
 END_GRACE_S = 30.0
@@ -55,6 +61,7 @@ class Runtime:
     keys: Keys
     job_timeout_s: float
     release: Script  # shared/backlog.py RELEASE, registered on `redis`
+    worker_id: str
 
 
 _runtime: Runtime | None = None
@@ -71,7 +78,7 @@ def run_generation(payload: dict[str, Any]) -> dict[str, Any]:
     current = get_current_job()
     if current is None:
         raise RuntimeError("run_generation runs only as an RQ job")
-    rt, job_id = _runtime, current.id
+    rt, job_id, started_at = _runtime, current.id, time.time()
     try:
         job = _parse(job_id, payload)
     except MLXQError as err:  # not a job: nobody reads it back, so no replay log
@@ -84,8 +91,55 @@ def run_generation(payload: dict[str, Any]) -> dict[str, Any]:
         log.exception("job %s failed", job_id)
         error = GenerationError(f"the job failed: {type(err).__name__}")
         _publish(rt, route, ErrorEvent.from_error(error))
+        _report(rt, current, job, _failed(), started_at)
         raise
+    _report(rt, current, job, outcome, started_at)
     return outcome.model_dump()
+
+
+def _report(
+    rt: Runtime, current: Job, job: GenerationJob, outcome: JobOutcome, started_at: float
+) -> None:
+    """Add the ended job to the fleet's figures; a Redis hiccup costs the figures, not the job."""
+    model = job.model
+    enqueued = current.enqueued_at
+    record = JobRecord(
+        job_id=current.id,
+        model=model,
+        lane="bulk" if current.origin == rt.keys.bulk_queue(model) else "interactive",
+        worker=rt.worker_id,
+        owner=job.owner,
+        finish_reason=outcome.finish_reason,
+        prompt_tokens=outcome.prompt_tokens,
+        completion_tokens=outcome.completion_tokens,
+        cached_tokens=outcome.cached_tokens,
+        enqueued_at=started_at if enqueued is None else enqueued.timestamp(),
+        started_at=started_at,
+        first_token_at=outcome.first_token_at,
+        ended_at=time.time(),
+    )
+    log_event(
+        job_log,
+        "job",
+        job_id=record.job_id,
+        model=model,
+        lane=record.lane,
+        owner=record.owner,
+        worker=record.worker,
+        finish_reason=record.finish_reason,
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
+        cached_tokens=record.cached_tokens,
+        queue_s=record.queue_s,
+        ttft_s=record.ttft_s,
+        duration_s=record.e2e_s,
+    )
+    pipe = rt.redis.pipeline(transaction=False)
+    record_job(pipe, rt.keys, record)
+    try:
+        pipe.execute()
+    except RedisError as err:
+        log.warning("could not record job %s in the fleet's metrics: %s", current.id, err)
 
 
 def _outcome(rt: Runtime, job: GenerationJob, route: Route, retries_left: int) -> JobOutcome:

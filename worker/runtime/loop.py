@@ -7,7 +7,9 @@ Nothing on this path logs, validates JSON schemas or makes a Redis round trip pe
 
 Jobs arrive through `submit` from RQ slot threads (worker/runtime/slots.py) and cancellations
 through `cancel` from the cancel listener; both are thread-safe hand-offs. `turns` counts the
-loop's turns, for the progress watchdog (worker/runtime/watchdog.py).
+loop's turns, for the progress watchdog (worker/runtime/watchdog.py); `generated` counts the
+tokens of every step (one per running sequence), for the heartbeat's tokens/s. Both are plain
+counters bumped once per turn; a job's first-token time is one comparison per output.
 """
 
 from __future__ import annotations
@@ -51,11 +53,14 @@ class Admission:
     outcome: Future[JobOutcome] = field(default_factory=Future)
     cancelled: bool = False
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    first_token_at: float | None = None  # unix s, when its first step's output was published
 
 
 class EngineLoop:
-    def __init__(self, engine: BatchEngine, sink: EventSink, keys: Keys):
+    def __init__(self, engine: BatchEngine, sink: EventSink, keys: Keys, worker_id: str = ""):
         self._engine = engine
+        self._worker_id = worker_id or None
         self._sink = sink
         self._keys = keys
         self._inbox: queue.SimpleQueue[Admission] = queue.SimpleQueue()
@@ -64,6 +69,7 @@ class EngineLoop:
         self._waiting: dict[str, Admission] = {}
         self._running: dict[str, Admission] = {}
         self.turns = 0
+        self.generated = 0
 
     def submit(self, prepared: PreparedJob, route: Route) -> Future[JobOutcome]:
         admission = Admission(prepared, route)
@@ -86,6 +92,7 @@ class EngineLoop:
             if not self._running:
                 continue
             outputs = self._step()
+            self.generated += len(outputs)
             self._publish(outputs)
             self._apply_cancellations()
             self._retire(outputs)
@@ -101,10 +108,11 @@ class EngineLoop:
             self._running[a.prepared.job_id] = a
         for a in admitted:
             if a.cancelled:
-                a.outcome.set_result(_outcome(a.prepared, "cancelled", 0))
-        self._sink.send(
-            [(a.route, StartedEvent(prompt_tokens=a.prepared.prompt_tokens)) for a in started]
-        )
+                a.outcome.set_result(_outcome(a, "cancelled"))
+        self._sink.send([(a.route, self._started(a)) for a in started])
+
+    def _started(self, a: Admission) -> StartedEvent:
+        return StartedEvent(prompt_tokens=a.prepared.prompt_tokens, worker=self._worker_id)
 
     def _drain(self) -> list[Admission]:
         admitted: list[Admission] = []
@@ -147,13 +155,16 @@ class EngineLoop:
         self._running.clear()
         self._sink.send([(a.route, ErrorEvent.from_error(err)) for a in failed])
         for a in failed:
-            a.outcome.set_result(_outcome(a.prepared, "error", 0))
+            a.outcome.set_result(_outcome(a, "error"))
 
     def _publish(self, outputs: list[StepOutput]) -> None:
         events: list[tuple[Route, Event]] = []
+        now = time.time()
         for out in outputs:
             admission = self._running[out.job_id]
             admission.completion_tokens = out.completion_tokens
+            if admission.first_token_at is None:
+                admission.first_token_at = now
             route = admission.route
             if out.text or out.logprobs or out.tool_calls:
                 token = TokenEvent(
@@ -169,6 +180,7 @@ class EngineLoop:
                 end = ChoiceEndEvent(index=out.index, finish_reason=_reason(out.finish_reason))
                 events.append((route, end))
             if out.ends_job:
+                admission.cached_tokens = out.cached_tokens
                 events.append((route, _final(out)))
         self._sink.send(events)
 
@@ -188,9 +200,7 @@ class EngineLoop:
         running = self._running.pop(job_id, None)
         if running is not None:
             self._engine.remove([job_id])
-            running.outcome.set_result(
-                _outcome(running.prepared, "cancelled", running.completion_tokens)
-            )
+            running.outcome.set_result(_outcome(running, "cancelled"))
 
     def _retire(self, outputs: list[StepOutput]) -> None:
         for out in outputs:
@@ -198,11 +208,7 @@ class EngineLoop:
                 continue
             admission = self._running.pop(out.job_id, None)
             if admission is not None:
-                admission.outcome.set_result(
-                    _outcome(
-                        admission.prepared, out.finish_reason or "error", out.completion_tokens
-                    )
-                )
+                admission.outcome.set_result(_outcome(admission, out.finish_reason or "error"))
 
 
 def _final(out: StepOutput) -> DoneEvent | ErrorEvent:
@@ -223,9 +229,11 @@ def _reason(engine_reason: str | None) -> FinishReason:
     return "stop" if engine_reason == "stop" else "length"
 
 
-def _outcome(prepared: PreparedJob, finish_reason: str, completion_tokens: int) -> JobOutcome:
+def _outcome(admission: Admission, finish_reason: str) -> JobOutcome:
     return JobOutcome(
         finish_reason=finish_reason,
-        prompt_tokens=prepared.prompt_tokens,
-        completion_tokens=completion_tokens,
+        prompt_tokens=admission.prepared.prompt_tokens,
+        completion_tokens=admission.completion_tokens,
+        cached_tokens=admission.cached_tokens,
+        first_token_at=admission.first_token_at,
     )

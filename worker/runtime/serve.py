@@ -43,6 +43,7 @@ from worker.runtime.fence import FencedSink
 from worker.runtime.heartbeat import beat, born, keep_beating, retire
 from worker.runtime.loop import EngineLoop
 from worker.runtime.reaper import Reaper
+from worker.runtime.report import Reporter
 from worker.runtime.slots import LEAVE_S, SlotWorker, held, start_slots, stop_slots
 from worker.runtime.tokenizer_spec import build_spec, publish_spec
 from worker.runtime.watchdog import Watchdog
@@ -106,10 +107,10 @@ def serve(settings: Settings) -> None:
         gap_s=LIVE_FACTOR * settings.heartbeat_s,
         on_buried=lambda: die(EXIT_BURIED, buried),
     )
-    loop = EngineLoop(engine, sink, keys)
+    loop = EngineLoop(engine, sink, keys, worker_id)
     release = redis.register_script(backlog.RELEASE)
     runtime = job_function.Runtime(
-        engine, loop, sink, redis, keys, float(settings.job_timeout_s), release
+        engine, loop, sink, redis, keys, float(settings.job_timeout_s), release, worker_id
     )
     job_function.bind(runtime)
 
@@ -145,8 +146,11 @@ def serve(settings: Settings) -> None:
     present = listen_for_cancels(blocking, keys, loop, worker_id, services)
     if not present.wait(PRESENCE_WAIT_S):
         log.warning("presence not confirmed yet (Redis slow?); serving anyway")
+    reporter = Reporter(loop, lambda: held(slots), keys, name, worker_id, settings.batch_size)
     # Known before it takes a job: then it can be reaped.
-    _until_redis_answers(lambda: beat(redis, keys, name, worker_id))
+    _until_redis_answers(
+        lambda: beat(redis, keys, name, worker_id, reporter.stats(), settings.heartbeat_s)
+    )
     keep_beating(
         redis,
         keys,
@@ -155,6 +159,7 @@ def serve(settings: Settings) -> None:
         settings.heartbeat_s,
         services,
         on_tombstone=lambda: die(EXIT_BURIED, buried),
+        report=reporter.stats,
     )
     queues = [keys.queue(name), keys.bulk_queue(name)]  # in priority order
     # Some slots take interactive jobs only, so a long batch never holds every slot.

@@ -1,0 +1,73 @@
+"""One structured log line per request (API) and per job (worker), without the prompt or the
+output, on the session's real API and worker (text format); the JSON format, on its own."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from shared.config import Settings
+from shared.logs import configure, log_event
+from tests.support import MODEL
+from worker.ops.cluster import wait_until
+
+SECRET = "zebra-marmalade-42"
+
+
+def line_for(log: Path, message: str, job_id: str) -> str | None:
+    for line in log.read_text(errors="replace").splitlines():
+        if f" {message} " in line and f"job_id={job_id}" in line:
+            return line
+    return None
+
+
+def test_a_request_and_its_job_each_log_one_line_with_the_figures_and_no_text(
+    client: openai.OpenAI, logs: Path
+) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": f"Repeat after me: {SECRET}"}],
+        max_tokens=12,
+        temperature=0,
+    )
+    api_log, worker_log = logs / "api.log", logs / "worker.log"
+    wait_until(lambda: line_for(api_log, "request", reply.id), 5, "the request's line")
+    wait_until(lambda: line_for(worker_log, "job", reply.id), 5, "the job's line")
+    assert reply.usage is not None
+    for line in (line_for(api_log, "request", reply.id), line_for(worker_log, "job", reply.id)):
+        assert line is not None
+        assert f"model={MODEL}" in line and "owner=anonymous" in line
+        assert f"prompt_tokens={reply.usage.prompt_tokens}" in line
+        assert f"completion_tokens={reply.usage.completion_tokens}" in line
+        for field in ("cached_tokens=", "queue_s=", "ttft_s=", "duration_s=", "worker="):
+            assert field in line
+        assert f"finish_reason={reply.choices[0].finish_reason}" in line
+    text = api_log.read_text(errors="replace") + worker_log.read_text(errors="replace")
+    assert SECRET not in text
+    assert (reply.choices[0].message.content or "")[:12] not in text
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_the_json_format_writes_each_field_as_a_key(
+    restore_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure(Settings(log_format="json", log_level="info"))
+    log_event(logging.getLogger("mlxq.job"), "job", job_id="chatcmpl-1", ttft_s=0.25, owner=None)
+    logging.getLogger("mlxq.quiet").debug("below the level")
+    (line,) = capsys.readouterr().err.splitlines()
+    record = json.loads(line)
+    assert record["message"] == "job" and record["level"] == "INFO"
+    assert (record["job_id"], record["ttft_s"], record["owner"]) == ("chatcmpl-1", 0.25, None)

@@ -1,0 +1,189 @@
+"""The fleet snapshot and the fleet's request figures, on the real Redis (no worker process: each
+test writes what a worker writes, under its own namespace, so the session's worker is unseen).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from flask.testing import FlaskClient
+from redis import Redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from api import create_app
+from shared.config import Settings
+from shared.fleet import WorkerStats, publish_stats, read_snapshot
+from shared.keys import Keys
+from shared.metrics import JobRecord, ModelFigures, record_job
+
+MODEL = "fleet-model"
+HEARTBEAT_S = 0.5
+
+
+@pytest.fixture
+def keys(redis: Redis) -> Iterator[Keys]:
+    keys = Keys("fleettest")
+    yield keys
+    for key in redis.scan_iter(f"{keys.ns}*"):
+        redis.delete(key)
+    for key in redis.scan_iter(f"rq:*{keys.ns}.{MODEL}*"):
+        redis.delete(key)
+
+
+def announce(redis: Redis, keys: Keys, worker_id: str, busy: int, at: float) -> None:
+    """What a worker's heartbeat writes (worker/runtime/heartbeat.py)."""
+    stats = WorkerStats(
+        worker_id=worker_id,
+        host="host-a",
+        model=MODEL,
+        batch_size=8,
+        running={"interactive": busy, "bulk": 1},
+        tokens_per_s=12.5,
+        generated_tokens=100,
+        started_at=at - 60,
+    )
+    pipe = redis.pipeline()
+    pipe.zadd(keys.models(), {MODEL: at})
+    pipe.zadd(keys.workers(MODEL), {worker_id: at})
+    publish_stats(pipe, keys, stats, HEARTBEAT_S)
+    pipe.execute()
+
+
+def record(job_id: str, reason: str, ttft: float | None, tokens: int, cached: int) -> JobRecord:
+    return JobRecord(
+        job_id=job_id,
+        model=MODEL,
+        lane="interactive",
+        worker="host-a.1",
+        finish_reason=reason,
+        prompt_tokens=10,
+        completion_tokens=tokens,
+        cached_tokens=cached,
+        enqueued_at=100.0,
+        started_at=100.5,
+        first_token_at=None if ttft is None else 100.0 + ttft,
+        ended_at=104.0,
+    )
+
+
+def test_a_live_worker_is_listed_with_its_slots_and_a_dead_one_never_is(
+    redis: Redis, keys: Keys
+) -> None:
+    presence = redis.pubsub()
+    presence.subscribe(keys.presence("host-a.1"))
+    now = time.time()
+    announce(redis, keys, "host-a.1", busy=3, at=now)
+    announce(redis, keys, "host-a.2", busy=5, at=now)  # nobody holds its presence: process gone
+    snapshot = read_snapshot(redis, keys, HEARTBEAT_S, now=now)
+    assert [(w.worker_id, w.slots_used, w.host) for w in snapshot.workers] == [
+        ("host-a.1", 4, "host-a")
+    ]
+    model = snapshot.models[0]
+    assert (model.live_workers, model.slots_used, model.slots_total) == (1, 4, 8)
+    assert {lane.lane: lane.running for lane in model.lanes} == {"interactive": 3, "bulk": 1}
+
+    presence.close()  # the process dies: its connection closes
+    time.sleep(0.1)
+    after = read_snapshot(redis, keys, HEARTBEAT_S, now=now)
+    assert after.workers == []
+    assert after.models[0].slots_used == 0
+
+
+def test_a_worker_whose_heartbeat_is_old_is_not_listed(redis: Redis, keys: Keys) -> None:
+    presence = redis.pubsub()
+    presence.subscribe(keys.presence("host-a.1"))
+    announce(redis, keys, "host-a.1", busy=2, at=time.time())
+    later = time.time() + 4 * HEARTBEAT_S  # three missed beats and more (a hung process)
+    assert read_snapshot(redis, keys, HEARTBEAT_S, now=later).workers == []
+    presence.close()
+
+
+def test_queue_depth_and_the_oldest_jobs_age_per_lane(redis: Redis, keys: Keys) -> None:
+    redis.zadd(keys.models(), {MODEL: time.time()})
+    interactive = Queue(keys.queue(MODEL), connection=redis, serializer=JSONSerializer)
+    bulk = Queue(keys.bulk_queue(MODEL), connection=redis, serializer=JSONSerializer)
+    interactive.enqueue_call("json.dumps", args=(1,))
+    interactive.enqueue_call("json.dumps", args=(2,))
+    bulk.enqueue_call("json.dumps", args=(3,))
+    waited = time.time() + 30  # read 30 s later
+    lanes = {lane.lane: lane for lane in read_snapshot(redis, keys, 1, now=waited).models[0].lanes}
+    assert (lanes["interactive"].waiting, lanes["bulk"].waiting) == (2, 1)
+    assert 29 < (lanes["interactive"].oldest_waiting_s or 0) < 35
+    assert 29 < (lanes["bulk"].oldest_waiting_s or 0) < 35
+
+
+def test_job_figures_add_up_across_workers_into_cumulative_histograms(
+    redis: Redis, keys: Keys
+) -> None:
+    for job in (
+        record("a", "stop", 0.2, 5, 0),
+        record("b", "length", 3.0, 9, 8),
+        record("c", "cancelled", None, 0, 0),
+    ):
+        pipe = redis.pipeline()
+        record_job(pipe, keys, job)
+        pipe.execute()
+    figures = ModelFigures.decode(redis.hgetall(keys.model_metrics(MODEL)))
+    assert figures.counters == {
+        "prompt_tokens": 30,
+        "generation_tokens": 14,
+        "prefix_cache_queries": 30,
+        "prefix_cache_hits": 8,
+    }
+    assert figures.finished == {"stop": 1, "length": 1, "cancelled": 1}
+    ttft = dict(figures.histograms["time_to_first_token_seconds"].cumulative())
+    assert (ttft["0.1"], ttft["0.25"], ttft["2.5"], ttft["5.0"], ttft["+Inf"]) == (0, 1, 1, 2, 2)
+    assert figures.histograms["time_to_first_token_seconds"].total == pytest.approx(3.2)
+    queue = dict(figures.histograms["request_queue_time_seconds"].cumulative())
+    assert queue["0.5"] == 3  # every job, cancelled or not, waited 0.5 s
+    recent = read_snapshot(redis, keys, HEARTBEAT_S).recent_jobs
+    assert [(j.job_id, j.status) for j in recent] == [
+        ("c", "cancelled"),
+        ("b", "completed"),
+        ("a", "completed"),
+    ]
+
+
+def test_metrics_and_fleet_need_the_key_and_the_page_does_not(settings: Settings) -> None:
+    keyed = settings.model_copy(update={"api_keys": Settings(api_keys="sk-k1").api_keys})
+    http: FlaskClient = create_app(keyed).test_client()
+    assert http.get("/metrics").status_code == 401
+    assert http.get("/v1/fleet").status_code == 401
+    auth = {"Authorization": "Bearer sk-k1"}
+    assert http.get("/metrics", headers=auth).status_code == 200
+    assert http.get("/v1/fleet", headers=auth).status_code == 200
+    page = http.get("/")
+    assert page.status_code == 200
+    assert http.get("/static/app.js").status_code == 200
+    csp = page.headers["Content-Security-Policy"]
+    assert "script-src 'self';" in csp and "unsafe-inline" not in csp
+    assert page.headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_a_bad_fleet_query_is_a_400_naming_it(http: FlaskClient) -> None:
+    for query, param in (("recent=500", "recent"), ("limit=3", "limit")):
+        response = http.get(f"/v1/fleet?{query}")
+        assert response.status_code == 400
+        assert response.get_json()["error"]["param"] == param
+
+
+def test_every_429_is_counted_in_redis_and_shown_by_metrics(
+    settings: Settings, redis: Redis, keys: Keys
+) -> None:
+    presence = redis.pubsub()
+    presence.subscribe(keys.presence("host-a.1"))
+    announce(redis, keys, "host-a.1", busy=0, at=time.time())
+    Queue(keys.queue(MODEL), connection=redis, serializer=JSONSerializer).enqueue_call(
+        "json.dumps", args=(1,)
+    )
+    full = settings.model_copy(update={"namespace": keys.ns, "queue_cap": 1})
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(2):  # two API processes, each refusing one request
+        http = create_app(full).test_client()
+        assert http.post("/v1/chat/completions", json=body).status_code == 429
+    scrape = http.get("/metrics").get_data(as_text=True)
+    assert 'mlxq:http_refusals_total{code="queue_full",status="429"} 2.0' in scrape
+    presence.close()

@@ -1,0 +1,64 @@
+"""The worker's report of itself, built once per heartbeat (shared/fleet.py WorkerStats).
+
+Slots in use come from what the RQ slots hold (worker/runtime/slots.py), split by the lane of the
+queue each job came from. Tokens/s is the engine loop's token counter over the last minute: one
+sample per heartbeat, kept for WINDOW_S; nothing is counted per token here.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+
+from shared.fleet import WorkerStats
+from shared.keys import Keys
+from shared.metrics import Lane
+from worker.runtime.loop import EngineLoop
+
+WINDOW_S = 60.0
+
+
+class Reporter:
+    def __init__(
+        self,
+        loop: EngineLoop,
+        held: Callable[[], dict[str, str]],
+        keys: Keys,
+        model: str,
+        worker_id: str,
+        batch_size: int,
+    ):
+        self._loop = loop
+        self._held = held
+        self._bulk_queue = keys.bulk_queue(model)
+        self._model = model
+        self._worker_id = worker_id
+        self._batch_size = batch_size
+        self._started_at = time.time()
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def tokens_per_s(self, now: float, generated: int) -> float:
+        """Tokens generated per second since the oldest sample of the last WINDOW_S."""
+        self._samples.append((now, generated))
+        while len(self._samples) > 1 and self._samples[0][0] < now - WINDOW_S:
+            self._samples.popleft()
+        then, before = self._samples[0]
+        return round((generated - before) / (now - then), 2) if now > then else 0.0
+
+    def stats(self) -> WorkerStats:
+        running: dict[Lane, int] = {"interactive": 0, "bulk": 0}
+        for queue in self._held().values():
+            running["bulk" if queue == self._bulk_queue else "interactive"] += 1
+        generated = self._loop.generated
+        return WorkerStats(
+            worker_id=self._worker_id,
+            host=socket.gethostname(),
+            model=self._model,
+            batch_size=self._batch_size,
+            running=running,
+            tokens_per_s=self.tokens_per_s(time.monotonic(), generated),
+            generated_tokens=generated,
+            started_at=self._started_at,
+        )
