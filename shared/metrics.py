@@ -62,6 +62,15 @@ class JobRecord(BaseModel):
     first_token_at: float | None
     ended_at: float
 
+    def log_fields(self) -> dict[str, object]:
+        """The job's structured log line (shared/logs.py): ids, counts and times, no text."""
+        return {
+            **self.model_dump(exclude={"enqueued_at", "started_at", "first_token_at", "ended_at"}),
+            "queue_s": self.queue_s,
+            "ttft_s": self.ttft_s,
+            "duration_s": self.e2e_s,
+        }
+
     @property
     def status(self) -> Literal["completed", "cancelled", "failed"]:
         if self.finish_reason == "cancelled":

@@ -118,22 +118,7 @@ def _report(
         first_token_at=outcome.first_token_at,
         ended_at=time.time(),
     )
-    log_event(
-        job_log,
-        "job",
-        job_id=record.job_id,
-        model=model,
-        lane=record.lane,
-        owner=record.owner,
-        worker=record.worker,
-        finish_reason=record.finish_reason,
-        prompt_tokens=record.prompt_tokens,
-        completion_tokens=record.completion_tokens,
-        cached_tokens=record.cached_tokens,
-        queue_s=record.queue_s,
-        ttft_s=record.ttft_s,
-        duration_s=record.e2e_s,
-    )
+    log_event(job_log, "job", **record.log_fields())
     pipe = rt.redis.pipeline(transaction=False)
     record_job(pipe, rt.keys, record)
     try:
