@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     models_dir: Path = Field(default_factory=_default_models_dir)
     # What a worker serves: a model directory, a name under models_dir, or a hub id.
     model: str = "SmolLM2-135M-Instruct"
+    # `mlxq run` only: the models to serve, one worker process each (comma-separated in
+    # MLXQ_MODELS); none: MLXQ_MODEL alone.
+    models: Annotated[tuple[str, ...], NoDecode] = ()
     # "mlx" runs the model; "synthetic" emits timestamp tokens (relay benchmarks only).
     engine: Literal["mlx", "synthetic"] = "mlx"
     synthetic_step_s: float = Field(default=0.05, gt=0)
@@ -86,9 +89,13 @@ class Settings(BaseSettings):
     def _upper_level(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "models", mode="before")
     @classmethod
-    def _split_keys(cls, value: Any) -> Any:
+    def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
-            return tuple(key.strip() for key in value.split(",") if key.strip())
+            return tuple(item.strip() for item in value.split(",") if item.strip())
         return value
+
+    def served_models(self) -> list[str]:
+        """What `mlxq run` serves: MLXQ_MODELS, or else MLXQ_MODEL."""
+        return list(self.models) or [self.model]

@@ -201,7 +201,8 @@ def test_json_content_types_with_utf8_are_accepted(http: FlaskClient, content_ty
         ("post", "/health", 405),
         ("get", "/v1/chat", 404),
         ("post", "/v2/chat/completions", 404),
-        ("get", "/", 404),
+        ("post", "/", 405),  # the page is GET only
+        ("get", "/nowhere", 404),
         ("get", "/v1/models/../../etc/passwd", 404),
     ],
 )

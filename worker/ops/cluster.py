@@ -102,7 +102,8 @@ def start_redis(port: int, data_dir: Path | None = None) -> subprocess.Popen[byt
     else:
         data_dir.mkdir(parents=True, exist_ok=True)
         args += ["--appendonly", "yes", "--dir", str(data_dir)]
-    server = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    # Its own session: a Ctrl-C meant for the caller must not stop Redis under draining workers.
+    server = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_until(lambda: redis_answers(f"redis://127.0.0.1:{port}/0"), 10, f"Redis on {port}")
     except TimeoutError:

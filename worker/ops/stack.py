@@ -1,25 +1,46 @@
-"""`mlxq run`: the whole stack on one machine, for a newcomer's first command.
+"""`mlxq run`: the whole stack on one machine, kept up by a process supervisor.
 
 Redis: the one at REDIS_URL if it answers, else a private redis-server started here (local
-URLs only). Then the default model is prepared, and honcho runs the Procfile's processes
-(the API under gunicorn and one worker) until Ctrl-C, which stops everything it started.
+URLs only). Then the default model is prepared, and supervisord (the `supervisor` package) runs
+the Procfile's processes: the API under gunicorn, and one worker per model of MLXQ_MODELS (or
+one for MLXQ_MODEL). A process that exits for any reason is restarted, each restart logged by
+supervisord once ("exited: ... not expected", then "spawned: ..."); one that keeps exiting before
+it has been up `STARTSECS` is retried with a growing back-off (1 s, 2 s, 3 s...) and given up on
+after `STARTRETRIES` tries ("gave up: ... FATAL"), while the rest keep serving. Ctrl-C (or
+SIGTERM) stops everything, workers draining their jobs first.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlparse
-
-from honcho.environ import parse_procfile
-from honcho.manager import Manager
 
 from shared.config import Settings
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.ops.cluster import ROOT, redis_answers, start_redis, stop
 
 PROCFILE = ROOT / "Procfile"
+# A process counts as started once it has stayed up this long (a worker loads its model first).
+STARTSECS = {"web": 3, "worker": 20}
+STARTRETRIES = 3
+# SIGTERM, then this long for a worker to drain (MLXQ_DRAIN_TIMEOUT_S) before SIGKILL.
+STOPWAITSECS = 45
+
+
+@dataclass(frozen=True)
+class Program:
+    """One supervised process: a Procfile entry, for one model in the case of a worker."""
+
+    name: str
+    kind: str  # the Procfile name: web or worker
+    command: str
+    env: dict[str, str]
 
 
 def start_local_redis(url: str) -> subprocess.Popen[bytes]:
@@ -35,19 +56,81 @@ def run_stack(settings: Settings) -> int:
         None if redis_answers(settings.redis_url) else start_local_redis(settings.redis_url)
     )
     try:
-        if settings.model == DEFAULT_MODEL_NAME:
+        if DEFAULT_MODEL_NAME in settings.served_models():
             ensure_default_model(settings.models_dir)
-        return _run_procfile()
+        return supervise(programs(PROCFILE.read_text(), settings.served_models()))
     finally:
         if redis_server is not None:
             stop(redis_server)
 
 
-def _run_procfile() -> int:
+def programs(procfile: str, models: list[str]) -> list[Program]:
+    """The Procfile's processes (`name: command` lines), a worker for each model."""
+    out: list[Program] = []
+    for line in procfile.splitlines():
+        name, sep, command = line.partition(":")
+        if not sep or line.lstrip().startswith("#"):
+            continue
+        kind = name.strip()
+        if kind != "worker":
+            out.append(Program(kind, kind, command.strip(), {}))
+            continue
+        for i, model in enumerate(models):
+            label = kind if len(models) == 1 else f"{kind}-{i + 1}"
+            out.append(Program(label, kind, command.strip(), {"MLXQ_MODEL": model}))
+    return out
+
+
+def config(programs: list[Program], folder: Path) -> str:
+    """supervisord's configuration: in the foreground, everything's output on this terminal."""
+    lines = [
+        "[supervisord]",
+        "nodaemon=true",
+        "logfile=/dev/stdout",
+        "logfile_maxbytes=0",
+        f"pidfile={folder / 'supervisord.pid'}",
+        "loglevel=info",
+    ]
+    for p in programs:
+        lines += [
+            "",
+            f"[program:{p.name}]",
+            f"command={p.command}",
+            f"directory={ROOT}",
+            "autorestart=true",
+            f"startsecs={STARTSECS.get(p.kind, 3)}",
+            f"startretries={STARTRETRIES}",
+            "stopsignal=TERM",
+            f"stopwaitsecs={STOPWAITSECS}",
+            "stopasgroup=true",
+            "redirect_stderr=true",
+            "stdout_logfile=/dev/stdout",
+            "stdout_logfile_maxbytes=0",
+        ]
+        if p.env:
+            # supervisord expands %(name)s in its values: a literal % is written %%.
+            pairs = (f'{k}="{v.replace("%", "%%")}"' for k, v in p.env.items())
+            lines.append("environment=" + ",".join(pairs))
+    return "\n".join(lines) + "\n"
+
+
+def supervise(programs: list[Program]) -> int:
+    """Run supervisord over `programs` until it is told to stop."""
     bin_dir = os.path.dirname(sys.executable)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-    manager = Manager()
-    for name, command in parse_procfile(PROCFILE.read_text()).processes.items():
-        manager.add_process(name, command, env=env, cwd=str(PROCFILE.parent))
-    manager.loop()
-    return int(manager.returncode or 0)
+    with tempfile.TemporaryDirectory(prefix="mlxq-run-") as tmp:
+        conf = Path(tmp) / "supervisord.conf"
+        conf.write_text(config(programs, Path(tmp)))
+        # Its own session: Ctrl-C reaches this process only, and supervisord then stops each
+        # process with SIGTERM (a worker drains) rather than the terminal interrupting them all.
+        supervisord = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)],
+            env=env,
+            start_new_session=True,
+        )
+        signal.signal(signal.SIGTERM, lambda *_: supervisord.terminate())
+        try:
+            return supervisord.wait()
+        except KeyboardInterrupt:
+            stop(supervisord, timeout_s=STOPWAITSECS + 15)
+            return 0

@@ -1,0 +1,140 @@
+"""`mlxq run`, the README's run command, keeps the stack up under supervisord: a worker or the
+API killed with SIGKILL is restarted and the next request is served; a worker that cannot start
+(a model that does not exist) is given up on while the rest keep serving; several models
+(MLXQ_MODELS) get a worker each; SIGTERM stops everything.
+
+The stack runs with its own redis-server (started by `mlxq run` itself on a free port) and a
+models folder of its own, holding the default model under two names."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from redis import Redis
+
+from shared.keys import Keys
+from tests.support import MODEL
+from worker.ops.cluster import ROOT, free_port, stop, wait_until
+
+SECOND = "smol-second-name"
+MISSING = "no-such-model"
+
+
+@dataclass
+class Stack:
+    proc: subprocess.Popen[bytes]
+    log: Path
+    api_url: str
+    redis: Redis
+    keys: Keys
+
+    def said(self, text: str) -> bool:
+        return text in self.log.read_text(errors="replace")
+
+    def answers(self, model: str) -> bool:
+        body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        try:
+            reply = httpx.post(f"{self.api_url}/v1/chat/completions", json=body, timeout=60)
+        except httpx.HTTPError:
+            return False
+        return reply.status_code == 200
+
+    def worker_pid(self, model: str) -> int:
+        """The pid of the worker with the latest heartbeat for `model` (a dead one's entry
+        stays until a live worker reaps it)."""
+        ((worker_id, _),) = self.redis.zrange(self.keys.workers(model), -1, -1, withscores=True)
+        return int(worker_id.decode().rsplit(".", 1)[1])
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    folder = tmp_path_factory.mktemp("run")
+    models = folder / "models"
+    models.mkdir()
+    real = Path.home() / ".cache" / "mlxq" / "models" / MODEL
+    for name in (MODEL, SECOND):
+        (models / name).symlink_to(real)
+    redis_port, api_port = free_port(), free_port()
+    env = dict(
+        os.environ,
+        REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
+        MLXQ_NAMESPACE="mlxqrun",
+        MLXQ_MODELS_DIR=str(models),
+        MLXQ_MODELS=f"{MODEL},{SECOND},{MISSING}",
+        MLXQ_API_BIND=f"127.0.0.1:{api_port}",
+        MLXQ_HEARTBEAT_S="0.5",
+        MLXQ_BATCH_SIZE="2",
+    )
+    log = folder / "run.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.ops.cli", "run"],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    redis = Redis.from_url(env["REDIS_URL"], socket_timeout=2)
+    running = Stack(proc, log, f"http://127.0.0.1:{api_port}", redis, Keys("mlxqrun"))
+    try:
+        wait_until(lambda: running.answers(MODEL) and running.answers(SECOND), 240, "the stack")
+        yield running
+    finally:
+        stop(proc, timeout_s=90)
+
+
+def test_every_model_of_mlxq_models_gets_a_worker(stack: Stack) -> None:
+    listed = httpx.get(f"{stack.api_url}/v1/models", timeout=10).json()
+    assert {m["id"] for m in listed["data"]} == {MODEL, SECOND}
+
+
+def test_a_worker_that_cannot_start_is_given_up_on_and_the_rest_serve(stack: Stack) -> None:
+    wait_until(lambda: stack.said("gave up: worker-3 entered FATAL state"), 120, "the give-up")
+    assert stack.answers(MODEL) and stack.answers(SECOND)
+
+
+def test_a_killed_worker_is_restarted_and_serves_again(stack: Stack) -> None:
+    victim = stack.worker_pid(MODEL)
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: stack.said("exited: worker-1 (terminated by SIGKILL; not expected)"), 10, "")
+    wait_until(lambda: stack.answers(MODEL), 120, "a request served by the restarted worker")
+    assert stack.worker_pid(MODEL) != victim
+    assert stack.answers(SECOND)  # the other model's worker never stopped
+
+
+def test_a_killed_api_is_restarted(stack: Stack) -> None:
+    gunicorn = int(
+        subprocess.run(
+            ["pgrep", "-f", "gunicorn.*api.gunicorn_conf", "-P", str(_supervisord(stack))],
+            capture_output=True,
+            text=True,
+        ).stdout.split()[0]
+    )
+    os.kill(gunicorn, signal.SIGKILL)
+    wait_until(lambda: stack.said("exited: web (terminated by SIGKILL; not expected)"), 10, "")
+    wait_until(lambda: stack.answers(MODEL), 60, "a request served by the restarted API")
+
+
+def test_sigterm_stops_everything(stack: Stack) -> None:
+    supervisord = _supervisord(stack)
+    stack.proc.send_signal(signal.SIGTERM)
+    assert stack.proc.wait(timeout=90) == 0
+    assert subprocess.run(["pgrep", "-P", str(supervisord)], capture_output=True).stdout == b""
+    assert stack.said("stopped: web") and stack.said("stopped: worker-2")
+
+
+def _supervisord(stack: Stack) -> int:
+    out = subprocess.run(["pgrep", "-P", str(stack.proc.pid)], capture_output=True, text=True)
+    pids = [int(p) for p in out.stdout.split()]
+    for pid in pids:
+        if "supervisord" in Path(f"/proc/{pid}/cmdline").read_text():
+            return pid
+    raise AssertionError(f"no supervisord among {pids}")
