@@ -27,7 +27,7 @@ from shared.connection import connect, connect_blocking, redis_errors_as_503
 from shared.errors import ModelNotFoundError, QueueFullError
 from shared.jobs import JOB_FUNCTION, GenerationJob, JobLimits
 from shared.keys import Keys
-from shared.liveness import horizon
+from shared.liveness import horizon, live_workers
 
 T = TypeVar("T")
 # Bulk jobs enqueued per Redis round trip.
@@ -59,18 +59,25 @@ class Broker:
         return bool(self._call(self.redis.ping))
 
     def live_models(self) -> list[tuple[str, float]]:
+        """The models a live worker serves (shared/liveness.py), with their last heartbeat."""
         oldest = horizon(time.time(), self.settings.heartbeat_s)
         rows: list[Any] = self._call(
             lambda: self.redis.zrangebyscore(self.keys.models(), oldest, "+inf", withscores=True)
         )
-        return [(bytes(name).decode(), float(score)) for name, score in rows]
+        seen = {bytes(name).decode(): float(score) for name, score in rows}
+        live = self._live_workers(list(seen))
+        return [(name, score) for name, score in seen.items() if live[name]]
 
     def require_model(self, model: str) -> None:
-        score = self._call(lambda: self.redis.zscore(self.keys.models(), model))
-        if score is None or score < horizon(time.time(), self.settings.heartbeat_s):
+        """A 404 unless a live worker serves `model`: the rule `/v1/models` lists by."""
+        if not self._live_workers([model])[model]:
             raise ModelNotFoundError(
                 f"The model '{model}' does not exist or no live worker serves it.", param="model"
             )
+
+    def _live_workers(self, models: list[str]) -> dict[str, set[str]]:
+        heartbeat_s = self.settings.heartbeat_s
+        return self._call(lambda: live_workers(self.redis, self.keys, models, heartbeat_s))
 
     def queue(self, model: str) -> Queue:
         return self._queue(self.keys.queue(model))
@@ -114,11 +121,9 @@ class Broker:
 
     def accept(self, job: GenerationJob, queue: Queue) -> None:
         """Refuse at once what cannot be served soon: no live worker (404), a full queue (429)."""
-        keys = [self.keys.workers(job.model), queue.key]
-        keys += [self.keys.backlog(job.model), self.keys.backlog_tokens(job.model)]
+        self.require_model(job.model)
+        keys = [queue.key, self.keys.backlog(job.model), self.keys.backlog_tokens(job.model)]
         args: list[str | float] = [
-            horizon(time.time(), self.settings.heartbeat_s),
-            self.keys.presence(""),
             self.settings.queue_cap,
             self.settings.queue_token_cap,
             job.job_id,
@@ -126,11 +131,6 @@ class Broker:
         ]
         verdict = Verdict(self._call(lambda: self._accept(keys=keys, args=args)))
         retry_after = self.settings.retry_after_s
-        if verdict is Verdict.NO_WORKER:
-            raise ModelNotFoundError(
-                f"The model '{job.model}' does not exist or no live worker serves it.",
-                param="model",
-            )
         if verdict is Verdict.TOO_MANY_JOBS:
             raise QueueFullError(
                 f"The queue for '{job.model}' holds {self.settings.queue_cap} jobs, its cap; "

@@ -2,8 +2,9 @@
 
 An open request waits on its job's channel; if the worker running the job dies, nothing will
 ever arrive there. One daemon thread per API process polls every half heartbeat interval, only
-while requests are open, in two pipelined round trips: one HMGET of RQ's record per open job,
-one ZRANGEBYSCORE per model, one PUBSUB NUMSUB for the workers involved (nothing per token).
+while requests are open, in three round trips: one pipelined HMGET of RQ's record per open job,
+then the live workers of the models involved (shared/liveness.py, the rule admission and
+`/v1/models` use; nothing per token).
 - a job started by a worker that is no longer alive (shared/liveness.py) -> WorkerLostError;
 - a job still queued while no live worker serves its model -> ModelNotFoundError (and the job
   is taken off the queue);
@@ -38,7 +39,7 @@ from shared.errors import (
 )
 from shared.events import ErrorEvent, encode_event
 from shared.keys import Keys
-from shared.liveness import horizon, worker_of
+from shared.liveness import live_workers, worker_of
 
 log = logging.getLogger(__name__)
 
@@ -111,23 +112,12 @@ class JobWatch:
 
     def _read(self, watched: list[Watched]) -> tuple[list[Record], dict[str, set[str]]]:
         """RQ's record of each job, and the live workers of each model involved."""
-        models = sorted({w.model for w in watched})
-        oldest = horizon(time.time(), self._heartbeat_s)
         pipe = self._redis.pipeline(transaction=False)
         for w in watched:
             pipe.hmget(Job.key_for(w.job_id), ["status", "worker_name"])
-        for model in models:
-            pipe.zrangebyscore(self._keys.workers(model), oldest, "+inf")
-        replies = pipe.execute()
-        records = [_record(reply) for reply in replies[: len(watched)]]
-        rows = zip(models, replies[len(watched) :], strict=True)
-        beating = {m: {_text(i) for i in ids} for m, ids in rows}
-        candidates = sorted(set().union(*beating.values()))
-        present: set[str] = set()
-        if candidates:
-            counts = self._redis.pubsub_numsub(*[self._keys.presence(w) for w in candidates])
-            present = {w for w, (_, n) in zip(candidates, counts, strict=True) if int(n) > 0}
-        return records, {m: ids & present for m, ids in beating.items()}
+        records = [_record(reply) for reply in pipe.execute()]
+        models = sorted({w.model for w in watched})
+        return records, live_workers(self._redis, self._keys, models, self._heartbeat_s)
 
     def _verdict(self, w: Watched, record: Record, live: set[str]) -> MLXQError | None:
         if record.status is None:

@@ -1,12 +1,11 @@
 """A model's backlog: may a new interactive job join its queue? One atomic check, two scripts.
 
-`ACCEPT` runs in Redis as one round trip per request and decides, in this order:
-1. no live worker serves the model (the rule of shared/liveness.py: a fresh heartbeat and a
-   subscriber on the worker's presence channel) -> `NO_WORKER`;
-2. the queue holds `queue_cap` jobs or more -> `TOO_MANY_JOBS`;
-3. the jobs already queued hold prompt tokens and this one would push them past
+The API first asks whether a live worker serves the model (shared/liveness.py, the rule
+`/v1/models` lists by). Then `ACCEPT` runs in Redis as one round trip and decides, in order:
+1. the queue holds `queue_cap` jobs or more -> `TOO_MANY_JOBS`;
+2. the jobs already queued hold prompt tokens and this one would push them past
    `queue_token_cap` -> `TOO_MANY_TOKENS` (a lone job is accepted whatever its size);
-4. else the job's tokens are recorded (`{ns}:backlog:{model}` hash, summed in
+3. else the job's tokens are recorded (`{ns}:backlog:{model}` hash, summed in
    `{ns}:backlog_tokens:{model}`) -> `ACCEPTED`.
 `RELEASE` takes a job's tokens back out; it is idempotent, and whoever removes the job from the
 queue calls it: the worker that takes it, or the API that withdraws it. An empty queue resets
@@ -27,29 +26,23 @@ from shared.jobs import GenerationJob
 
 class Verdict(IntEnum):
     ACCEPTED = 0
-    NO_WORKER = 1
-    TOO_MANY_JOBS = 2
-    TOO_MANY_TOKENS = 3
+    TOO_MANY_JOBS = 1
+    TOO_MANY_TOKENS = 2
 
 
-# KEYS: workers zset, RQ queue list, backlog hash, backlog sum.
-# ARGV: heartbeat horizon, presence channel prefix, queue cap, token cap, job id, job tokens.
+# KEYS: RQ queue list, backlog hash, backlog sum.
+# ARGV: queue cap, token cap, job id, job tokens.
 ACCEPT = """
-local live = 0
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf')) do
-  if tonumber(redis.call('PUBSUB', 'NUMSUB', ARGV[2] .. id)[2]) > 0 then live = live + 1 end
-end
-if live == 0 then return 1 end
-local queued = redis.call('LLEN', KEYS[2])
-local tokens = tonumber(redis.call('GET', KEYS[4]) or '0')
+local queued = redis.call('LLEN', KEYS[1])
+local tokens = tonumber(redis.call('GET', KEYS[3]) or '0')
 if queued == 0 and tokens ~= 0 then
-  redis.call('DEL', KEYS[3], KEYS[4])
+  redis.call('DEL', KEYS[2], KEYS[3])
   tokens = 0
 end
-if queued >= tonumber(ARGV[3]) then return 2 end
-if tokens > 0 and tokens + tonumber(ARGV[6]) > tonumber(ARGV[4]) then return 3 end
-redis.call('HSET', KEYS[3], ARGV[5], ARGV[6])
-redis.call('INCRBY', KEYS[4], ARGV[6])
+if queued >= tonumber(ARGV[1]) then return 1 end
+if tokens > 0 and tokens + tonumber(ARGV[4]) > tonumber(ARGV[2]) then return 2 end
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+redis.call('INCRBY', KEYS[3], ARGV[4])
 return 0
 """
 

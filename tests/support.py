@@ -191,6 +191,7 @@ def stand_in_worker(redis: Redis, keys: Keys, model: str = MODEL) -> Iterator[Pu
     presence = redis.pubsub()
     presence.subscribe(keys.presence(STAND_IN))
     redis.zadd(keys.workers(model), {STAND_IN: time.time() + 3600})
+    redis.zadd(keys.models(), {model: time.time() + 3600})
     try:
         yield presence
     finally:
