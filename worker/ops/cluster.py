@@ -90,9 +90,12 @@ def spawn(args: list[str], env: dict[str, str], log: Path | None = None) -> subp
         return subprocess.Popen(args, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
 
-def start_redis(port: int, data_dir: Path | None = None) -> subprocess.Popen[bytes]:
+def start_redis(
+    port: int, data_dir: Path | None = None, extra: list[str] | None = None, url: str = ""
+) -> subprocess.Popen[bytes]:
     """A redis-server on 127.0.0.1:`port`: in memory only, or with an append-only file in
-    `data_dir` so that its data survives a restart, as a real queue's would."""
+    `data_dir` so that its data survives a restart, as a real queue's would. `extra` arguments
+    come last (a password, TLS, more addresses); `url` is how to reach it then."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server not found: run scripts/setup.sh or install Redis.")
@@ -102,10 +105,12 @@ def start_redis(port: int, data_dir: Path | None = None) -> subprocess.Popen[byt
     else:
         data_dir.mkdir(parents=True, exist_ok=True)
         args += ["--appendonly", "yes", "--dir", str(data_dir)]
+    args += extra or []
+    url = url or f"redis://127.0.0.1:{port}/0"
     # Its own session: a Ctrl-C meant for the caller must not stop Redis under draining workers.
     server = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_until(lambda: redis_answers(f"redis://127.0.0.1:{port}/0"), 10, f"Redis on {port}")
+        wait_until(lambda: redis_answers(url), 10, f"Redis on {port}")
     except TimeoutError:
         stop(server)
         raise
@@ -158,6 +163,8 @@ class Cluster:
     model: str = DEFAULT_MODEL_NAME
     env: dict[str, str] = field(default_factory=dict)
     data_dir: Path | None = None  # Redis keeps an append-only file here, if given
+    redis_args: list[str] = field(default_factory=list)  # more: a password, TLS, addresses
+    url: str = ""  # how every process reaches Redis; by default redis://127.0.0.1:{port}/0
     logs: Path | None = None
     port: int = field(default_factory=free_port)
     redis_proc: subprocess.Popen[bytes] | None = None
@@ -167,7 +174,7 @@ class Cluster:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return self.url or f"redis://127.0.0.1:{self.port}/0"
 
     @property
     def keys(self) -> Keys:
@@ -191,7 +198,7 @@ class Cluster:
     # Redis
 
     def start_redis(self) -> None:
-        self.redis_proc = start_redis(self.port, self.data_dir)
+        self.redis_proc = start_redis(self.port, self.data_dir, self.redis_args, self.redis_url)
 
     def stop_redis(self, sig: signal.Signals = signal.SIGTERM) -> None:
         if self.redis_proc is not None:

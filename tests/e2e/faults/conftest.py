@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from redis import Redis
@@ -34,10 +35,14 @@ def start_cluster(
         workers: int = 1,
         heartbeat_s: float = HEARTBEAT_S,
         env: dict[str, str] | None = None,
+        redis: dict[str, Any] | None = None,
+        namespace: str = "",
         **worker_env: str,
     ) -> Cluster:
+        """`redis`: the Cluster's Redis fields (port, redis_args, url), where they matter."""
         logs = tmp_path_factory.mktemp(name)
-        cluster = Cluster(name.replace("_", ""), heartbeat_s, env=env or {}, logs=logs)
+        namespace = namespace or name.replace("_", "")
+        cluster = Cluster(namespace, heartbeat_s, env=env or {}, logs=logs, **(redis or {}))
         started.append(cluster)
         return cluster.start(workers, **worker_env)
 
