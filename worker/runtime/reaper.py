@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import ValidationError
 from redis import Redis
@@ -52,6 +53,8 @@ from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.job_lifecycle import record_job_failure
 from rq.serializers import JSONSerializer
+from rq.worker import Worker as RQWorker
+from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
 from shared.errors import WorkerLostError
 from shared.events import ErrorEvent, Event, RequeuedEvent, encode_event
@@ -334,7 +337,21 @@ class Reaper:
         pipe.set(self._keys.dead(worker), 1, ex=CLAIM_TTL_S)
         pipe.zrem(self._keys.workers(self._model), worker)
         pipe.delete(self._keys.taking(worker))
+        self._forget_slots(pipe, worker)
         pipe.execute()
+
+    def _forget_slots(self, pipe: Pipeline, worker: str) -> None:
+        """Take the dead worker's slots out of RQ's worker registry, as each would on a clean
+        exit, so that `rq info` stops showing them busy now rather than when their keys
+        expire."""
+        prefix = f"{RQWorker.redis_worker_namespace_prefix}{worker}."
+        members: Any = self._redis.smembers(REDIS_WORKER_KEYS)
+        for key in (_text(m) for m in members):
+            if key.startswith(prefix):
+                pipe.srem(REDIS_WORKER_KEYS, key)
+                for queue in self._queues:
+                    pipe.srem(WORKERS_BY_QUEUE_KEY % queue.name, key)
+                pipe.delete(key)
 
 
 def _generation(job: Job) -> GenerationJob | None:

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from redis import Redis
+from rq.worker import Worker as RQWorker
 
 from api.broker import Broker
 from shared.config import Settings
@@ -109,6 +110,22 @@ def test_bulk_jobs_of_a_killed_worker_run_again_on_a_live_one_and_finish_exactly
         assert first == RequeuedEvent(attempt=2)
         assert rq_job(redis, job_id).meta["attempt"] == 2
     assert lost
+
+
+def test_a_killed_worker_leaves_rqs_worker_registry_when_it_is_declared_dead(
+    cluster: Cluster,
+) -> None:
+    victim, survivor = exactly_workers(cluster, 2)
+    redis = cluster.redis()
+
+    def slots_of(worker_id: str) -> list[str]:
+        return [w.name for w in RQWorker.all(connection=redis) if w.name.startswith(worker_id)]
+
+    assert slots_of(victim.worker_id) and slots_of(survivor.worker_id)
+    cluster.kill_worker(victim)
+    wait_until(lambda: redis.exists(cluster.keys.dead(victim.worker_id)), 30, "the burial")
+    assert slots_of(victim.worker_id) == []  # `rq info` no longer lists them, busy or not
+    assert slots_of(survivor.worker_id)
 
 
 def test_a_frozen_worker_declared_dead_exits_when_it_wakes_and_its_job_finishes_once(
