@@ -20,7 +20,7 @@ from rq.serializers import JSONSerializer
 from api.context_window import ContextWindows
 from api.relay import EventRelay, Subscription
 from api.watch import JobWatch
-from shared import backlog
+from shared import backlog, fair_order
 from shared.backlog import Verdict
 from shared.config import Settings
 from shared.connection import connect, connect_blocking, redis_errors_as_503
@@ -46,6 +46,7 @@ class Broker:
         )
         self._accept = self.redis.register_script(backlog.ACCEPT)
         self._release = self.redis.register_script(backlog.RELEASE)
+        self._place = self.redis.register_script(fair_order.PLACE)
         self._queues: dict[str, Queue] = {}
 
     def init_app(self, app: Flask) -> None:
@@ -147,7 +148,8 @@ class Broker:
     def release(self, job_id: str, model: str) -> None:
         """Take a job's prompt tokens out of its model's backlog (idempotent)."""
         keys = [self.keys.backlog(model), self.keys.backlog_tokens(model)]
-        self._release(keys=keys, args=[job_id])
+        keys += [self.keys.order(model), self.keys.round(model)]
+        self._release(keys=keys, args=[job_id, "withdrawn"])
 
     def withdraw(self, job_id: str, model: str) -> None:
         """Cancel a job nobody will wait for, and take it off its queue if it is still there."""
@@ -167,7 +169,11 @@ class Broker:
         }
 
     def _enqueue(self, queue: Queue, job: GenerationJob) -> None:
+        """RQ appends the job; then it moves to its fair place (shared/fair_order.py)."""
         queue.enqueue_call(JOB_FUNCTION, **self._job_options(job))
+        keys = [queue.key, self.keys.order(job.model)]
+        keys += [self.keys.rounds(job.model), self.keys.round(job.model)]
+        self._place(keys=keys, args=[job.job_id, job.share or "anonymous", job.priority])
 
     def submit_bulk(self, jobs: list[GenerationJob], retries: int | None = None) -> None:
         """Enqueue jobs on their models' bulk queues, in order (no admission check).

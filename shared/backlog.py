@@ -7,8 +7,9 @@ The API first asks whether a live worker serves the model (shared/liveness.py, t
    `queue_token_cap` -> `TOO_MANY_TOKENS` (a lone job is accepted whatever its size);
 3. else the job's tokens are recorded (`{ns}:backlog:{model}` hash, summed in
    `{ns}:backlog_tokens:{model}`) -> `ACCEPTED`.
-`RELEASE` takes a job's tokens back out; it is idempotent, and whoever removes the job from the
-queue calls it: the worker that takes it, or the API that withdraws it. An empty queue resets
+`RELEASE` takes a job's tokens back out (and its place in the fair order, shared/fair_order.py);
+it is idempotent, and whoever removes the job from the queue calls it: the worker that takes
+it, or the API that withdraws it. An empty queue resets
 the sum, so a backlog that drifted (a queue emptied by hand) heals itself.
 
 Prompt tokens are estimated here (UTF-8 bytes / 4, plus a few per message; token-id prompts
@@ -46,8 +47,18 @@ redis.call('INCRBY', KEYS[3], ARGV[4])
 return 0
 """
 
-# KEYS: backlog hash, backlog sum. ARGV: job id. Returns 1 if the job's tokens were released.
+# KEYS: backlog hash, backlog sum, order hash, round string (shared/fair_order.py).
+# ARGV: job id, "taken" when a worker took it (its round becomes the current one).
+# Returns 1 if the job's tokens were released.
 RELEASE = """
+local place = redis.call('HGET', KEYS[3], ARGV[1])
+if place then
+  redis.call('HDEL', KEYS[3], ARGV[1])
+  local round = tonumber(place) % 4294967296
+  if ARGV[2] == 'taken' and round > tonumber(redis.call('GET', KEYS[4]) or '0') then
+    redis.call('SET', KEYS[4], round)
+  end
+end
 local tokens = redis.call('HGET', KEYS[1], ARGV[1])
 if not tokens then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])

@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from shared.errors import InvalidRequestError, UnsupportedParameterError
+from shared.fair_order import PRIORITY_LIMIT
 from shared.grammar import ResponseFormat
 from shared.keys import MODEL_NAME_PATTERN as MODEL_NAME_PATTERN
 from shared.sampling import SamplingParams
@@ -112,6 +113,8 @@ class SamplingRequest(BaseModel):
     top_k: Annotated[int, Field(ge=-1, le=MAX_TOKENS)] = 0
     min_p: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.0
     repetition_penalty: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] = 1.0
+    # vLLM's: lower runs earlier among the interactive jobs of a model (shared/fair_order.py).
+    priority: Annotated[int, Field(ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)] = 0
     user: str | None = None
     metadata: (
         Annotated[

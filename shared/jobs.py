@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from shared import fair_order
 from shared.batches import BatchLine
 from shared.completions import ChatCompletionRequest, ChatMessage, CompletionRequest
 from shared.keys import ID_PATTERN, MODEL_NAME_PATTERN
@@ -59,6 +60,9 @@ class GenerationJob(BaseModel):
     batch_line: BatchLine | None = None
     # Who sent it: the hashed id of its API key (api/auth.py), for the job's log line and record.
     owner: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
+    # Its place among the model's interactive jobs (shared/fair_order.py): whose turn, priority.
+    share: str | None = None
+    priority: int = 0
 
     @property
     def replayed(self) -> bool:
@@ -101,6 +105,9 @@ def job_for(
     """The generation job that answers a validated request of any of the three endpoints."""
     job = _job_for(job_id, req)
     job.owner = owner
+    job.share = fair_order.share(owner, req.user, keyed=owner not in (None, "anonymous"))
+    if not isinstance(req, ResponsesRequest):
+        job.priority = req.priority
     return job
 
 

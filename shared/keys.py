@@ -17,6 +17,10 @@ Layout under the namespace `ns` (default "mlxq"):
                                 then running) so that a worker dying between the two loses none
     {ns}:backlog:{model}        hash  queued interactive job id -> its estimated prompt tokens
     {ns}:backlog_tokens:{model} string  the sum of that hash (the queue's token cap reads it)
+    {ns}:order:{model}          hash  queued interactive job id -> its place in the fair order
+                                (shared/fair_order.py: priority, then round)
+    {ns}:rounds:{model}         hash  share (an API key's owner, or `user`) -> its last round
+    {ns}:round:{model}          string  the round of the job taken last
     {ns}:tokenizer:{model}      hash  "spec": the model's TokenizerSpec (shared/prompt_tokens.py),
                                 "digest": its digest; written by each worker serving the model
     {ns}:worker:{worker_id}     hash  a worker's report (shared/fleet.py WorkerStats): host, model,
@@ -140,6 +144,15 @@ class Keys:
 
     def backlog_tokens(self, model: str) -> str:
         return f"{self.ns}:backlog_tokens:{_model(model)}"
+
+    def order(self, model: str) -> str:
+        return f"{self.ns}:order:{_model(model)}"
+
+    def rounds(self, model: str) -> str:
+        return f"{self.ns}:rounds:{_model(model)}"
+
+    def round(self, model: str) -> str:
+        return f"{self.ns}:round:{_model(model)}"
 
     def queue(self, model: str) -> str:
         return f"{self.ns}.{_model(model)}"

@@ -185,7 +185,8 @@ def _taken(rt: Runtime, job: GenerationJob) -> bool:
     """Take the job out of its model's backlog; True if it was cancelled while queued."""
     pipe = rt.redis.pipeline(transaction=False)
     backlog = [rt.keys.backlog(job.model), rt.keys.backlog_tokens(job.model)]
-    rt.release(keys=backlog, args=[job.job_id], client=pipe)
+    backlog += [rt.keys.order(job.model), rt.keys.round(job.model)]
+    rt.release(keys=backlog, args=[job.job_id, "taken"], client=pipe)
     pipe.exists(rt.keys.cancelled(job.job_id))
     _, cancelled = pipe.execute()
     return bool(cancelled)

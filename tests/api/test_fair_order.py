@@ -1,0 +1,68 @@
+"""The order of a model's interactive queue (shared/fair_order.py), on the session's real Redis
+with a stand-in worker that takes nothing: callers take turns whatever they have queued, FIFO
+within a turn, and a lower `priority` goes first. The queue stays RQ's list."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from redis import Redis
+
+from api import create_app
+from shared.config import Settings
+from shared.keys import Keys
+from tests.support import CHAT, MODEL, rq_job, rq_queue, stand_in_worker
+from worker.ops.cluster import wait_until
+
+
+@pytest.fixture
+def app(app_settings: Settings) -> Flask:
+    """Requests give up after 3 s in the queue: the test reads the queue before that."""
+    return create_app(app_settings.model_copy(update={"queue_timeout_s": 3.0}))
+
+
+@pytest.fixture
+def keys(redis: Redis, app_settings: Settings) -> Iterator[Keys]:
+    keys = Keys(app_settings.namespace)
+    with stand_in_worker(redis, keys):
+        yield keys
+
+
+def queued_by(
+    http: FlaskClient, redis: Redis, keys: Keys, asks: list[dict[str, object]]
+) -> list[str]:
+    """Send the requests one after another (each queued before the next is sent); the queue's
+    order, as each job's share and priority."""
+    queue = rq_queue(redis, keys.queue(MODEL))
+    threads = []
+    for n, extra in enumerate(asks, start=1):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
+        threads.append(threading.Thread(target=http.post, args=(CHAT,), kwargs={"json": body}))
+        threads[-1].start()
+        wait_until(lambda n=n: queue.count == n, 5, "the request to be queued")  # type: ignore[misc]
+    order = [_label(rq_job(redis, job_id).args[0]) for job_id in queue.get_job_ids()]
+    for thread in threads:
+        thread.join(timeout=10)
+    return order
+
+
+def _label(job: dict[str, object]) -> str:
+    return f"{job['share']}:{job['priority']}"
+
+
+def test_a_caller_with_many_queued_requests_takes_turns_with_a_newcomer(
+    http: FlaskClient, redis: Redis, keys: Keys
+) -> None:
+    a = [{"user": "alice"}] * 4
+    order = queued_by(http, redis, keys, [*a, {"user": "bob"}])
+    alice, bob = order[0], order[1]
+    assert alice != bob and order == [alice, bob, alice, alice, alice]
+
+
+def test_a_lower_priority_value_goes_first(http: FlaskClient, redis: Redis, keys: Keys) -> None:
+    order = queued_by(http, redis, keys, [{"user": "u"}, {"user": "u", "priority": -5}])
+    assert [label.split(":")[1] for label in order] == ["-5", "0"]
