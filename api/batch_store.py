@@ -203,7 +203,7 @@ class BatchStore:
         prefix = line_job_prefix(stored.id)
         for model in stored.models:
             registry = StartedJobRegistry(
-                self._keys.bulk_queue(model), connection=self._redis, serializer=JSONSerializer
+                self._keys.batch_queue(model), connection=self._redis, serializer=JSONSerializer
             )
             for job_id in registry.get_job_ids(cleanup=False):
                 if job_id.startswith(prefix):

@@ -25,7 +25,7 @@ from shared.backlog import Verdict
 from shared.config import Settings
 from shared.connection import connect, connect_blocking, redis_errors_as_503
 from shared.errors import ModelNotFoundError, QueueFullError
-from shared.jobs import JOB_FUNCTION, GenerationJob, JobLimits
+from shared.jobs import JOB_FUNCTION, GenerationJob, JobLimits, Lane
 from shared.keys import Keys
 from shared.liveness import horizon, live_workers
 
@@ -80,12 +80,10 @@ class Broker:
         heartbeat_s = self.settings.heartbeat_s
         return self._call(lambda: live_workers(self.redis, self.keys, models, heartbeat_s))
 
-    def queue(self, model: str) -> Queue:
-        return self._queue(self.keys.queue(model))
-
-    def bulk_queue(self, model: str) -> Queue:
-        """Background responses and batch lines: workers take them after interactive jobs."""
-        return self._queue(self.keys.bulk_queue(model))
+    def queue(self, model: str, lane: Lane = "interactive") -> Queue:
+        """A lane's queue (shared/jobs.py): workers take interactive jobs first, then background
+        ones, then batch lines."""
+        return self._queue(self.keys.lane(model, lane))
 
     def _queue(self, name: str) -> Queue:
         if name not in self._queues:
@@ -105,7 +103,7 @@ class Broker:
 
         The admission (one Lua call) also refuses a model no live worker serves."""
         self._call(lambda: self.windows.check(job))  # before the job is queued
-        queue = self.queue(job.model)
+        queue = self.queue(job.model, job.lane)
         self.accept(job, queue)
         try:
             sub = self.relay.subscribe(self.keys.events(job.job_id))
@@ -152,10 +150,12 @@ class Broker:
         self._release(keys=keys, args=[job_id, "withdrawn"])
 
     def withdraw(self, job_id: str, model: str) -> None:
-        """Cancel a job nobody will wait for, and take it off its queue if it is still there."""
+        """Cancel a job nobody will wait for, and take it off its queue if it is still there
+        (the interactive lane, or the background one for `service_tier: flex`)."""
         self.cancel(job_id)
-        queue = self.queue(model)
-        self._call(lambda: queue.remove(job_id))
+        for lane in ("interactive", "background"):
+            queue = self.queue(model, lane)
+            self._call(lambda: queue.remove(job_id))  # noqa: B023 (called at once)
         self._call(lambda: self.release(job_id, model))
 
     def _job_options(self, job: GenerationJob) -> dict[str, Any]:
@@ -176,7 +176,8 @@ class Broker:
         self._place(keys=keys, args=[job.job_id, job.share or "anonymous", job.priority])
 
     def submit_bulk(self, jobs: list[GenerationJob], retries: int | None = None) -> None:
-        """Enqueue jobs on their models' bulk queues, in order (no admission check).
+        """Enqueue background responses or batch lines on their lane, in order (no admission
+        check).
 
         No client waits on a bulk job, so when its worker is lost it is retried from scratch,
         up to `retries` times (default `bulk_retries`; worker/runtime/reaper.py), instead of failed.
@@ -193,7 +194,8 @@ class Broker:
                     retry=retry,
                     description=job.job_id,  # RQ's default repeats the whole payload
                 )
-                self.bulk_queue(job.model).enqueue_many([data], pipeline=pipe)
+                lane: Lane = "batch" if job.batch_line is not None else "background"
+                self.queue(job.model, lane).enqueue_many([data], pipeline=pipe)
             self._call(pipe.execute)
 
     def cancel(self, job_id: str) -> None:

@@ -81,9 +81,7 @@ class ResponseStore:
         status = job.get_status(refresh=False)
         if status in _WAITING:
             model = stored.request.model
-            queue = (
-                self._broker.bulk_queue(model) if stored.background else self._broker.queue(model)
-            )
+            queue = self._broker.queue(model, "background" if stored.background else "interactive")
             return JobView("queued", position=queue.get_job_position(stored.id))
         if status == JobStatus.STARTED:
             return JobView("started")
@@ -108,7 +106,7 @@ class ResponseStore:
         """Flag it cancelled (final), stop its job at the next step, take it off its queue."""
         self._redis.hset(self._keys.response(stored.id), "cancelled", int(time.time()))
         self._broker.cancel(stored.id)
-        queue = self._broker.bulk_queue(stored.request.model)
+        queue = self._broker.queue(stored.request.model, "background")
         if queue.remove(stored.id):
             Job(stored.id, connection=self._redis, serializer=JSONSerializer).delete()
 

@@ -39,7 +39,7 @@ from shared.tools import (
 )
 
 FinishReason = Literal["stop", "length", "tool_calls"]
-ServiceTier = Literal["auto", "default"]
+ServiceTier = Literal["auto", "default", "flex"]
 
 # Limits on what a request may ask for.
 MAX_MESSAGES = 2048  # messages in one chat request (OpenAI's limit)

@@ -20,9 +20,10 @@ from rq import Queue
 from rq.job import Job
 from rq.utils import str_to_date
 
+from shared.jobs import LANES, Lane
 from shared.keys import Keys
 from shared.liveness import LIVE_FACTOR, alive
-from shared.metrics import LANES, RECENT_JOBS, JobRecord, Lane
+from shared.metrics import RECENT_JOBS, JobRecord
 
 
 class WorkerStats(BaseModel):
@@ -85,7 +86,7 @@ class FleetQuery(BaseModel):
 
 
 def _queue_key(keys: Keys, model: str, lane: Lane) -> str:
-    name = keys.queue(model) if lane == "interactive" else keys.bulk_queue(model)
+    name = keys.lane(model, lane)
     return f"{Queue.redis_queue_namespace_prefix}{name}"
 
 

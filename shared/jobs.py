@@ -22,6 +22,11 @@ from shared.responses import ResponsesRequest
 from shared.sampling import SamplingParams
 from shared.tools import ToolUse
 
+# Where a job waits, in the order workers take: a client waiting on it; a background response
+# (or a request with `service_tier: flex`); a batch line.
+Lane = Literal["interactive", "background", "batch"]
+LANES: tuple[Lane, ...] = ("interactive", "background", "batch")
+
 JOB_FUNCTION = "worker.runtime.job_function.run_generation"
 
 
@@ -63,6 +68,7 @@ class GenerationJob(BaseModel):
     # Its place among the model's interactive jobs (shared/fair_order.py): whose turn, priority.
     share: str | None = None
     priority: int = 0
+    lane: Lane = "interactive"
 
     @property
     def replayed(self) -> bool:
@@ -108,6 +114,10 @@ def job_for(
     job.share = fair_order.share(owner, req.user, keyed=owner not in (None, "anonymous"))
     if not isinstance(req, ResponsesRequest):
         job.priority = req.priority
+    if isinstance(req, ResponsesRequest) and req.background:
+        job.lane = "background"
+    if isinstance(req, ChatCompletionRequest) and req.service_tier == "flex":
+        job.lane = "background"
     return job
 
 

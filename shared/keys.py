@@ -33,8 +33,9 @@ Layout under the namespace `ns` (default "mlxq"):
     {ns}:recent_jobs            list  the last finished jobs (shared/metrics.py JobRecord), newest
                                 first, trimmed to a few dozen
     RQ queue "{ns}.{model}"     interactive jobs for one model (RQ prefixes its keys "rq:")
-    RQ queue "{ns}.{model}.bulk"  background and batch jobs: workers take them only when the
-                                interactive queue is empty
+    RQ queue "{ns}.{model}.background"  background responses (and `service_tier: flex`):
+                                workers take them only when the interactive queue is empty
+    RQ queue "{ns}.{model}.batch"  batch lines: taken only when both others are empty
     {ns}:response:{id}          hash  a stored response: owner, record (shared/responses.py),
                                 cancelled; TTL MLXQ_RESPONSE_TTL_S. Its events are the job's replay.
     {ns}:file:{id}              hash  a file: owner, object (shared/files.py), content
@@ -157,8 +158,21 @@ class Keys:
     def queue(self, model: str) -> str:
         return f"{self.ns}.{_model(model)}"
 
-    def bulk_queue(self, model: str) -> str:
-        return f"{self.ns}.{_model(model)}.bulk"
+    def background_queue(self, model: str) -> str:
+        return f"{self.ns}.{_model(model)}.background"
+
+    def batch_queue(self, model: str) -> str:
+        return f"{self.ns}.{_model(model)}.batch"
+
+    def lane(self, model: str, lane: str) -> str:
+        """The queue of a lane (shared/jobs.py `Lane`): interactive, background or batch."""
+        if lane == "background":
+            return self.background_queue(model)
+        return self.batch_queue(model) if lane == "batch" else self.queue(model)
+
+    def lanes(self, model: str) -> list[str]:
+        """A model's queues in the order workers take from them."""
+        return [self.queue(model), self.background_queue(model), self.batch_queue(model)]
 
     def response(self, response_id: str) -> str:
         return f"{self.ns}:response:{_id(response_id)}"

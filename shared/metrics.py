@@ -19,10 +19,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from shared.jobs import Lane
 from shared.keys import Keys
 
-Lane = Literal["interactive", "bulk"]
-LANES: tuple[Lane, ...] = ("interactive", "bulk")
 # The recent-jobs list keeps this many records.
 RECENT_JOBS = 50
 

@@ -203,7 +203,7 @@ def rq_job(redis: Redis, job_id: str) -> Job:
 
 
 def rq_queue(redis: Redis, name: str) -> Queue:
-    """An mlxq queue as RQ sees it (`name` from shared/keys.py: `queue` or `bulk_queue`)."""
+    """An mlxq queue as RQ sees it (`name` from shared/keys.py: `queue`, `lanes`...)."""
     return Queue(name, connection=redis, serializer=JSONSerializer)
 
 

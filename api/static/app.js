@@ -66,7 +66,8 @@ function showFleet(fleet) {
     cell(row, `${m.slots_used}/${m.slots_total}`);
     cell(row, m.tokens_per_s.toFixed(1));
     cell(row, lanes.interactive);
-    cell(row, lanes.bulk);
+    cell(row, lanes.background);
+    cell(row, lanes.batch);
   });
   fill("jobs", fleet.recent_jobs, (row, j) => {
     const first = j.first_token_at === null ? null : j.first_token_at - j.enqueued_at;

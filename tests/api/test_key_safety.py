@@ -33,7 +33,13 @@ def test_ids_that_could_inject_into_keys_are_refused(part: str) -> None:
 def test_model_names_that_could_inject_into_keys_are_refused(model: str) -> None:
     keys = Keys("mlxq")
     assert not is_valid_model_name(model)
-    for build in (keys.queue, keys.bulk_queue, keys.workers, keys.tokenizer):
+    for build in (
+        keys.queue,
+        keys.background_queue,
+        keys.batch_queue,
+        keys.workers,
+        keys.tokenizer,
+    ):
         with pytest.raises(InvalidKeyPartError):
             build(model)
 

@@ -21,7 +21,7 @@ SLOTS = 4
 
 def running_on(redis: Redis, settings: Settings, worker_id: str) -> list[str]:
     registry = StartedJobRegistry(
-        Keys(settings.namespace).bulk_queue(MODEL), connection=redis, serializer=JSONSerializer
+        Keys(settings.namespace).batch_queue(MODEL), connection=redis, serializer=JSONSerializer
     )
     found = []
     for job_id in registry.get_job_ids(cleanup=False):

@@ -40,7 +40,7 @@ def announce(redis: Redis, keys: Keys, worker_id: str, busy: int, at: float) -> 
         host="host-a",
         model=MODEL,
         batch_size=8,
-        running={"interactive": busy, "bulk": 1},
+        running={"interactive": busy, "background": 1, "batch": 0},
         tokens_per_s=12.5,
         generated_tokens=100,
         started_at=at - 60,
@@ -83,7 +83,11 @@ def test_a_live_worker_is_listed_with_its_slots_and_a_dead_one_never_is(
     ]
     model = snapshot.models[0]
     assert (model.live_workers, model.slots_used, model.slots_total) == (1, 4, 8)
-    assert {lane.lane: lane.running for lane in model.lanes} == {"interactive": 3, "bulk": 1}
+    assert {lane.lane: lane.running for lane in model.lanes} == {
+        "interactive": 3,
+        "background": 1,
+        "batch": 0,
+    }
 
     presence.close()  # the process dies: its connection closes
     time.sleep(0.1)
@@ -104,15 +108,16 @@ def test_a_worker_whose_heartbeat_is_old_is_not_listed(redis: Redis, keys: Keys)
 def test_queue_depth_and_the_oldest_jobs_age_per_lane(redis: Redis, keys: Keys) -> None:
     redis.zadd(keys.models(), {MODEL: time.time()})
     interactive = Queue(keys.queue(MODEL), connection=redis, serializer=JSONSerializer)
-    bulk = Queue(keys.bulk_queue(MODEL), connection=redis, serializer=JSONSerializer)
+    batch = Queue(keys.batch_queue(MODEL), connection=redis, serializer=JSONSerializer)
     interactive.enqueue_call("json.dumps", args=(1,))
     interactive.enqueue_call("json.dumps", args=(2,))
-    bulk.enqueue_call("json.dumps", args=(3,))
+    batch.enqueue_call("json.dumps", args=(3,))
     waited = time.time() + 30  # read 30 s later
     lanes = {lane.lane: lane for lane in read_snapshot(redis, keys, 1, now=waited).models[0].lanes}
-    assert (lanes["interactive"].waiting, lanes["bulk"].waiting) == (2, 1)
+    waiting = {name: lane.waiting for name, lane in lanes.items()}
+    assert waiting == {"interactive": 2, "background": 0, "batch": 1}
     assert 29 < (lanes["interactive"].oldest_waiting_s or 0) < 35
-    assert 29 < (lanes["bulk"].oldest_waiting_s or 0) < 35
+    assert 29 < (lanes["batch"].oldest_waiting_s or 0) < 35
 
 
 def test_job_figures_add_up_across_workers_into_cumulative_histograms(

@@ -20,6 +20,7 @@ from rich.table import Table
 from shared.config import Settings
 from shared.connection import connect
 from shared.fleet import FleetSnapshot, LaneView, read_snapshot
+from shared.jobs import LANES
 from shared.keys import Keys
 
 
@@ -45,7 +46,7 @@ def _workers(snapshot: FleetSnapshot) -> Table:
 
 def _models(snapshot: FleetSnapshot) -> Table:
     table = Table(title="models", title_justify="left")
-    for column in ("model", "workers", "slots", "tok/s", "interactive", "bulk"):
+    for column in ("model", "workers", "slots", "tok/s", *LANES):
         table.add_column(column)
     for m in snapshot.models:
         lanes = {lane.lane: _lane(lane) for lane in m.lanes}
@@ -55,8 +56,7 @@ def _models(snapshot: FleetSnapshot) -> Table:
             str(m.live_workers),
             slots,
             f"{m.tokens_per_s:.1f}",
-            lanes["interactive"],
-            lanes["bulk"],
+            *(lanes[lane] for lane in LANES),
         )
     return table
 

@@ -106,7 +106,7 @@ def _report(
     record = JobRecord(
         job_id=current.id,
         model=model,
-        lane="bulk" if current.origin == rt.keys.bulk_queue(model) else "interactive",
+        lane=job.lane,
         worker=rt.worker_id,
         owner=job.owner,
         finish_reason=outcome.finish_reason,

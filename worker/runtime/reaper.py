@@ -109,9 +109,10 @@ class Reaper:
         self._worker_id = worker_id
         self._heartbeat_s = heartbeat_s
         self._replay_ttl_s = replay_ttl_s
-        self._bulk = Queue(keys.bulk_queue(model), connection=redis, serializer=JSONSerializer)
-        interactive = Queue(keys.queue(model), connection=redis, serializer=JSONSerializer)
-        self._queues = [interactive, self._bulk]
+        self._queues = [
+            Queue(name, connection=redis, serializer=JSONSerializer) for name in keys.lanes(model)
+        ]
+        self._bulk = {q.name for q in self._queues[1:]}  # no client waits: retried, not failed
         self._held = held
         self._cancel = cancel
         self._suspects: set[str] = set()
@@ -193,7 +194,7 @@ class Reaper:
         """
         mine = [s for s in self._started() if s.worker == worker_id]
         if interactive_only:
-            mine = [s for s in mine if s.queue.name != self._bulk.name]
+            mine = [s for s in mine if s.queue.name not in self._bulk]
             return sum(self._take_over(s, why) for s in mine)
         returned = self._return_taken(worker_id)
         return returned + sum(self._take_over(s, why) for s in mine)
@@ -295,7 +296,7 @@ class Reaper:
 
     def _requeue_or_fail(self, pipe: Pipeline, s: Started, job: Job, why: str) -> bool:
         """Queue the requeue or the failure on `pipe`; whether the job failed."""
-        if s.queue.name == self._bulk.name and job.retries_left:
+        if s.queue.name in self._bulk and job.retries_left:
             attempt = int(job.meta.get("attempt", 1)) + 1
             job.meta["attempt"] = attempt
             pipe.lrem(s.queue.key, 0, s.job_id)  # never twice in its queue

@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Callable
 
 from shared.fleet import WorkerStats
+from shared.jobs import LANES, Lane
 from shared.keys import Keys
-from shared.metrics import Lane
 from worker.runtime.loop import EngineLoop
 
 WINDOW_S = 60.0
@@ -32,7 +32,7 @@ class Reporter:
     ):
         self._loop = loop
         self._held = held
-        self._bulk_queue = keys.bulk_queue(model)
+        self._lanes: dict[str, Lane] = {keys.lane(model, lane): lane for lane in LANES}
         self._model = model
         self._worker_id = worker_id
         self._batch_size = batch_size
@@ -48,9 +48,9 @@ class Reporter:
         return round((generated - before) / (now - then), 2) if now > then else 0.0
 
     def stats(self) -> WorkerStats:
-        running: dict[Lane, int] = {"interactive": 0, "bulk": 0}
+        running: dict[Lane, int] = dict.fromkeys(LANES, 0)
         for queue in self._held().values():
-            running["bulk" if queue == self._bulk_queue else "interactive"] += 1
+            running[self._lanes.get(queue, "interactive")] += 1
         generated = self._loop.generated
         return WorkerStats(
             worker_id=self._worker_id,

@@ -161,7 +161,7 @@ def serve(settings: Settings) -> None:
         on_tombstone=lambda: die(EXIT_BURIED, buried),
         report=reporter.stats,
     )
-    queues = [keys.queue(name), keys.bulk_queue(name)]  # in priority order
+    queues = keys.lanes(name)  # in the order slots take from them
     # Some slots take interactive jobs only, so a long batch never holds every slot.
     reserved = min(settings.interactive_slots, settings.batch_size - 1)
     slots += start_slots(blocking, keys, queues, settings.batch_size, worker_id, reserved)

@@ -1,6 +1,7 @@
 """Fair sharing between API keys on the real stack: key A queues 200 requests, then key B sends
 one; B's request starts within about one slot turnover (a few of A's generations, the API being
-busy with A's open requests), not after A's 200. Its own cluster: one worker with two slots, the API with two keys."""
+busy with A's open requests), not after A's 200. Its own cluster: one worker with two slots,
+the API with two keys."""
 
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ def test_past_the_drain_timeout_running_jobs_are_handed_back_and_the_worker_exit
 
     assert error["error"]["code"] == "worker_lost"
     assert rq_job(redis, bulk.job_id).get_status() == "queued"
-    queue = rq_queue(redis, cluster.keys.bulk_queue(MODEL)).key
+    queue = rq_queue(redis, cluster.keys.background_queue(MODEL)).key
     assert redis.lrange(queue, 0, -1) == [bulk.job_id.encode()]
     replay = [decode_event(e) for e in redis.lrange(cluster.keys.replay(bulk.job_id), 0, -1)]
     assert replay == [RequeuedEvent(attempt=2)]

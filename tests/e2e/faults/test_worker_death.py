@@ -166,7 +166,7 @@ def test_a_job_a_dead_worker_took_but_never_started_goes_back_to_its_queue(
     job = GenerationJob(job_id="batch_req_taken", model=MODEL, prompt="Once", max_tokens=4)
     ghost = "ghost-host.4242"  # a worker killed right after it took the job
     redis.zadd(cluster.keys.workers(MODEL), {ghost: time.time()})
-    queue = rq_queue(redis, cluster.keys.bulk_queue(MODEL))
+    queue = rq_queue(redis, cluster.keys.batch_queue(MODEL))
     record = queue.create_job(JOB_FUNCTION, args=(job.model_dump(mode="json"),), job_id=job.job_id)
     with redis.pipeline(transaction=True) as pipe:  # enqueued and taken in one step
         queue.enqueue_job(record, pipeline=pipe)

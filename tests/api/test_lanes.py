@@ -1,0 +1,65 @@
+"""The three lanes of a model (shared/jobs.py), on the session's real Redis with a stand-in
+worker: a request a client waits on goes to the interactive queue, one with OpenAI's
+`service_tier: flex` and a background response to the background queue, and a worker's slots
+take from the queues in that order, batch lines last (shared/keys.py `lanes`)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from redis import Redis
+
+from api import create_app
+from shared.config import Settings
+from shared.keys import Keys
+from tests.support import CHAT, MODEL, rq_queue, stand_in_worker
+from worker.ops.cluster import wait_until
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def app(app_settings: Settings) -> Flask:
+    return create_app(app_settings.model_copy(update={"queue_timeout_s": 2.0}))
+
+
+@pytest.fixture
+def keys(redis: Redis, app_settings: Settings) -> Iterator[Keys]:
+    keys = Keys(app_settings.namespace)
+    with stand_in_worker(redis, keys):
+        yield keys
+
+
+def depths(redis: Redis, keys: Keys) -> list[int]:
+    return [rq_queue(redis, name).count for name in keys.lanes(MODEL)]
+
+
+def test_a_flex_request_waits_in_the_background_lane(
+    http: FlaskClient, redis: Redis, keys: Keys
+) -> None:
+    body = {"model": MODEL, "messages": HI, "service_tier": "flex"}
+    asking = threading.Thread(target=http.post, args=(CHAT,), kwargs={"json": body})
+    asking.start()
+    wait_until(lambda: depths(redis, keys) == [0, 1, 0], 5, "the flex request to be queued")
+    asking.join(timeout=10)
+    assert depths(redis, keys) == [0, 0, 0]  # withdrawn when it gave up
+
+
+def test_a_background_response_waits_in_the_background_lane(
+    http: FlaskClient, redis: Redis, keys: Keys
+) -> None:
+    reply = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "background": True})
+    assert reply.status_code == 200 and reply.get_json()["status"] == "queued"
+    assert depths(redis, keys) == [0, 1, 0]
+
+
+def test_slots_take_interactive_then_background_then_batch(keys: Keys) -> None:
+    assert keys.lanes(MODEL) == [
+        keys.queue(MODEL),
+        keys.background_queue(MODEL),
+        keys.batch_queue(MODEL),
+    ]
