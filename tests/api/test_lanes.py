@@ -6,32 +6,28 @@ take from the queues in that order, batch lines last (shared/keys.py `lanes`).""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from redis import Redis
+from redis.client import PubSub
 
-from api import create_app
-from shared.config import Settings
 from shared.keys import Keys
-from tests.support import CHAT, MODEL, rq_queue, stand_in_worker
+from tests.support import CHAT, MODEL, rq_queue
 from worker.ops.cluster import wait_until
 
 HI = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture
-def app(app_settings: Settings) -> Flask:
-    return create_app(app_settings.model_copy(update={"queue_timeout_s": 2.0}))
+def http(impatient_app: Flask) -> FlaskClient:
+    return impatient_app.test_client()
 
 
 @pytest.fixture
-def keys(redis: Redis, app_settings: Settings) -> Iterator[Keys]:
-    keys = Keys(app_settings.namespace)
-    with stand_in_worker(redis, keys):
-        yield keys
+def keys(stand_in: tuple[Keys, PubSub]) -> Keys:
+    return stand_in[0]
 
 
 def depths(redis: Redis, keys: Keys) -> list[int]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from flask.testing import FlaskClient
@@ -25,7 +24,7 @@ from api.relay import EventRelay
 from shared.config import Settings
 from shared.events import StartedEvent, TokenEvent, decode_event, encode_event
 from shared.keys import Keys
-from tests.support import CHAT, MODEL, STAND_IN, rq_job, rq_queue, stand_in_worker
+from tests.support import CHAT, MODEL, STAND_IN, rq_job, rq_queue
 from worker.ops.cluster import wait_until
 
 
@@ -65,13 +64,6 @@ def test_a_dropped_redis_connection_ends_every_open_subscription_with_an_error(
     again = relay.subscribe(keys.events("job-after"))  # and it reconnects
     redis.publish(again.channel, encode_event(TokenEvent(text="x")))
     assert again.next_messages(5) == [encode_event(TokenEvent(text="x"))]
-
-
-@pytest.fixture
-def stand_in(redis: Redis, app_settings: Settings) -> Iterator[tuple[Keys, PubSub]]:
-    keys = Keys(app_settings.namespace)
-    with stand_in_worker(redis, keys) as presence:
-        yield keys, presence
 
 
 def test_an_undecodable_event_ends_the_stream_with_an_openai_error_frame(

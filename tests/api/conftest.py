@@ -1,0 +1,31 @@
+"""Fixtures of the API's plumbing tests: a stand-in worker (tests/support.py) for the test's
+namespace, and an app whose requests give up soon, for tests that read the queue meanwhile."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from flask import Flask
+from redis import Redis
+from redis.client import PubSub
+
+from api import create_app
+from shared.config import Settings
+from shared.keys import Keys
+from tests.support import stand_in_worker
+
+
+@pytest.fixture
+def stand_in(redis: Redis, app_settings: Settings) -> Iterator[tuple[Keys, PubSub]]:
+    """The test namespace's keys, with a live worker that takes nothing; closing the presence
+    connection is the worker dying."""
+    keys = Keys(app_settings.namespace)
+    with stand_in_worker(redis, keys) as presence:
+        yield keys, presence
+
+
+@pytest.fixture
+def impatient_app(app_settings: Settings) -> Flask:
+    """Requests give up after 3 s in the queue (503), so a test's threads end."""
+    return create_app(app_settings.model_copy(update={"queue_timeout_s": 3.0}))
