@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from flask import Flask
+from flask.testing import FlaskClient
 from redis import Redis
 from redis.client import PubSub
 
@@ -26,6 +27,8 @@ def stand_in(redis: Redis, app_settings: Settings) -> Iterator[tuple[Keys, PubSu
 
 
 @pytest.fixture
-def impatient_app(app_settings: Settings) -> Flask:
-    """Requests give up after 3 s in the queue (503), so a test's threads end."""
-    return create_app(app_settings.model_copy(update={"queue_timeout_s": 3.0}))
+def impatient_http(app_settings: Settings) -> FlaskClient:
+    """A client of an app whose requests give up after 3 s in the queue (503), so that a test
+    reads the queue while they wait and its threads end soon after."""
+    app: Flask = create_app(app_settings.model_copy(update={"queue_timeout_s": 3.0}))
+    return app.test_client()

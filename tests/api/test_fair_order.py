@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-from flask import Flask
 from flask.testing import FlaskClient
 from redis import Redis
 from redis.client import PubSub
@@ -17,18 +15,8 @@ from tests.support import CHAT, MODEL, rq_job, rq_queue
 from worker.ops.cluster import wait_until
 
 
-@pytest.fixture
-def http(impatient_app: Flask) -> FlaskClient:
-    return impatient_app.test_client()
-
-
-@pytest.fixture
-def keys(stand_in: tuple[Keys, PubSub]) -> Keys:
-    return stand_in[0]
-
-
 def queued_by(
-    http: FlaskClient, redis: Redis, keys: Keys, asks: list[dict[str, object]]
+    impatient_http: FlaskClient, redis: Redis, keys: Keys, asks: list[dict[str, object]]
 ) -> list[str]:
     """Send the requests one after another (each queued before the next is sent); the queue's
     order, as each job's share and priority."""
@@ -36,7 +24,9 @@ def queued_by(
     threads = []
     for n, extra in enumerate(asks, start=1):
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
-        threads.append(threading.Thread(target=http.post, args=(CHAT,), kwargs={"json": body}))
+        threads.append(
+            threading.Thread(target=impatient_http.post, args=(CHAT,), kwargs={"json": body})
+        )
         threads[-1].start()
         wait_until(lambda n=n: queue.count == n, 5, "the request to be queued")  # type: ignore[misc]
     order = [_label(rq_job(redis, job_id).args[0]) for job_id in queue.get_job_ids()]
@@ -50,14 +40,18 @@ def _label(job: dict[str, object]) -> str:
 
 
 def test_a_caller_with_many_queued_requests_takes_turns_with_a_newcomer(
-    http: FlaskClient, redis: Redis, keys: Keys
+    impatient_http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
 ) -> None:
+    keys, _ = stand_in
     a = [{"user": "alice"}] * 4
-    order = queued_by(http, redis, keys, [*a, {"user": "bob"}])
+    order = queued_by(impatient_http, redis, keys, [*a, {"user": "bob"}])
     alice, bob = order[0], order[1]
     assert alice != bob and order == [alice, bob, alice, alice, alice]
 
 
-def test_a_lower_priority_value_goes_first(http: FlaskClient, redis: Redis, keys: Keys) -> None:
-    order = queued_by(http, redis, keys, [{"user": "u"}, {"user": "u", "priority": -5}])
+def test_a_lower_priority_value_goes_first(
+    impatient_http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
+) -> None:
+    keys, _ = stand_in
+    order = queued_by(impatient_http, redis, keys, [{"user": "u"}, {"user": "u", "priority": -5}])
     assert [label.split(":")[1] for label in order] == ["-5", "0"]

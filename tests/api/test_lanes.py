@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-from flask import Flask
 from flask.testing import FlaskClient
 from redis import Redis
 from redis.client import PubSub
@@ -20,25 +18,16 @@ from worker.ops.cluster import wait_until
 HI = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture
-def http(impatient_app: Flask) -> FlaskClient:
-    return impatient_app.test_client()
-
-
-@pytest.fixture
-def keys(stand_in: tuple[Keys, PubSub]) -> Keys:
-    return stand_in[0]
-
-
 def depths(redis: Redis, keys: Keys) -> list[int]:
     return [rq_queue(redis, name).count for name in keys.lanes(MODEL)]
 
 
 def test_a_flex_request_waits_in_the_background_lane(
-    http: FlaskClient, redis: Redis, keys: Keys
+    impatient_http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
 ) -> None:
+    keys, _ = stand_in
     body = {"model": MODEL, "messages": HI, "service_tier": "flex"}
-    asking = threading.Thread(target=http.post, args=(CHAT,), kwargs={"json": body})
+    asking = threading.Thread(target=impatient_http.post, args=(CHAT,), kwargs={"json": body})
     asking.start()
     wait_until(lambda: depths(redis, keys) == [0, 1, 0], 5, "the flex request to be queued")
     asking.join(timeout=10)
@@ -46,14 +35,18 @@ def test_a_flex_request_waits_in_the_background_lane(
 
 
 def test_a_background_response_waits_in_the_background_lane(
-    http: FlaskClient, redis: Redis, keys: Keys
+    impatient_http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
 ) -> None:
-    reply = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "background": True})
+    keys, _ = stand_in
+    reply = impatient_http.post(
+        "/v1/responses", json={"model": MODEL, "input": "hi", "background": True}
+    )
     assert reply.status_code == 200 and reply.get_json()["status"] == "queued"
     assert depths(redis, keys) == [0, 1, 0]
 
 
-def test_slots_take_interactive_then_background_then_batch(keys: Keys) -> None:
+def test_slots_take_interactive_then_background_then_batch(stand_in: tuple[Keys, PubSub]) -> None:
+    keys, _ = stand_in
     assert keys.lanes(MODEL) == [
         keys.queue(MODEL),
         keys.background_queue(MODEL),
