@@ -4,7 +4,8 @@ name), joined to the test's Redis by a veth pair whose two addresses the test gi
 veth address, with a password, as a fleet's Redis would. The worker is given only REDIS_URL and
 its model, so the API and the loopback worker run with the default namespace and heartbeat.
 
-It serves requests and the fleet view lists it with its host; when its link goes down it drops
+It serves requests and the fleet view lists it with its host; a rolling restart (a new worker
+started, the old one told to stop and drain) loses no request; when its link goes down it drops
 out within the heartbeat window, its stream ends with an error frame, and its bulk job runs
 again on the loopback worker and finishes exactly once; when the link comes back the worker
 finds its tombstone and exits rather than finish the job a second time.
@@ -17,8 +18,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
@@ -27,7 +30,7 @@ import pytest
 from shared.events import DoneEvent, RequeuedEvent, decode_event
 from shared.liveness import LIVE_FACTOR
 from tests.e2e.faults.conftest import holder
-from tests.support import MODEL, Stream, chat_body, rq_job
+from tests.support import CHAT, MODEL, Stream, chat_body, rq_job
 from worker.ops.cluster import ROOT, Cluster, Worker, free_port, wait_until
 from worker.runtime.serve import EXIT_BURIED
 
@@ -119,6 +122,33 @@ def test_a_worker_in_its_own_namespace_serves_and_is_listed_with_its_host(
     stream = Stream(cluster.api_url, chat_body(max_tokens=8))
     stream.read_tokens(1)
     assert stream.rest()[-1] == "[DONE]"
+
+
+def test_a_rolling_restart_of_the_remote_worker_loses_no_request(
+    cluster: Cluster, link: Link
+) -> None:
+    (old,) = [w for w in cluster.workers if w.worker_id.startswith(REMOTE_HOST)]
+    new = start_remote(cluster, link)
+    stop = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        load = pool.submit(_requests_until, cluster, stop)
+        time.sleep(1)
+        old.proc.send_signal(signal.SIGTERM)  # it drains its jobs, then exits
+        assert old.proc.wait(timeout=90) == 0
+        cluster.workers.remove(old)
+        time.sleep(1)
+        stop.set()
+        statuses = load.result(timeout=120)
+    assert statuses and set(statuses) == {200}, statuses
+    assert fleet_workers(cluster) == {new.worker_id: REMOTE_HOST}
+
+
+def _requests_until(cluster: Cluster, stop: threading.Event) -> list[int]:
+    statuses = []
+    while not stop.is_set():
+        reply = httpx.post(f"{cluster.api_url}{CHAT}", json=chat_body(max_tokens=6), timeout=60)
+        statuses.append(reply.status_code)
+    return statuses
 
 
 def test_when_its_link_goes_down_it_drops_out_and_loses_nothing(
