@@ -101,7 +101,7 @@ class Broker:
     def submit(self, job: GenerationJob) -> Subscription:
         """Check, accept, subscribe, then enqueue, so that no event of the job can be missed.
 
-        The admission (one Lua call) also refuses a model no live worker serves."""
+        Admission refuses a model no live worker serves, then a full queue (`accept`)."""
         self._call(lambda: self.windows.check(job))  # before the job is queued
         queue = self.queue(job.model, job.lane)
         self.accept(job, queue)
@@ -187,14 +187,15 @@ class Broker:
         retry = Retry(max=retries) if retries else None
         for start in range(0, len(jobs), BULK_CHUNK):
             pipe = self.redis.pipeline(transaction=False)
-            for job in jobs[start : start + BULK_CHUNK]:
+            for queued in jobs[start : start + BULK_CHUNK]:
+                lane: Lane = "batch" if queued.batch_line is not None else "background"
+                job = queued.model_copy(update={"lane": lane})  # recorded in metrics and logs
                 data = Queue.prepare_data(
                     JOB_FUNCTION,
                     **self._job_options(job),
                     retry=retry,
                     description=job.job_id,  # RQ's default repeats the whole payload
                 )
-                lane: Lane = "batch" if job.batch_line is not None else "background"
                 self.queue(job.model, lane).enqueue_many([data], pipeline=pipe)
             self._call(pipe.execute)
 
