@@ -16,10 +16,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from opentelemetry.trace import Span
+
 from api.auth import owner_id
 from api.broker import Broker
 from api.relay import Subscription
 from api.sse import DONE, KEEPALIVE, frame
+from shared import tracing
 from shared.answers import Transcripts
 from shared.errors import (
     BackendUnavailableError,
@@ -73,6 +76,7 @@ class RunningJob:
     first_token_at: float | None = None
     done: DoneEvent | None = None
     error_code: str | None = None
+    span: Span | None = None  # the request's trace span, when tracing is on
 
     def updates(self) -> Iterator[list[Relayed] | Keepalive]:
         """Tokens as they arrive, in groups of whatever is waiting, the last ending with the
@@ -117,6 +121,11 @@ class RunningJob:
             with contextlib.suppress(BackendUnavailableError):
                 self.broker.cancel(self.job.job_id)
         self._log()
+        usage = self.done.usage.completion_tokens if self.done is not None else None
+        reason = self.done.finish_reason if self.done is not None else None
+        tracing.end_request(
+            self.span, self.job.job_id, (self.started.prompt_tokens, usage), reason, self.error_code
+        )
 
     def _log(self) -> None:
         usage = self.done.usage if self.done is not None else None
@@ -143,6 +152,18 @@ class RunningJob:
 def start(broker: Broker, job: GenerationJob) -> RunningJob:
     job = job.model_copy(update={"limits": broker.interactive_limits()})
     submitted_at = time.time()
+    span = tracing.request_span(job)
+    try:
+        running = _started(broker, job)
+    except BaseException as err:
+        tracing.end_request(span, job.job_id, (0, None), None, getattr(err, "code", "error"))
+        raise
+    running.submitted_at, running.span = submitted_at, span
+    return running
+
+
+def _started(broker: Broker, job: GenerationJob) -> RunningJob:
+    """Submit the job and wait for its worker's first event."""
     sub = broker.submit(job)
     limit_s = broker.settings.queue_timeout_s
     late = QueueTimeoutError(
@@ -165,7 +186,6 @@ def start(broker: Broker, job: GenerationJob) -> RunningJob:
         broker=broker,
         early=rest,
         owner=owner_id(),
-        submitted_at=submitted_at,
         started_at=time.time(),
     )
 

@@ -8,6 +8,7 @@ RQ and the relay thread run as written).
 from typing import Any
 
 from api.auth import check_bind
+from shared import tracing
 from shared.config import Settings
 from shared.logs import configure
 
@@ -23,6 +24,11 @@ timeout = 120
 graceful_timeout = 30
 keepalive = 5
 accesslog = "-" if _settings.api_access_log else None
+
+
+def post_fork(server: Any, worker: Any) -> None:
+    """Tracing (shared/tracing.py) exports from a thread: start it in each forked worker."""
+    tracing.setup("mlxq-api")
 
 
 def on_starting(server: Any) -> None:

@@ -69,6 +69,8 @@ class GenerationJob(BaseModel):
     share: str | None = None
     priority: int = 0
     lane: Lane = "interactive"
+    # The W3C traceparent of the API's span for the request, when tracing is on (shared/tracing.py).
+    trace: str | None = None
 
     @property
     def replayed(self) -> bool:

@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 from rq import get_current_job
 from rq.job import Job
 
+from shared import tracing
 from shared.completions import Usage
 from shared.errors import (
     GenerationError,
@@ -119,6 +120,9 @@ def _report(
         ended_at=time.time(),
     )
     log_event(job_log, "job", **record.log_fields())
+    times = (record.enqueued_at, record.started_at, record.first_token_at, record.ended_at)
+    usage = (record.prompt_tokens, record.completion_tokens)
+    tracing.job_spans(job, times, usage, record.finish_reason)
     pipe = rt.redis.pipeline(transaction=False)
     record_job(pipe, rt.keys, record)
     try:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from redis.exceptions import RedisError
 
-from shared import backlog
+from shared import backlog, tracing
 from shared.config import Settings
 from shared.connection import connect, connect_blocking
 from shared.keys import Keys
@@ -91,6 +91,7 @@ def build_engine(settings: Settings) -> tuple[str, BatchEngine, TokenizerSpec | 
 
 
 def serve(settings: Settings) -> None:
+    tracing.setup("mlxq-worker")
     name, engine, spec = build_engine(settings)
     keys = Keys(settings.namespace)
     redis = connect(settings)
