@@ -6,20 +6,40 @@ whose record has expired is dropped from its zset as the listing meets it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args, get_origin
 
 from flask import request
 from pydantic import BaseModel
 from redis import Redis
 
+from shared.errors import InvalidRequestError
+
 M = TypeVar("M", bound=BaseModel)
+_INTEGER = re.compile(r"-?[0-9]{1,18}")
 T = TypeVar("T")
 
 
 def parse_query(model: type[M]) -> M:
-    """The request's query string as a model (unknown parameters are a 400 naming them)."""
-    return model.model_validate(request.args.to_dict())
+    """The request's query string as a model (unknown parameters are a 400 naming them).
+
+    An integer parameter must be written as one: pydantic would read `0.0` or `+3` as 0 and 3."""
+    args = request.args.to_dict()
+    for name, value in args.items():
+        field = model.model_fields.get(name)
+        if field is not None and _wants_int(field.annotation) and not _INTEGER.fullmatch(value):
+            raise InvalidRequestError(
+                f"`{name}` must be an integer, not {value[:32]!r}", param=name, code="invalid_type"
+            )
+    return model.model_validate(args)
+
+
+def _wants_int(annotation: Any) -> bool:
+    """Whether a field's type is an int, maybe Annotated or optional."""
+    if get_origin(annotation) is Annotated:
+        return _wants_int(get_args(annotation)[0])
+    return annotation is int or any(_wants_int(a) for a in get_args(annotation))
 
 
 def page(

@@ -263,3 +263,18 @@ def test_limit_messages_name_the_numbers(http: FlaskClient) -> None:
 def test_text_completion_prompt_is_bounded(http: FlaskClient) -> None:
     response = http.post(TEXT, json={"model": MODEL, "prompt": "x" * (MAX_CONTENT_CHARS + 1)})
     assert error_of(response, 400)["code"] == "string_above_max_length"
+
+
+@pytest.mark.parametrize(
+    ("path", "param"),
+    [
+        ("/v1/fleet?recent=0.0", "recent"),
+        ("/v1/files?limit=%2B3", "limit"),
+        ("/v1/batches?limit=1e1", "limit"),
+        ("/v1/responses/resp_x?starting_after=2.5", "starting_after"),
+    ],
+)
+def test_an_integer_query_parameter_written_otherwise_is_a_400_naming_it(
+    http: FlaskClient, path: str, param: str
+) -> None:
+    assert_openai_error(http.get(path), 400, param)
