@@ -121,10 +121,8 @@ class RunningJob:
             with contextlib.suppress(BackendUnavailableError):
                 self.broker.cancel(self.job.job_id)
         self._log()
-        usage = self.done.usage.completion_tokens if self.done is not None else None
-        reason = self.done.finish_reason if self.done is not None else None
         tracing.end_request(
-            self.span, self.job.job_id, (self.started.prompt_tokens, usage), reason, self.error_code
+            self.span, self.job.job_id, self.started.prompt_tokens, self.done, self.error_code
         )
 
     def _log(self) -> None:
@@ -156,7 +154,7 @@ def start(broker: Broker, job: GenerationJob) -> RunningJob:
     try:
         running = _started(broker, job)
     except BaseException as err:
-        tracing.end_request(span, job.job_id, (0, None), None, getattr(err, "code", "error"))
+        tracing.end_request(span, job.job_id, 0, None, getattr(err, "code", "error"))
         raise
     running.submitted_at, running.span = submitted_at, span
     return running

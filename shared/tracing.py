@@ -20,6 +20,7 @@ from typing import Any
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from shared.events import DoneEvent
 from shared.jobs import GenerationJob
 
 SYSTEM = "mlxq"
@@ -76,20 +77,18 @@ def request_span(job: GenerationJob) -> Span | None:
 def end_request(
     span: Span | None,
     response_id: str,
-    usage: tuple[int, int | None],
-    finish_reason: str | None,
+    prompt_tokens: int,
+    done: DoneEvent | None,
     error_code: str | None,
 ) -> None:
-    """End the API's span with what the request came to."""
+    """End the API's span with what the request came to: its job's final event, if it had one."""
     if span is None:
         return
-    prompt_tokens, completion_tokens = usage
     span.set_attribute("gen_ai.response.id", response_id)
     span.set_attribute("gen_ai.usage.input_tokens", prompt_tokens)
-    if completion_tokens is not None:
-        span.set_attribute("gen_ai.usage.output_tokens", completion_tokens)
-    if finish_reason is not None:
-        span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+    if done is not None:
+        span.set_attribute("gen_ai.usage.output_tokens", done.usage.completion_tokens)
+        span.set_attribute("gen_ai.response.finish_reasons", [done.finish_reason])
     if error_code is not None:
         span.set_status(Status(StatusCode.ERROR, error_code))
     span.end()
