@@ -25,6 +25,7 @@ from shared.backlog import Verdict
 from shared.config import Settings
 from shared.connection import connect, connect_blocking, redis_errors_as_503
 from shared.errors import ModelNotFoundError, QueueFullError
+from shared.ids import new_id
 from shared.jobs import JOB_FUNCTION, GenerationJob, JobLimits, Lane
 from shared.keys import Keys
 from shared.liveness import horizon, live_workers
@@ -39,7 +40,10 @@ class Broker:
         self.settings = settings
         self.keys = Keys(settings.namespace)
         self.redis = connect(settings)
-        self.relay = EventRelay(connect_blocking(settings), settings.redis_timeout_s)
+        self.api_id = new_id("api-")  # names this process's reply channel
+        self.relay = EventRelay(
+            connect_blocking(settings), self.keys.reply(self.api_id), settings.redis_timeout_s
+        )
         self.windows = ContextWindows(self.redis, self.keys)
         self.watch = JobWatch(
             self.redis, self.keys, settings.heartbeat_s, self.relay.is_open, self.withdraw
@@ -100,13 +104,15 @@ class Broker:
 
     def submit(self, job: GenerationJob) -> Subscription:
         """Check, accept, subscribe, then enqueue, so that no event of the job can be missed.
+        The job's events come on this process's reply channel (api/relay.py).
 
         Admission refuses a model no live worker serves, then a full queue (`accept`)."""
         self._call(lambda: self.windows.check(job))  # before the job is queued
+        job = job.model_copy(update={"reply_to": self.api_id})
         queue = self.queue(job.model, job.lane)
         self.accept(job, queue)
         try:
-            sub = self.relay.subscribe(self.keys.events(job.job_id))
+            sub = self.relay.subscribe(job.job_id)
             try:
                 self._call(lambda: self._enqueue(queue, job))
             except BaseException:

@@ -7,10 +7,16 @@ it starts sends only an `ErrorEvent`. A bulk job whose worker died is retried fr
 replay log is reset to one `RequeuedEvent` and the sequence above starts over (readers drop what
 they had of the lost attempt). `encode_event` and `decode_event` are the only places
 that turn events into bytes and back.
+
+A channel message is a frame: the events of one worker step for every job that channel serves,
+one line each, `job_id SP event` (`encode_frame`, `decode_frame`). Event JSON holds no raw
+newline, so a line is always one event. One message per step and API process, instead of one
+per token, is what lets one API process relay a fleet.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
@@ -93,3 +99,15 @@ def decode_event(data: bytes | str) -> Event:
         return _EVENT.validate_json(data)
     except ValidationError as err:
         raise EventDecodeError(str(err)) from err
+
+
+def encode_frame(lines: Iterable[tuple[str, bytes]]) -> bytes:
+    """One channel message: each (job id, encoded event) on its own line, in order."""
+    return b"\n".join(b"%s %s" % (job_id.encode(), data) for job_id, data in lines)
+
+
+def decode_frame(message: bytes) -> Iterator[tuple[str, bytes]]:
+    """The (job id, encoded event) lines of a channel message, in order."""
+    for line in message.split(b"\n"):
+        job_id, _, data = line.partition(b" ")
+        yield job_id.decode(), data

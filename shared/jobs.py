@@ -69,14 +69,17 @@ class GenerationJob(BaseModel):
     share: str | None = None
     priority: int = 0
     lane: Lane = "interactive"
+    # The API process waiting on its events (their channel is keys.py `reply`); None: nobody
+    # waits live, and they go on the job's own channel.
+    reply_to: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
     # The W3C traceparent of the API's span for the request, when tracing is on (shared/tracing.py).
     trace: str | None = None
 
     @property
     def replayed(self) -> bool:
         """Whether its events are also kept in a replay log: only for a job that is read back
-        later (a stored response, a batch line). A plain request's reader subscribes to the
-        job's channel before the job is queued, so it misses nothing without one."""
+        later (a stored response, a batch line). A plain request's API process listens on its
+        reply channel before the job is queued, so it misses nothing without one."""
         return self.replay_ttl_s is not None or self.batch_line is not None
 
     @model_validator(mode="after")

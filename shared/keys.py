@@ -4,7 +4,10 @@ Layout under the namespace `ns` (default "mlxq"):
 
     {ns}:models                 zset  model name -> last heartbeat (unix s) of any worker serving it
     {ns}:workers:{model}        zset  worker id -> last heartbeat (unix s)
-    {ns}:events:{job_id}        channel  the job's events (shared/events.py)
+    {ns}:reply:{api_id}         channel  the events of every job an API process waits on: one
+                                message per worker step, framed per job (shared/events.py)
+    {ns}:events:{job_id}        channel  the events of a job no API process waits on (a bulk job),
+                                framed the same way
     {ns}:replay:{job_id}        list  every event of the job so far, in order (bounded TTL)
     {ns}:cancel                 channel  job ids to cancel, read by every worker
     {ns}:cancelled:{job_id}     string  set when a job is cancelled, for jobs not yet started
@@ -103,6 +106,9 @@ class Keys:
 
     def events(self, job_id: str) -> str:
         return f"{self.ns}:events:{_id(job_id)}"
+
+    def reply(self, api_id: str) -> str:
+        return f"{self.ns}:reply:{_id(api_id)}"
 
     def replay(self, job_id: str) -> str:
         return f"{self.ns}:replay:{_id(job_id)}"

@@ -28,6 +28,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from werkzeug.test import TestResponse
 
+from shared.events import encode_frame
 from shared.keys import Keys
 from worker.gguf.default_model import DEFAULT_MODEL_NAME
 
@@ -200,6 +201,14 @@ def stand_in_worker(redis: Redis, keys: Keys, model: str = MODEL) -> Iterator[Pu
 
 def rq_job(redis: Redis, job_id: str) -> Job:
     return Job.fetch(job_id, connection=redis, serializer=JSONSerializer)
+
+
+def publish_as_worker(redis: Redis, keys: Keys, job_id: str, *events: bytes) -> None:
+    """Publish encoded events of a queued job where a worker would: on the reply channel of
+    the API process waiting on it, one frame per event (shared/events.py)."""
+    reply_to = rq_job(redis, job_id).args[0]["reply_to"]
+    for data in events:
+        redis.publish(keys.reply(reply_to), encode_frame([(job_id, data)]))
 
 
 def rq_queue(redis: Redis, name: str) -> Queue:

@@ -1,6 +1,7 @@
 """Plumbing of the token path in the API process, on the session's real Redis and no worker:
-- the relay delivers a job channel's events in order from the moment `subscribe` returns, and
-  ends every open subscription with an error when its Redis connection drops;
+- the relay delivers a job's events from its process's reply channel in order from the moment
+  `subscribe` returns, each to its own job, and ends every open subscription with an error
+  when its Redis connection drops;
 - a stream that receives an event it cannot decode ends with an OpenAI error frame, after the
   tokens that came before it;
 - the job watch ends a request whose job can no longer finish: queued when its model's last
@@ -22,25 +23,26 @@ from werkzeug.test import TestResponse
 
 from api.relay import EventRelay
 from shared.config import Settings
-from shared.events import StartedEvent, TokenEvent, decode_event, encode_event
+from shared.events import StartedEvent, TokenEvent, decode_event, encode_event, encode_frame
 from shared.keys import Keys
-from tests.support import CHAT, MODEL, STAND_IN, rq_job, rq_queue
+from tests.support import CHAT, MODEL, STAND_IN, publish_as_worker, rq_job, rq_queue
 from worker.ops.cluster import wait_until
 
 
 @pytest.fixture
-def relay(redis: Redis) -> EventRelay:
-    return EventRelay(redis)
+def relay(redis: Redis, app_settings: Settings) -> EventRelay:
+    return EventRelay(redis, Keys(app_settings.namespace).reply("api-test"))
 
 
 def test_events_published_once_subscribe_returns_all_arrive_in_order(
-    relay: EventRelay, redis: Redis, app_settings: Settings
+    relay: EventRelay, redis: Redis
 ) -> None:
-    channel = Keys(app_settings.namespace).events("job-order")
-    sub = relay.subscribe(channel)
+    sub = relay.subscribe("job-order")
     sent = [encode_event(TokenEvent(text=str(i))) for i in range(200)]
-    for data in sent:
-        redis.publish(channel, data)
+    for start in range(0, len(sent), 7):  # frames of several events each, as a worker's steps
+        redis.publish(
+            relay.channel, encode_frame(("job-order", e) for e in sent[start : start + 7])
+        )
     got: list[bytes] = []
     deadline = time.monotonic() + 5
     while len(got) < len(sent) and time.monotonic() < deadline:
@@ -50,19 +52,28 @@ def test_events_published_once_subscribe_returns_all_arrive_in_order(
     assert not relay.is_open(sub)
 
 
-def test_a_dropped_redis_connection_ends_every_open_subscription_with_an_error(
-    relay: EventRelay, redis: Redis, app_settings: Settings
+def test_one_frame_reaches_each_of_its_jobs_and_skips_jobs_nobody_waits_on(
+    relay: EventRelay, redis: Redis
 ) -> None:
-    keys = Keys(app_settings.namespace)
-    subs = [relay.subscribe(keys.events(f"job-{i}")) for i in range(3)]
+    a, b = relay.subscribe("job-a"), relay.subscribe("job-b")
+    x, y, z = (encode_event(TokenEvent(text=t)) for t in "xyz")
+    redis.publish(relay.channel, encode_frame([("job-a", x), ("job-gone", y), ("job-b", z)]))
+    assert a.next_messages(5) == [x]
+    assert b.next_messages(5) == [z]
+
+
+def test_a_dropped_redis_connection_ends_every_open_subscription_with_an_error(
+    relay: EventRelay, redis: Redis
+) -> None:
+    subs = [relay.subscribe(f"job-{i}") for i in range(3)]
     redis.client_kill_filter(_type="pubsub")
     for sub in subs:
         (message,) = sub.next_messages(5)
         event = decode_event(message)
         assert event.type == "error" and event.error.code == "backend_unavailable"  # type: ignore[union-attr]
         assert not relay.is_open(sub)
-    again = relay.subscribe(keys.events("job-after"))  # and it reconnects
-    redis.publish(again.channel, encode_event(TokenEvent(text="x")))
+    again = relay.subscribe("job-after")  # and it listens again
+    redis.publish(relay.channel, encode_frame([("job-after", encode_event(TokenEvent(text="x")))]))
     assert again.next_messages(5) == [encode_event(TokenEvent(text="x"))]
 
 
@@ -75,10 +86,9 @@ def test_an_undecodable_event_ends_the_stream_with_an_openai_error_frame(
     def act_as_the_worker() -> None:
         wait_until(lambda: queue.count == 1, 10, "the job to be queued")
         job_id = queue.get_job_ids()[0]
-        channel = keys.events(job_id)
-        redis.publish(channel, encode_event(StartedEvent(prompt_tokens=3)))
-        redis.publish(channel, encode_event(TokenEvent(text="Hello")))
-        redis.publish(channel, b"{not an event")
+        started, hello = StartedEvent(prompt_tokens=3), TokenEvent(text="Hello")
+        publish_as_worker(redis, keys, job_id, encode_event(started), encode_event(hello))
+        publish_as_worker(redis, keys, job_id, b"{not an event")
 
     worker = threading.Thread(target=act_as_the_worker, daemon=True)
     worker.start()
@@ -127,7 +137,7 @@ def test_a_request_whose_worker_dies_while_running_it_gets_worker_lost(
     job_id = queue.get_job_ids()[0]
     job = rq_job(redis, job_id)  # the stand-in takes the job, as a worker's slot does
     redis.hset(job.key, mapping={"status": "started", "worker_name": f"{STAND_IN}.0"})
-    redis.publish(keys.events(job_id), encode_event(StartedEvent(prompt_tokens=3)))
+    publish_as_worker(redis, keys, job_id, encode_event(StartedEvent(prompt_tokens=3)))
     presence.close()
     asking.join(timeout=10)
     (reply,) = replies

@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from shared.events import ChoiceEndEvent, DoneEvent, Event, StartedEvent, TokenEvent, decode_event
+from shared.events import (
+    ChoiceEndEvent,
+    DoneEvent,
+    Event,
+    StartedEvent,
+    TokenEvent,
+    decode_event,
+    decode_frame,
+)
 from shared.jobs import GenerationJob, JobOutcome
 from shared.keys import Keys
 from worker.engine.synthetic import SyntheticEngine
@@ -61,7 +69,9 @@ def submit(
 ) -> Future[JobOutcome]:
     """Hand `job` to the loop as a worker's slot would, its events kept in a replay log when
     the job asks for one (these tests read the log)."""
-    return running.submit(engine.prepare(job), Route.of(keys, job.job_id, job.replayed))
+    return running.submit(
+        engine.prepare(job), Route.of(keys, job.job_id, job.reply_to, job.replayed)
+    )
 
 
 def events(redis: Redis, keys: Keys, job_id: str) -> list[Event]:
@@ -132,19 +142,28 @@ def test_a_job_with_one_choice_publishes_no_choice_end(
     assert not any(isinstance(e, ChoiceEndEvent) for e in events(redis, keys, "one"))
 
 
-def test_a_plain_job_publishes_on_its_channel_and_leaves_no_key_behind(
+def test_plain_jobs_publish_on_their_api_process_channel_one_frame_per_step_and_leave_no_key(
     loop: tuple[EngineLoop, SyntheticEngine], redis: Redis, keys: Keys
 ) -> None:
     running, engine = loop
     listener = redis.pubsub()
-    listener.subscribe(keys.events("plain"))
+    listener.subscribe(keys.reply("api-1"))
     assert listener.get_message(timeout=1) is not None  # the subscription is confirmed
-    plain = job("plain", 6).model_copy(update={"replay_ttl_s": None})
-    assert not plain.replayed
-    submit(running, engine, keys, plain).result(timeout=5)
-    heard = []
+    plain = [
+        job(name, 6).model_copy(update={"replay_ttl_s": None, "reply_to": "api-1"})
+        for name in ("p1", "p2")
+    ]
+    assert not any(j.replayed for j in plain)
+    for done in [submit(running, engine, keys, j) for j in plain]:
+        done.result(timeout=5)
+    heard: dict[str, list[Event]] = {"p1": [], "p2": []}
+    messages = 0
     while (message := listener.get_message(timeout=0.5)) is not None:
-        heard.append(decode_event(message["data"]))
+        messages += 1
+        for job_id, data in decode_frame(message["data"]):
+            heard[job_id].append(decode_event(data))
     listener.close()
-    assert [type(e) for e in heard] == [StartedEvent] + [TokenEvent] * 6 + [DoneEvent]
+    for events_of_one in heard.values():
+        assert [type(e) for e in events_of_one] == [StartedEvent] + [TokenEvent] * 6 + [DoneEvent]
+    assert messages < 16  # steps that ran both jobs sent one message for the two
     assert list(redis.scan_iter(f"{keys.ns}:*")) == []

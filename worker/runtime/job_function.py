@@ -36,7 +36,7 @@ from shared.errors import (
 )
 from shared.events import DoneEvent, ErrorEvent, Event
 from shared.jobs import GenerationJob, JobOutcome
-from shared.keys import Keys
+from shared.keys import Keys, is_valid_id
 from shared.logs import log_event
 from shared.metrics import JobRecord, record_job
 from worker.engine.batch import BatchEngine
@@ -83,9 +83,10 @@ def run_generation(payload: dict[str, Any]) -> dict[str, Any]:
     try:
         job = _parse(job_id, payload)
     except MLXQError as err:  # not a job: nobody reads it back, so no replay log
-        _publish(rt, Route.of(rt.keys, job_id, replayed=False), ErrorEvent.from_error(err))
+        route = Route.of(rt.keys, job_id, _reply_to(payload), replayed=False)
+        _publish(rt, route, ErrorEvent.from_error(err))
         return _failed().model_dump()
-    route = Route.of(rt.keys, job_id, job.replayed)
+    route = Route.of(rt.keys, job_id, job.reply_to, job.replayed)
     try:
         outcome = _outcome(rt, job, route, current.retries_left or 0)
     except Exception as err:  # a bug, not the client's fault: the client still hears of it now
@@ -152,6 +153,12 @@ def _parse(job_id: str, payload: dict[str, Any]) -> GenerationJob:
     if job.job_id != job_id:
         raise InvalidRequestError("job payload does not match its RQ job id")
     return job
+
+
+def _reply_to(payload: dict[str, Any]) -> str | None:
+    """Where a malformed job's error goes: the API process it names, if that is an id at all."""
+    reply_to = payload.get("reply_to")
+    return reply_to if isinstance(reply_to, str) and is_valid_id(reply_to) else None
 
 
 def _run(rt: Runtime, job: GenerationJob, route: Route) -> JobOutcome:

@@ -1,5 +1,9 @@
-"""Where a job's events go: its pub/sub channel (live readers) and, for a job that is read
+"""Where a job's events go: a pub/sub channel (live readers) and, for a job that is read
 back later (`GenerationJob.replayed`: a stored response, a batch line), its replay log.
+
+The channel is the reply channel of the API process waiting on the job (`reply_to`), else the
+job's own. Each `send` publishes one frame (shared/events.py) per channel: an API process
+relaying 500 streams gets one message per step, not 500.
 
 The replay log is a Redis list with a bounded TTL holding every event of the job in order, so
 a reader that comes late (a resumed stream, a poller of a background job, another API
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 from redis import Redis
 from redis.exceptions import RedisError
 
-from shared.events import DoneEvent, ErrorEvent, Event, StartedEvent, encode_event
+from shared.events import DoneEvent, ErrorEvent, Event, StartedEvent, encode_event, encode_frame
 from shared.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -25,14 +29,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Route:
-    """A job's two destinations, built once per job rather than once per token."""
+    """A job's destinations, built once per job rather than once per token."""
 
+    job_id: str
     channel: str
     replay: str | None  # None: the job keeps no replay log
 
     @classmethod
-    def of(cls, keys: Keys, job_id: str, replayed: bool) -> Route:
-        return cls(keys.events(job_id), keys.replay(job_id) if replayed else None)
+    def of(cls, keys: Keys, job_id: str, reply_to: str | None, replayed: bool) -> Route:
+        channel = keys.events(job_id) if reply_to is None else keys.reply(reply_to)
+        return cls(job_id, channel, keys.replay(job_id) if replayed else None)
 
 
 class EventSink:
@@ -44,13 +50,16 @@ class EventSink:
         if not events:
             return
         pipe = self._redis.pipeline(transaction=False)
+        frames: dict[str, list[tuple[str, bytes]]] = {}
         for route, event in events:
             data = encode_event(event)
             if route.replay is not None:
                 pipe.rpush(route.replay, data)
                 if isinstance(event, StartedEvent | DoneEvent | ErrorEvent):
                     pipe.expire(route.replay, self._replay_ttl_s)
-            pipe.publish(route.channel, data)
+            frames.setdefault(route.channel, []).append((route.job_id, data))
+        for channel, lines in frames.items():
+            pipe.publish(channel, encode_frame(lines))
         try:
             pipe.execute()
         except RedisError as err:

@@ -57,11 +57,12 @@ from rq.worker import Worker as RQWorker
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
 from shared.errors import WorkerLostError
-from shared.events import ErrorEvent, Event, RequeuedEvent, encode_event
+from shared.events import ErrorEvent, Event, RequeuedEvent, encode_event, encode_frame
 from shared.jobs import GenerationJob
 from shared.keys import Keys
 from shared.liveness import LIVE_FACTOR, alive, worker_of
 from worker.runtime.batch_lines import BatchLines, server_error
+from worker.runtime.publish import Route
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,9 @@ class Reaper:
         if not mine:
             self._unheard = set()
             return
-        counts = self._redis.pubsub_numsub(*[self._keys.events(j) for j in mine])
+        jobs = zip(mine, self._fetch(mine), strict=True)
+        channels = [self._route(job_id, job).channel for job_id, job in jobs]
+        counts = self._redis.pubsub_numsub(*channels)
         unheard = {j for j, (_, n) in zip(mine, counts, strict=True) if int(n) == 0}
         for job_id in sorted(unheard & self._unheard):
             log.warning("cancelling job %s: nobody listens to it any more", job_id)
@@ -324,14 +327,23 @@ class Reaper:
         """Queue the event on `pipe`: the replay log if the job keeps one (reset first if
         asked), then the channel."""
         data = encode_event(event)
-        generation = _generation(job)
-        if generation is not None and generation.replayed:
-            replay = self._keys.replay(job.id)
+        route = self._route(job.id, job)
+        if route.replay is not None:
             if reset:
-                pipe.delete(replay)
-            pipe.rpush(replay, data)
-            pipe.expire(replay, self._replay_ttl_s)
-        pipe.publish(self._keys.events(job.id), data)
+                pipe.delete(route.replay)
+            pipe.rpush(route.replay, data)
+            pipe.expire(route.replay, self._replay_ttl_s)
+        pipe.publish(route.channel, encode_frame([(job.id, data)]))
+
+    def _fetch(self, job_ids: list[str]) -> list[Job | None]:
+        return Job.fetch_many(job_ids, connection=self._redis, serializer=JSONSerializer)
+
+    def _route(self, job_id: str, job: Job | None) -> Route:
+        """Where the job's events go (worker/runtime/publish.py), from its RQ record."""
+        generation = _generation(job) if job is not None else None
+        if generation is None:
+            return Route.of(self._keys, job_id, None, replayed=False)
+        return Route.of(self._keys, job_id, generation.reply_to, generation.replayed)
 
     def _bury(self, worker: str) -> None:
         pipe = self._redis.pipeline(transaction=False)
