@@ -1,24 +1,34 @@
 """Gunicorn settings for the API, from the same environment as everything else.
 
-gthread workers: each open SSE stream holds one thread that mostly waits on its subscription
-queue, so threads are cheap here, and unlike gevent nothing needs monkey-patching (redis-py,
-RQ and the relay thread run as written).
+gevent workers: an open SSE stream is a greenlet that waits on its job's subscription, and the
+relay's reader hands it each event with a greenlet switch. With a thread per stream (gthread),
+500 streams were 500 OS threads contending for the GIL on every token, and the relay topped out
+near 7,000 events/s with added latency in the hundreds of milliseconds (README, Benchmarks).
+
+gevent must patch the standard library before anything imports it, so the patch is the first
+statement here, and gunicorn is given this file by path (`--config api/gunicorn_conf.py`):
+loading it as a module (`python:api.gunicorn_conf`) would import the `api` package, and with it
+redis-py and the relay, before the patch.
 """
 
-from typing import Any
+from gevent import monkey
 
-from api.auth import check_bind
-from shared import tracing
-from shared.config import Settings
-from shared.logs import configure
+monkey.patch_all()
+
+from typing import Any  # noqa: E402 (after the patch, on purpose)
+
+from api.auth import check_bind  # noqa: E402
+from shared import tracing  # noqa: E402
+from shared.config import Settings  # noqa: E402
+from shared.logs import configure  # noqa: E402
 
 _settings = Settings()
 configure(_settings)  # in the arbiter: its forked workers keep the handler
 
 bind = _settings.api_bind
-worker_class = "gthread"
+worker_class = "gevent"
 workers = _settings.api_workers
-threads = _settings.api_threads
+worker_connections = _settings.api_connections
 # A stream may stay silent while its job waits in the queue; keepalives cover the client side.
 timeout = 120
 graceful_timeout = 30

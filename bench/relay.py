@@ -44,10 +44,14 @@ def measure(running: systems.Running, streams: int, tokens: int, step_s: float) 
     assert running.redis is not None
     keys_before = running.redis.dbsize()
     cpu_before = systems.cpu_seconds(running.api_pids)
+    client_before = time.process_time()
+    busy_before, total_before = systems.machine_cpu_seconds()
     started = time.perf_counter()
     records = asyncio.run(main())
     wall = time.perf_counter() - started
     api_cpu = systems.cpu_seconds(running.api_pids) - cpu_before
+    client_cpu = time.process_time() - client_before
+    busy_after, total_after = systems.machine_cpu_seconds()
     ok = [r for r in records if r.error is None]
     events = sum(len(r.chunk_times) for r in ok)
     latencies = [x for r in ok for x in _latencies_ms(r)]
@@ -67,6 +71,10 @@ def measure(running: systems.Running, streams: int, tokens: int, step_s: float) 
         "gap_p99_ms": gap_p99,
         "added_gap_p99_ms": None if gap_p99 is None else gap_p99 - step_s * 1e3,
         "api_cpu_s_per_1k_events": 1000 * api_cpu / events if events else None,
+        # The load generator (this process) shares the machine: its cost, and how busy the
+        # machine's cores were, say whether the API or the machine was the limit.
+        "client_cpu_s_per_1k_events": 1000 * client_cpu / events if events else None,
+        "machine_busy": (busy_after - busy_before) / (total_after - total_before),
         # What Redis still holds once every stream ended: replay logs (plain requests should
         # leave none) and their bytes per relayed event, and keys per job (RQ's job record,
         # kept for its result TTL, is one).
@@ -83,7 +91,7 @@ def main(args: Any) -> None:
         "MLXQ_ENGINE": "synthetic",
         "MLXQ_MODEL": MODEL,
         "MLXQ_SYNTHETIC_STEP_S": str(step_s),
-        "MLXQ_API_THREADS": str(max(levels) + 64),
+        "MLXQ_API_CONNECTIONS": str(max(levels) + 64),
         "MLXQ_QUEUE_CAP": str(10 * max(levels)),
     }
     rows = []
@@ -95,14 +103,16 @@ def main(args: Any) -> None:
     write(out, "relay", result)
     lines = [
         "| streams | events/s | latency p50 ms | latency p99 ms | added gap p99 ms | "
-        "API CPU s/1k events | errors | replay logs kept | replay bytes/event | keys kept/job |",
-        "|" + " --- |" * 10,
+        "API CPU s/1k events | client CPU s/1k events | machine CPU busy | errors | "
+        "replay logs kept | replay bytes/event | keys kept/job |",
+        "|" + " --- |" * 12,
     ]
     for r in rows:
         lines.append(
             f"| {r['streams']} | {r['events_per_s']:.0f} | {r['latency_p50_ms']:.1f} | "
             f"{r['latency_p99_ms']:.1f} | {r['added_gap_p99_ms']:.1f} | "
-            f"{r['api_cpu_s_per_1k_events']:.3f} | {r['errors']} | "
+            f"{r['api_cpu_s_per_1k_events']:.3f} | {r['client_cpu_s_per_1k_events']:.3f} | "
+            f"{100 * r['machine_busy']:.0f}% | {r['errors']} | "
             f"{r['replay_logs_kept']} | {r['replay_bytes_per_event']:.1f} | "
             f"{r['keys_kept_per_job']:.2f} |"
         )

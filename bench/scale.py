@@ -104,7 +104,7 @@ def run_level(workers: int, args: Any) -> Row:
         "MLXQ_ENGINE": "synthetic",
         "MLXQ_SYNTHETIC_STEP_S": str(args.step_ms / 1000),
         "MLXQ_BATCH_SIZE": str(args.slots),
-        "MLXQ_API_THREADS": str(workers * args.slots + 64),
+        "MLXQ_API_CONNECTIONS": str(workers * args.slots + 64),
         "MLXQ_QUEUE_CAP": str(10 * workers * args.slots),
     }
     cluster = Cluster(namespace="scale", heartbeat_s=2.0, model=MODEL, env=env)

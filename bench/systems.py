@@ -59,6 +59,17 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def machine_cpu_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all cores (Linux /proc/stat):
+    their ratio over a run says whether the machine itself was the limit."""
+    user, nice, system, idle, iowait, *rest = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]
+    )
+    busy = user + nice + system + sum(rest[:3])  # irq, softirq, steal
+    tick = os.sysconf("SC_CLK_TCK")
+    return busy / tick, (busy + idle + iowait) / tick
+
+
 @contextmanager
 def mlxq(
     model_dir: Path, batch_size: int, settings: dict[str, str] | None = None, workers: int = 1

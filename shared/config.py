@@ -76,7 +76,7 @@ class Settings(BaseSettings):
     # The API under gunicorn (api/gunicorn_conf.py).
     api_bind: str = "127.0.0.1:8000"
     api_workers: int = Field(default=1, ge=1)
-    api_threads: int = Field(default=128, ge=1)
+    api_connections: int = Field(default=1000, ge=1)
     api_access_log: bool = False
     # Logs (shared/logs.py): text or JSON lines, and the level.
     log_format: Literal["text", "json"] = "text"

@@ -30,7 +30,7 @@ from worker.gguf.default_model import DEFAULT_MODEL_NAME
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 WORKER = [sys.executable, "-m", "worker.ops.cli", "worker"]
-API = [sys.executable, "-m", "gunicorn", "--config", "python:api.gunicorn_conf", "api:create_app()"]
+API = [sys.executable, "-m", "gunicorn", "--config", "api/gunicorn_conf.py", "api:create_app()"]
 
 
 def free_port() -> int:

@@ -26,7 +26,7 @@ API_ENV = {
     "MLXQ_QUEUE_TOKEN_CAP": "100",
     "MLXQ_QUEUE_TIMEOUT_S": "2",
     "MLXQ_RETRY_AFTER_S": "3",
-    "MLXQ_API_THREADS": "16",
+    "MLXQ_API_CONNECTIONS": "16",
 }
 
 

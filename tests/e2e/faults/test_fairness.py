@@ -29,7 +29,7 @@ BODY = {
 def cluster(start_cluster: Callable[..., Cluster]) -> Cluster:
     env = {
         "MLXQ_API_KEYS": f"{KEY_A},{KEY_B}",
-        "MLXQ_API_THREADS": str(FLOOD + 64),
+        "MLXQ_API_CONNECTIONS": str(FLOOD + 64),
         "MLXQ_BATCH_SIZE": "2",
         "MLXQ_QUEUE_TIMEOUT_S": "600",
     }
