@@ -21,7 +21,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=serve.main)
     r = sub.add_parser("relay", help="one API process relaying a SYNTHETIC engine's tokens")
     r.add_argument("--streams", default="100,500")
-    r.add_argument("--tokens", type=int, default=100, help="tokens per stream")
+    r.add_argument("--tokens", type=int, default=400, help="tokens per stream")
     r.add_argument("--step-ms", type=float, default=20.0, help="synthetic engine step")
     r.set_defaults(func=relay.main)
     c = sub.add_parser("scale", help="tokens/s through HTTP as SYNTHETIC workers are added")

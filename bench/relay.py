@@ -3,13 +3,18 @@
 No model runs: the worker's engine is worker/engine/synthetic.py, which emits one token per stream
 every `step` seconds whose text is the time it was made. So this measures what the API and
 Redis add: token events per second through one API process, the latency from the worker's
-engine step to the client, and gaps between tokens beyond the synthetic step.
+engine step to the client, and gaps between tokens beyond the synthetic step. Each figure is
+given while every stream is open (the relay at that load) and over the whole run (which adds
+the ramp-up: 500 requests accepted and admitted while the first streams already run).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +29,59 @@ from bench.sse_client import StreamRecord, stream_chat
 MODEL = "synthetic"
 
 
-def _latencies_ms(record: StreamRecord) -> list[float]:
+def _latencies_ms(record: StreamRecord, window: tuple[float, float]) -> list[float]:
+    """Each token's engine-to-client latency, for tokens that arrived within `window`."""
     out = []
     for perf, text in zip(record.chunk_times, record.chunk_texts, strict=False):
-        try:
-            out.append((record.wall_clock(perf) - float(text)) * 1e3)
-        except ValueError:
-            continue
+        if window[0] <= perf <= window[1]:
+            with contextlib.suppress(ValueError):
+                out.append((record.wall_clock(perf) - float(text)) * 1e3)
     return out
+
+
+def _gaps_ms(record: StreamRecord, window: tuple[float, float]) -> list[float]:
+    times = [t for t in record.chunk_times if window[0] <= t <= window[1]]
+    return [(b - a) * 1e3 for a, b in itertools.pairwise(times)]
+
+
+def _all_open(records: list[StreamRecord]) -> tuple[float, float] | None:
+    """While every stream was open: from the last stream's first token to the first stream's
+    last one. Outside it the API is also accepting or closing streams, and the synthetic
+    worker admitting or ending jobs."""
+    timed = [r.chunk_times for r in records if r.chunk_times]
+    if not timed:
+        return None
+    begin, end = max(t[0] for t in timed), min(t[-1] for t in timed)
+    return (begin, end) if end > begin else None
+
+
+def _figures(records: list[StreamRecord], window: tuple[float, float], step_s: float) -> Figures:
+    events = sum(window[0] <= t <= window[1] for r in records for t in r.chunk_times)
+    latencies = [x for r in records for x in _latencies_ms(r, window)]
+    gap_p99 = percentile([g for r in records for g in _gaps_ms(r, window)], 99)
+    return Figures(
+        events_per_s=events / (window[1] - window[0]),
+        latency_p50_ms=percentile(latencies, 50),
+        latency_p99_ms=percentile(latencies, 99),
+        added_gap_p99_ms=None if gap_p99 is None else gap_p99 - step_s * 1e3,
+    )
+
+
+@dataclass
+class Figures:
+    events_per_s: float
+    latency_p50_ms: float | None
+    latency_p99_ms: float | None
+    added_gap_p99_ms: float | None
+
+
+def _cpu(running: systems.Running) -> dict[str, float]:
+    return {
+        "api": systems.cpu_seconds(running.api_pids),
+        "worker": systems.cpu_seconds(running.worker_pids),
+        "redis": systems.cpu_seconds(running.redis_pids),
+        "client": time.process_time(),
+    }
 
 
 def measure(running: systems.Running, streams: int, tokens: int, step_s: float) -> dict[str, Any]:
@@ -43,20 +93,18 @@ def measure(running: systems.Running, streams: int, tokens: int, step_s: float) 
 
     assert running.redis is not None
     keys_before = running.redis.dbsize()
-    cpu_before = systems.cpu_seconds(running.api_pids)
-    client_before = time.process_time()
+    cpu_before = _cpu(running)
     busy_before, total_before = systems.machine_cpu_seconds()
     started = time.perf_counter()
     records = asyncio.run(main())
     wall = time.perf_counter() - started
-    api_cpu = systems.cpu_seconds(running.api_pids) - cpu_before
-    client_cpu = time.process_time() - client_before
+    cpu = {part: after - cpu_before[part] for part, after in _cpu(running).items()}
     busy_after, total_after = systems.machine_cpu_seconds()
     ok = [r for r in records if r.error is None]
     events = sum(len(r.chunk_times) for r in ok)
-    latencies = [x for r in ok for x in _latencies_ms(r)]
-    gaps = [g * 1e3 for r in ok for g in r.gaps()]
-    gap_p99 = percentile(gaps, 99)
+    per_1k = {part: 1000 * s / events if events else None for part, s in cpu.items()}
+    whole = (started, time.perf_counter())
+    steady = _all_open(ok)
     logs = list(running.redis.scan_iter(f"{running.namespace}:replay:*", count=1000))
     log_bytes = sum(int(running.redis.memory_usage(key) or 0) for key in logs)
     return {
@@ -65,15 +113,12 @@ def measure(running: systems.Running, streams: int, tokens: int, step_s: float) 
         "error_samples": sorted({r.error for r in records if r.error})[:5],
         "events": events,
         "wall_s": wall,
-        "events_per_s": events / wall,
-        "latency_p50_ms": percentile(latencies, 50),
-        "latency_p99_ms": percentile(latencies, 99),
-        "gap_p99_ms": gap_p99,
-        "added_gap_p99_ms": None if gap_p99 is None else gap_p99 - step_s * 1e3,
-        "api_cpu_s_per_1k_events": 1000 * api_cpu / events if events else None,
-        # The load generator (this process) shares the machine: its cost, and how busy the
-        # machine's cores were, say whether the API or the machine was the limit.
-        "client_cpu_s_per_1k_events": 1000 * client_cpu / events if events else None,
+        # Figures while all streams were open (the target's), then over the whole run.
+        "all_open": None if steady is None else asdict(_figures(ok, steady, step_s)),
+        "whole_run": asdict(_figures(ok, whole, step_s)),
+        # CPU per 1,000 events of each part (the load generator is this process), and how busy
+        # the machine's cores were: together they say what the limit was.
+        "cpu_s_per_1k_events": per_1k,
         "machine_busy": (busy_after - busy_before) / (total_after - total_before),
         # What Redis still holds once every stream ended: replay logs (plain requests should
         # leave none) and their bytes per relayed event, and keys per job (RQ's job record,
@@ -102,20 +147,28 @@ def main(args: Any) -> None:
     result = {"machine": describe(), "engine": "SYNTHETIC", "step_ms": args.step_ms, "rows": rows}
     write(out, "relay", result)
     lines = [
-        "| streams | events/s | latency p50 ms | latency p99 ms | added gap p99 ms | "
-        "API CPU s/1k events | client CPU s/1k events | machine CPU busy | errors | "
+        "| streams | phase | events/s | latency p50 ms | latency p99 ms | added gap p99 ms | "
+        "CPU s/1k events: API / worker / Redis / client | machine CPU busy | errors | "
         "replay logs kept | replay bytes/event | keys kept/job |",
         "|" + " --- |" * 12,
     ]
     for r in rows:
-        lines.append(
-            f"| {r['streams']} | {r['events_per_s']:.0f} | {r['latency_p50_ms']:.1f} | "
-            f"{r['latency_p99_ms']:.1f} | {r['added_gap_p99_ms']:.1f} | "
-            f"{r['api_cpu_s_per_1k_events']:.3f} | {r['client_cpu_s_per_1k_events']:.3f} | "
-            f"{100 * r['machine_busy']:.0f}% | {r['errors']} | "
-            f"{r['replay_logs_kept']} | {r['replay_bytes_per_event']:.1f} | "
-            f"{r['keys_kept_per_job']:.2f} |"
-        )
+        cpu = " / ".join(f"{v:.3f}" for v in r["cpu_s_per_1k_events"].values())
+        for phase in ("all_open", "whole_run"):
+            f = r[phase]
+            if f is None:
+                continue
+            lines.append(
+                f"| {r['streams']} | {phase.replace('_', ' ')} | {f['events_per_s']:.0f} | "
+                f"{_ms(f['latency_p50_ms'])} | {_ms(f['latency_p99_ms'])} | "
+                f"{_ms(f['added_gap_p99_ms'])} | {cpu} | {100 * r['machine_busy']:.0f}% | "
+                f"{r['errors']} | {r['replay_logs_kept']} | {r['replay_bytes_per_event']:.1f} | "
+                f"{r['keys_kept_per_job']:.2f} |"
+            )
     text = "SYNTHETIC engine (no model), one API process\n\n" + "\n".join(lines)
     (out / "relay.md").write_text(f"Machine: {result['machine']['summary']}\n\n{text}\n")
     print(text)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

@@ -31,6 +31,8 @@ class Running:
     model: str
     api_pids: list[int] = field(default_factory=list)
     redis: Redis | None = None  # mlxq's Redis, for its memory figures
+    worker_pids: list[int] = field(default_factory=list)
+    redis_pids: list[int] = field(default_factory=list)
     namespace: str = ""
 
 
@@ -87,7 +89,18 @@ def mlxq(
         wait_until(lambda: _serves(port, name), 300, "mlxq to serve the model")
         assert cluster.api_proc is not None
         pids = [cluster.api_proc.pid, *cluster.api_worker_pids()]
-        yield Running(port, name, pids, cluster.redis(), cluster.namespace)
+        assert cluster.redis_proc is not None
+        worker_pids = [w.proc.pid for w in cluster.workers]
+        redis_pids = [cluster.redis_proc.pid]
+        yield Running(
+            port,
+            name,
+            pids,
+            cluster.redis(),
+            namespace=cluster.namespace,
+            worker_pids=worker_pids,
+            redis_pids=redis_pids,
+        )
     finally:
         cluster.stop()
 
