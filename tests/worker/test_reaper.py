@@ -1,4 +1,5 @@
-"""The reaper against a real Redis: a dead worker's job is taken over even after a lost race."""
+"""The reaper against a real Redis: a dead worker's job is taken over even after a lost race,
+and a job nobody listens to any more (its API process's reply channel is gone) is cancelled."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from shared.config import Settings
-from shared.jobs import JOB_FUNCTION
+from shared.jobs import JOB_FUNCTION, GenerationJob
 from shared.keys import Keys
 from worker.runtime.reaper import Reaper
 
@@ -54,3 +55,44 @@ def test_a_take_over_that_loses_a_race_is_retried_on_a_later_sweep(
     reaper.sweep()
     assert job.get_status(refresh=True) == JobStatus.FAILED
     assert job.id not in job.started_job_registry.get_job_ids(cleanup=False)
+
+
+def _interactive_job(redis: Redis, keys: Keys, reply_to: str) -> str:
+    job = GenerationJob.model_validate(
+        {
+            "job_id": f"chatcmpl-{secrets.token_hex(16)}",
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "reply_to": reply_to,
+        }
+    )
+    queue = Queue(keys.lanes(MODEL)[0], connection=redis, serializer=JSONSerializer)
+    queue.create_job(JOB_FUNCTION, args=(job.model_dump(mode="json"),), job_id=job.job_id).save()
+    return job.job_id
+
+
+def test_a_held_job_whose_api_process_stopped_listening_is_cancelled_after_two_sweeps(
+    redis: Redis, settings: Settings
+) -> None:
+    keys = Keys(settings.namespace)
+    heard = _interactive_job(redis, keys, "api-alive")
+    orphan = _interactive_job(redis, keys, "api-gone")
+    listening = redis.pubsub()
+    listening.subscribe(keys.reply("api-alive"))  # the live API process's reply channel
+    interactive = keys.lanes(MODEL)[0]
+    cancelled: list[str] = []
+    reaper = Reaper(
+        redis,
+        keys,
+        MODEL,
+        "live-host.1",
+        0.5,
+        60,
+        lambda: {heard: interactive, orphan: interactive},
+        cancelled.append,
+    )
+    reaper.sweep()
+    assert cancelled == []  # one sweep may race a subscription being made
+    reaper.sweep()
+    listening.close()
+    assert cancelled == [orphan]
