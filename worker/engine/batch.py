@@ -26,6 +26,7 @@ from worker.engine.decode import use_decode_batch
 from worker.engine.detokenize import TextDecoder
 from worker.engine.logprobs import LogprobRecorder, prompt_logprobs
 from worker.engine.model import LoadedModel
+from worker.engine.prefill import size_prefill_group
 from worker.engine.prefix_cache import PrefixCache, Reuse, level, prefill
 from worker.engine.prepare import PreparedJob, Preparer
 from worker.engine.stop import StopStringMatcher
@@ -100,16 +101,17 @@ class Engine:
         batch_size: int,
         default_max_tokens: int,
         prefixes: PrefixCache | None = None,
+        prefill_tokens: int = 64,
     ):
         self._loaded = loaded
+        self._prefill_tokens = prefill_tokens
         self._prefixes = prefixes
         self._preparer = Preparer(loaded, default_max_tokens, with_history=prefixes is not None)
         self._stop_sequences = StopSequences([[i] for i in sorted(loaded.stop_ids)])
         self._batch = BatchGenerator(
             loaded.model,
             completion_batch_size=batch_size,
-            # A burst of requests is prefilled as one group: one stall of the running sequences
-            # instead of several, and larger matrix products (measured: bench/results).
+            # Set before every step from the prefill token budget (worker/engine/prefill.py).
             prefill_batch_size=batch_size,
             prefill_step_size=512,
         )
@@ -234,6 +236,7 @@ class Engine:
         """Advance every sequence by one token (prompts by one chunk)."""
         self._enter_pending()
         outputs, self._ready = self._ready, []
+        size_prefill_group(self._batch, self._prefill_tokens)
         _, generated = self._batch.next()
         for r in generated:
             if r.uid not in self._by_uid:  # its job ended earlier in this step

@@ -86,7 +86,9 @@ def build_engine(settings: Settings) -> tuple[str, BatchEngine, TokenizerSpec | 
         else None
     )
     engine_class = FaultyEngine if settings.fault_injection else Engine
-    engine = engine_class(loaded, settings.batch_size, settings.default_max_tokens, prefixes)
+    engine = engine_class(
+        loaded, settings.batch_size, settings.default_max_tokens, prefixes, settings.prefill_tokens
+    )
     return name, engine, build_spec(loaded)
 
 
