@@ -1,11 +1,11 @@
-"""`python -m bench serve|relay|scale|parity`: the benchmarks mlxq ships (README, Benchmarks)."""
+"""`python -m bench MODE`: the benchmarks mlxq ships (README, Benchmarks)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from bench import parity, relay, scale, serve
+from bench import bulk, parity, relay, scale, serve
 from shared.config import Settings
 
 
@@ -33,6 +33,11 @@ def parser() -> argparse.ArgumentParser:
     q = sub.add_parser("parity", help="decode step: structured outputs, logprobs, penalties")
     q.add_argument("--rounds", type=int, default=3)
     q.set_defaults(func=parity.main)
+    b = sub.add_parser("bulk", help="a Batch API run on the default model, per worker batch size")
+    b.add_argument("--batch-sizes", default="16,32,64")
+    b.add_argument("--lines", type=int, default=1000)
+    b.add_argument("--max-tokens", type=int, default=16)
+    b.set_defaults(func=bulk.main)
     return p
 
 
