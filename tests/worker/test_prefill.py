@@ -47,3 +47,10 @@ def test_a_budget_large_enough_takes_the_whole_burst_at_once(model: Any) -> None
     batch = _generator(model, [41] * 8)
     assert _step(batch, 10_000) == 8
     assert not batch._unprocessed_sequences
+
+
+def test_without_a_budget_the_whole_burst_joins_as_the_batch_allows(model: Any) -> None:
+    batch = _generator(model, [301] * 8)
+    size_prefill_group(batch, None)
+    batch.next()
+    assert len(batch._prompt_batch) == 8

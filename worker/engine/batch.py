@@ -120,6 +120,7 @@ class Engine:
         self._by_uid: dict[int, Sequence] = {}
         self._jobs: dict[str, JobInBatch] = {}
         self._ready: list[StepOutput] = []  # outputs made at admission (prompts only scored)
+        self._interactive: set[int] = set()  # uids of interactive sequences, waiting or running
         self.prefilled_tokens = 0  # prompt tokens computed, for the benchmark
 
     @property
@@ -187,6 +188,8 @@ class Engine:
                 opening=scored[key],
             )
             self._jobs[prepared.job_id].uids.append(uid)
+            if prepared.interactive:
+                self._interactive.add(uid)
 
     def _score(self, prepared: PreparedJob, k: int) -> list[TokenLogprob] | None:
         if prepared.prompt_logprobs is None:
@@ -236,7 +239,9 @@ class Engine:
         """Advance every sequence by one token (prompts by one chunk)."""
         self._enter_pending()
         outputs, self._ready = self._ready, []
-        size_prefill_group(self._batch, self._prefill_tokens)
+        # Bulk work alone is prefilled in groups as large as the batch allows: nobody waits on
+        # a first token, and each group's fixed cost is paid once (README, Benchmarks: bulk).
+        size_prefill_group(self._batch, self._prefill_tokens if self._interactive else None)
         _, generated = self._batch.next()
         for r in generated:
             if r.uid not in self._by_uid:  # its job ended earlier in this step
@@ -329,6 +334,7 @@ class Engine:
         if not uids:
             return
         self._batch.remove(uids)
+        self._interactive.difference_update(uids)
         for uid in uids:
             seq = self._by_uid.pop(uid)
             job = self._jobs.get(seq.job_id)

@@ -13,12 +13,15 @@ from __future__ import annotations
 from mlx_lm.generate import BatchGenerator
 
 
-def size_prefill_group(batch: BatchGenerator, budget: int) -> None:
+def size_prefill_group(batch: BatchGenerator, budget: int | None) -> None:
     """Set `batch.prefill_batch_size` for its next step: the prompts already in prefill, and the
-    waiting ones, in order, while their next chunks fit `budget` tokens. The first waiting
-    prompt always joins an idle prefill, however long (it is then prefilled in chunks of
-    `prefill_step_size`). A prompt that only moves to generation this step costs nothing, so the
-    next group's prefill runs in that same step."""
+    waiting ones, in order, while their next chunks fit `budget` tokens (None: all that the
+    batch has room for). The first waiting prompt always joins an idle prefill, however long
+    (it is then prefilled in chunks of `prefill_step_size`). A prompt that only moves to
+    generation this step costs nothing, so the next group's prefill runs in that same step."""
+    if budget is None:
+        batch.prefill_batch_size = batch.completion_batch_size
+        return
     step = batch.prefill_step_size
     chunks = [_chunk(seq[0], step) for seq in batch._currently_processing]
     left = budget - sum(chunks)

@@ -50,6 +50,8 @@ class PreparedJob:
     shared_tokens: int = 0
     # Set when the prompt tokens' own logprobs are wanted (an echoed text completion).
     prompt_logprobs: int | None = None
+    # A client waits on it (not a background response or a batch line): its prefill is paced.
+    interactive: bool = True
 
     @property
     def prompt_tokens(self) -> int:
@@ -88,6 +90,7 @@ class Preparer:
             stops=tuple(job.stop),
             shared_tokens=self._history_tokens(chat, prompts[0]),
             prompt_logprobs=job.prompt_logprobs,
+            interactive=job.lane == "interactive",
         )
 
     def _choice(self, job: GenerationJob, index: int, prompt: int) -> ChoiceSetup:
