@@ -43,16 +43,17 @@ class Subscription:
     def next_messages(self, timeout: float) -> list[bytes]:
         """Every event waiting now, after waiting up to `timeout` for the first one.
 
-        Taking them together lets a busy stream write many events with one socket write."""
+        Taking them together lets a busy stream write many events with one socket write.
+        The queue is asked whether it is empty rather than made to raise: one exception per
+        event was 8% of the API's time relaying 500 streams (README, Benchmarks)."""
+        inbox = self.inbox
         try:
-            messages = [self.inbox.get(timeout=timeout)]
+            messages = [inbox.get(timeout=timeout)]
         except queue.Empty:
             return []
-        while True:
-            try:
-                messages.append(self.inbox.get_nowait())
-            except queue.Empty:
-                return messages
+        while not inbox.empty():
+            messages.append(inbox.get_nowait())
+        return messages
 
 
 class EventRelay:
