@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from shared.completions import ChatCompletionRequest
+from shared.config import Settings
 from shared.jobs import job_for
 from worker.engine.batch import Engine
 from worker.engine.model import load_model
@@ -97,7 +98,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=40)
     args = parser.parse_args()
-    engine = Engine(load_model(args.model), batch_size=BATCH, default_max_tokens=args.max_tokens)
+    engine = Engine(
+        load_model(args.model),
+        batch_size=BATCH,
+        default_max_tokens=args.max_tokens,
+        prefill_tokens=Settings().prefill_tokens,
+    )
     one_run(engine, "json_schema", 8)  # warm up: grammar tokenizer, compiled kernels
     steps: dict[str, list[float]] = {name: [] for name in SCENARIOS}
     names = list(SCENARIOS)

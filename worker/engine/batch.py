@@ -100,8 +100,8 @@ class Engine:
         loaded: LoadedModel,
         batch_size: int,
         default_max_tokens: int,
+        prefill_tokens: int,
         prefixes: PrefixCache | None = None,
-        prefill_tokens: int = 64,
     ):
         self._loaded = loaded
         self._prefill_tokens = prefill_tokens

@@ -87,7 +87,7 @@ def build_engine(settings: Settings) -> tuple[str, BatchEngine, TokenizerSpec | 
     )
     engine_class = FaultyEngine if settings.fault_injection else Engine
     engine = engine_class(
-        loaded, settings.batch_size, settings.default_max_tokens, prefixes, settings.prefill_tokens
+        loaded, settings.batch_size, settings.default_max_tokens, settings.prefill_tokens, prefixes
     )
     return name, engine, build_spec(loaded)
 
