@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     synthetic_step_s: float = Field(default=0.05, gt=0)
     batch_size: int = Field(default=16, ge=1, le=1024)
     # Prompt tokens one step prefills at most (worker/engine/prefill.py).
-    prefill_tokens: int = Field(default=64, ge=1)
+    prefill_tokens: int = Field(default=4096, ge=1)
     # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.
     prefix_cache_entries: int = Field(default=64, ge=0)
     prefix_cache_mb: int = Field(default=512, ge=1)
