@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from flask import Flask
 
-from api import (
-    auth,
+from api.http import auth, errors
+from api.queue.broker import Broker
+from api.routes import (
     batches,
     chat,
     completions,
-    errors,
     files,
     fleet,
     health,
@@ -19,13 +19,12 @@ from api import (
     page,
     responses,
 )
-from api.broker import Broker
-from shared.config import Settings
+from shared.queue.config import Settings
 
 
 def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or Settings()
-    app = Flask(__name__)  # static files: the page's (api/page.py, api/static/)
+    app = Flask(__name__)  # static files: the page's (api/routes/page.py, api/static/)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     b = Broker(settings)
     b.init_app(app)

@@ -17,10 +17,10 @@ monkey.patch_all()
 
 from typing import Any  # noqa: E402 (after the patch, on purpose)
 
-from api.auth import check_bind  # noqa: E402
-from shared import tracing  # noqa: E402
-from shared.config import Settings  # noqa: E402
-from shared.logs import configure  # noqa: E402
+from api.http.auth import check_bind  # noqa: E402
+from shared.observe import tracing  # noqa: E402
+from shared.observe.logs import configure  # noqa: E402
+from shared.queue.config import Settings  # noqa: E402
 
 _settings = Settings()
 configure(_settings)  # in the arbiter: its forked workers keep the handler
@@ -37,7 +37,7 @@ accesslog = "-" if _settings.api_access_log else None
 
 
 def post_fork(server: Any, worker: Any) -> None:
-    """Tracing (shared/tracing.py) exports from a thread: start it in each forked worker."""
+    """Tracing (shared/observe/tracing.py) exports from a thread: start it in each forked worker."""
     tracing.setup("mlxq-api")
 
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from bench import bulk, parity, relay, scale, serve
-from shared.config import Settings
+from shared.queue.config import Settings
 
 
 def parser() -> argparse.ArgumentParser:

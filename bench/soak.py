@@ -36,12 +36,12 @@ from rq.job import Job
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from api.broker import Broker
+from api.queue.broker import Broker
 from bench import traffic
-from shared.config import Settings
-from shared.errors import BackendUnavailableError
-from shared.events import DoneEvent, decode_event
-from shared.jobs import GenerationJob
+from shared.queue.config import Settings
+from shared.queue.jobs import GenerationJob
+from shared.wire.errors import BackendUnavailableError
+from shared.wire.events import DoneEvent, decode_event
 from worker.ops.cluster import Cluster, rss_mb
 
 WORKER_ENV = {

@@ -16,9 +16,9 @@ import statistics
 import time
 from typing import Any
 
-from shared.completions import ChatCompletionRequest
-from shared.config import Settings
-from shared.jobs import job_for
+from shared.queue.config import Settings
+from shared.queue.jobs import job_for
+from shared.wire.completions import ChatCompletionRequest
 from worker.engine.batch import Engine
 from worker.engine.model import load_model
 

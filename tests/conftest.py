@@ -21,7 +21,7 @@ from flask.testing import FlaskClient
 from redis import Redis
 
 from api import create_app
-from shared.config import Settings
+from shared.queue.config import Settings
 from tests.support import MODEL, flush_namespace
 from worker.ops.cluster import Cluster
 

@@ -28,8 +28,8 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from werkzeug.test import TestResponse
 
-from shared.events import encode_frame
-from shared.keys import Keys
+from shared.queue.keys import Keys
+from shared.wire.events import encode_frame
 from worker.gguf.default_model import DEFAULT_MODEL_NAME
 
 MODEL = DEFAULT_MODEL_NAME
@@ -205,14 +205,14 @@ def rq_job(redis: Redis, job_id: str) -> Job:
 
 def publish_as_worker(redis: Redis, keys: Keys, job_id: str, *events: bytes) -> None:
     """Publish encoded events of a queued job where a worker would: on the reply channel of
-    the API process waiting on it, one frame per event (shared/events.py)."""
+    the API process waiting on it, one frame per event (shared/wire/events.py)."""
     reply_to = rq_job(redis, job_id).args[0]["reply_to"]
     for data in events:
         redis.publish(keys.reply(reply_to), encode_frame([(job_id, data)]))
 
 
 def rq_queue(redis: Redis, name: str) -> Queue:
-    """An mlxq queue as RQ sees it (`name` from shared/keys.py: `queue`, `lanes`...)."""
+    """An mlxq queue as RQ sees it (`name` from shared/queue/keys.py: `queue`, `lanes`...)."""
     return Queue(name, connection=redis, serializer=JSONSerializer)
 
 

@@ -12,8 +12,8 @@ from redis import Redis
 from redis.client import PubSub
 
 from api import create_app
-from shared.config import Settings
-from shared.keys import Keys
+from shared.queue.config import Settings
+from shared.queue.keys import Keys
 from tests.support import stand_in_worker
 
 

@@ -10,9 +10,9 @@ from flask.testing import FlaskClient
 from redis import Redis
 
 from api import create_app
-from api.auth import ANONYMOUS, ApiKeys, OpenBindError, check_bind, owner_id, require_owner
-from shared.config import Settings
-from shared.keys import is_valid_id
+from api.http.auth import ANONYMOUS, ApiKeys, OpenBindError, check_bind, owner_id, require_owner
+from shared.queue.config import Settings
+from shared.queue.keys import is_valid_id
 from tests.support import assert_openai_error
 
 KEYS = ("sk-first-0123456789", "sk-second-9876543210")
@@ -30,7 +30,7 @@ notes = Blueprint("notes", __name__)
 
 
 def _note(note_id: str) -> tuple[Redis, str]:
-    from api.broker import broker
+    from api.queue.broker import broker
 
     return broker().redis, f"{broker().keys.ns}:note:{note_id}"
 

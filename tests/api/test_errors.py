@@ -12,7 +12,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from api import create_app
-from shared.config import Settings
+from shared.queue.config import Settings
 from tests.support import CHAT, MESSAGES, assert_openai_error, chat
 from worker.ops.cluster import free_port
 

@@ -1,5 +1,5 @@
-"""The order of a model's interactive queue (shared/fair_order.py), on the session's real Redis
-with a stand-in worker that takes nothing: callers take turns whatever they have queued, FIFO
+"""The order of a model's interactive queue (shared/queue/fair_order.py), on the session's real
+Redis with a stand-in worker that takes nothing: callers take turns whatever they have queued, FIFO
 within a turn, and a lower `priority` goes first. The queue stays RQ's list."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from flask.testing import FlaskClient
 from redis import Redis
 from redis.client import PubSub
 
-from shared.keys import Keys
+from shared.queue.keys import Keys
 from tests.support import CHAT, MODEL, rq_job, rq_queue
 from worker.ops.cluster import wait_until
 

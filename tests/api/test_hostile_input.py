@@ -14,9 +14,9 @@ from flask.testing import FlaskClient
 from redis import Redis
 from werkzeug.test import TestResponse
 
-from shared.completions import MAX_CONTENT_CHARS, MAX_MESSAGES, MAX_STOP_CHARS, MAX_TOKENS
-from shared.config import Settings
-from shared.keys import Keys
+from shared.queue.config import Settings
+from shared.queue.keys import Keys
+from shared.wire.completions import MAX_CONTENT_CHARS, MAX_MESSAGES, MAX_STOP_CHARS, MAX_TOKENS
 from tests.support import MODEL, assert_openai_error, rq_queue
 
 CHAT = "/v1/chat/completions"

@@ -11,7 +11,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from api import create_app
-from shared.config import Settings
+from shared.queue.config import Settings
 from tests.support import assert_openai_error
 
 RESPONSES = "/v1/responses"

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from shared.errors import InvalidKeyPartError
-from shared.ids import new_id
-from shared.keys import Keys, is_valid_id, is_valid_model_name
+from shared.queue.keys import Keys, is_valid_id, is_valid_model_name
+from shared.wire.errors import InvalidKeyPartError
+from shared.wire.ids import new_id
 
 
 def test_ids_carry_128_random_bits() -> None:

@@ -1,7 +1,7 @@
-"""The three lanes of a model (shared/jobs.py), on the session's real Redis with a stand-in
+"""The three lanes of a model (shared/queue/jobs.py), on the session's real Redis with a stand-in
 worker: a request a client waits on goes to the interactive queue, one with OpenAI's
 `service_tier: flex` and a background response to the background queue, and a worker's slots
-take from the queues in that order, batch lines last (shared/keys.py `lanes`)."""
+take from the queues in that order, batch lines last (shared/queue/keys.py `lanes`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from flask.testing import FlaskClient
 from redis import Redis
 from redis.client import PubSub
 
-from shared.keys import Keys
+from shared.queue.keys import Keys
 from tests.support import CHAT, MODEL, rq_queue
 from worker.ops.cluster import wait_until
 

@@ -1,4 +1,4 @@
-"""One liveness rule (shared/liveness.py) for `/v1/models`, `/health` and admission, on the
+"""One liveness rule (shared/queue/liveness.py) for `/v1/models`, `/health` and admission, on the
 session's real Redis with a stand-in worker: a model is listed exactly while requests for it are
 admitted, the moment its worker's process is gone and when its heartbeat ages past the window."""
 
@@ -9,9 +9,9 @@ import time
 from flask.testing import FlaskClient
 from redis import Redis
 
-from shared.config import Settings
-from shared.keys import Keys
-from shared.liveness import LIVE_FACTOR
+from shared.queue.config import Settings
+from shared.queue.keys import Keys
+from shared.queue.liveness import LIVE_FACTOR
 from tests.support import MODEL, STAND_IN, assert_openai_error, rq_queue, stand_in_worker
 
 BACKGROUND = {"model": MODEL, "input": "hi", "background": True}

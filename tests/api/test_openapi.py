@@ -26,8 +26,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from api import create_app
-from api.openapi import document
-from shared.config import Settings
+from api.routes.openapi import document
+from shared.queue.config import Settings
 
 KEY = "sk-fuzz-0123456789abcdef"
 EXAMPLES = 300

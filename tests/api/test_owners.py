@@ -8,10 +8,10 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from api import batches, files, responses
-from api.broker import Broker
-from api.response_store import ResponseStore
-from shared.responses import ResponsesRequest, StoredResponse
+from api.queue.broker import Broker
+from api.routes import batches, files, responses
+from api.stores.responses import ResponseStore
+from shared.wire.responses import ResponsesRequest, StoredResponse
 from tests.support import assert_openai_error
 
 

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai._streaming import SSEDecoder
 
-from api.sse import DONE, KEEPALIVE, event_frame, frame, token_framer
-from shared.answers import ChatChunkChoice, ChatCompletionChunk, ChunkDelta
-from shared.events import TokenEvent
+from api.http.sse import DONE, KEEPALIVE, event_frame, frame, token_framer
+from shared.wire.answers import ChatChunkChoice, ChatCompletionChunk, ChunkDelta
+from shared.wire.events import TokenEvent
 
 # Any text a model can produce: every code point but surrogates, newlines and SSE syntax included.
 tokens = st.lists(

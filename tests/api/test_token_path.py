@@ -21,10 +21,10 @@ from redis import Redis
 from redis.client import PubSub
 from werkzeug.test import TestResponse
 
-from api.relay import EventRelay
-from shared.config import Settings
-from shared.events import StartedEvent, TokenEvent, decode_event, encode_event, encode_frame
-from shared.keys import Keys
+from api.queue.relay import EventRelay
+from shared.queue.config import Settings
+from shared.queue.keys import Keys
+from shared.wire.events import StartedEvent, TokenEvent, decode_event, encode_event, encode_frame
 from tests.support import CHAT, MODEL, STAND_IN, publish_as_worker, rq_job, rq_queue
 from worker.ops.cluster import wait_until
 

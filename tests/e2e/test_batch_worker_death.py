@@ -11,8 +11,8 @@ from rq.job import Job
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
-from shared.config import Settings
-from shared.keys import Keys
+from shared.queue.config import Settings
+from shared.queue.keys import Keys
 from tests.support import MODEL, lines_of, start_batch, wait_batch
 from worker.ops.cluster import Cluster
 

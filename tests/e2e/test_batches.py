@@ -8,9 +8,9 @@ import time
 import openai
 from redis import Redis
 
-from shared.batches import StoredBatch
-from shared.config import Settings
-from shared.keys import Keys
+from shared.queue.config import Settings
+from shared.queue.keys import Keys
+from shared.wire.batches import StoredBatch
 from tests.support import CHAT, MODEL, chat_line, lines_of, start_batch, wait_batch
 
 

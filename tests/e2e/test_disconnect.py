@@ -14,10 +14,10 @@ from redis import Redis
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from api.broker import Broker
-from shared.config import Settings
-from shared.jobs import GenerationJob
-from shared.keys import Keys
+from api.queue.broker import Broker
+from shared.queue.config import Settings
+from shared.queue.jobs import GenerationJob
+from shared.queue.keys import Keys
 from tests.support import MODEL, Stream, chat_body
 from worker.ops.cluster import wait_until
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from shared.config import Settings
-from shared.logs import configure, log_event
+from shared.observe.logs import configure, log_event
+from shared.queue.config import Settings
 from tests.support import MODEL
 from worker.ops.cluster import wait_until
 

@@ -24,7 +24,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from api.openapi import document
+from api.routes.openapi import document
 from tests.support import MODEL
 
 EXAMPLES = 30

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
-from shared.config import Settings
+from shared.queue.config import Settings
 from tests.support import MODEL, chat_line, finished, lines_of, poll, start_batch, wait_batch
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]

@@ -9,8 +9,8 @@ import time
 import openai
 from redis import Redis
 
-from shared.config import Settings
-from shared.keys import Keys
+from shared.queue.config import Settings
+from shared.queue.keys import Keys
 from tests.support import MODEL
 
 HI = [{"role": "user", "content": "Say hello."}]

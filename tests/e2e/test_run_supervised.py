@@ -20,7 +20,7 @@ import httpx
 import pytest
 from redis import Redis
 
-from shared.keys import Keys
+from shared.queue.keys import Keys
 from tests.support import MODEL
 from worker.ops.cluster import ROOT, free_port, stop, wait_until
 

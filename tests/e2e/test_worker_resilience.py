@@ -7,9 +7,9 @@ from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from shared.config import Settings
-from shared.jobs import JOB_FUNCTION
-from shared.keys import Keys
+from shared.queue.config import Settings
+from shared.queue.jobs import JOB_FUNCTION
+from shared.queue.keys import Keys
 from tests.support import MODEL
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]

@@ -14,10 +14,10 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from api import create_app
-from shared.config import Settings
-from shared.fleet import WorkerStats, publish_stats, read_snapshot
-from shared.keys import Keys
-from shared.metrics import JobRecord, ModelFigures, record_job
+from shared.observe.fleet import WorkerStats, publish_stats, read_snapshot
+from shared.observe.metrics import JobRecord, ModelFigures, record_job
+from shared.queue.config import Settings
+from shared.queue.keys import Keys
 
 MODEL = "fleet-model"
 HEARTBEAT_S = 0.5

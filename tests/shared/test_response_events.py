@@ -3,12 +3,12 @@ every event as the original did; the derived response object follows the same ev
 
 from __future__ import annotations
 
-from shared.completions import Usage
-from shared.errors import ErrorDetail
-from shared.events import DoneEvent, ErrorEvent, Event, StartedEvent, TokenEvent
-from shared.response_events import ResponseStream
-from shared.response_state import JobView, Progress, derive
-from shared.responses import ResponsesRequest, StoredResponse
+from shared.wire.completions import Usage
+from shared.wire.errors import ErrorDetail
+from shared.wire.events import DoneEvent, ErrorEvent, Event, StartedEvent, TokenEvent
+from shared.wire.response_events import ResponseStream
+from shared.wire.response_state import JobView, Progress, derive
+from shared.wire.responses import ResponsesRequest, StoredResponse
 
 USAGE = Usage(prompt_tokens=5, completion_tokens=3, total_tokens=8)
 EVENTS: list[Event] = [

@@ -7,7 +7,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
-from shared.sampling import SamplingParams
+from shared.wire.sampling import SamplingParams
 from worker.engine.decode import use_decode_batch
 from worker.engine.sampling import greedy, make_sampler
 

@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from shared.errors import ModelImportError
+from shared.wire.errors import ModelImportError
 from worker.gguf import default_model
 from worker.gguf.convert import import_gguf
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from shared.events import (
+from shared.queue.jobs import GenerationJob, JobOutcome
+from shared.queue.keys import Keys
+from shared.wire.events import (
     ChoiceEndEvent,
     DoneEvent,
     Event,
@@ -23,8 +25,6 @@ from shared.events import (
     decode_event,
     decode_frame,
 )
-from shared.jobs import GenerationJob, JobOutcome
-from shared.keys import Keys
 from worker.engine.synthetic import SyntheticEngine
 from worker.runtime.loop import EngineLoop
 from worker.runtime.publish import EventSink, Route

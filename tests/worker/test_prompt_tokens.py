@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlx_lm.utils import load_tokenizer
 
-from shared.prompt_tokens import ChatInput, PromptCounter
+from shared.queue.prompt_tokens import ChatInput, PromptCounter
 from tests.support import MODEL
 from worker.runtime.tokenizer_spec import build_spec
 

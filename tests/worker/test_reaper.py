@@ -12,9 +12,9 @@ from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from shared.config import Settings
-from shared.jobs import JOB_FUNCTION, GenerationJob
-from shared.keys import Keys
+from shared.queue.config import Settings
+from shared.queue.jobs import JOB_FUNCTION, GenerationJob
+from shared.queue.keys import Keys
 from worker.runtime.reaper import Reaper
 
 MODEL = "reaper-test-model"

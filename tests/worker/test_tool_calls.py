@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mlx_lm.tool_parsers import json_tools
 
-from shared.tools import CALL_END, CALL_START
+from shared.wire.tools import CALL_END, CALL_START
 from worker.engine.tool_calls import ToolCallScanner
 
 CALL = '{"name": "add", "arguments": {"a": 1, "b": 2}}'

@@ -19,9 +19,9 @@ from typing import Protocol
 
 from mlx_lm.generate import BatchGenerator, StopSequences
 
-from shared.jobs import GenerationJob
-from shared.logprobs import TokenLogprob
-from shared.tools import ToolCall
+from shared.queue.jobs import GenerationJob
+from shared.wire.logprobs import TokenLogprob
+from shared.wire.tools import ToolCall
 from worker.engine.decode import use_decode_batch
 from worker.engine.detokenize import TextDecoder
 from worker.engine.logprobs import LogprobRecorder, prompt_logprobs

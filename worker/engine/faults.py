@@ -14,7 +14,7 @@ from functools import cached_property
 
 from typing_extensions import override
 
-from shared.jobs import GenerationJob
+from shared.queue.jobs import GenerationJob
 from worker.engine.batch import Engine
 from worker.engine.detokenize import TextDecoder
 from worker.engine.prepare import PreparedJob

@@ -1,4 +1,4 @@
-"""Constrained decoding: a job's grammar (shared/grammar.py) enforced token by token.
+"""Constrained decoding: a job's grammar (shared/wire/grammar.py) enforced token by token.
 
 One llguidance matcher per constrained sequence, as a logits processor
 (worker/engine/processors.py's
@@ -23,7 +23,7 @@ import mlx.core as mx
 import numpy as np
 from llguidance import LLMatcher, LLTokenizer
 
-from shared.errors import InvalidRequestError
+from shared.wire.errors import InvalidRequestError
 
 # Compiled grammars kept per worker (each holds the parser tables of one schema).
 CACHED_GRAMMARS = 64

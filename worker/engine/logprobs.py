@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from shared.logprobs import TokenLogprob, TopLogprob
+from shared.wire.logprobs import TokenLogprob, TopLogprob
 from worker.engine.sampling import Sampler
 
 T = TypeVar("T", bound=TopLogprob)

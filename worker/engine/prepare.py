@@ -1,7 +1,8 @@
 """A job turned into what the batch needs, outside the engine loop (in the job's RQ slot thread).
 
-`Preparer.prepare` renders and tokenizes the prompt (shared/prompt_tokens.py's `chat_input`, as
-the API counts it), applies the context-window rule (shared/context_window.py), and builds one
+`Preparer.prepare` renders and tokenizes the prompt (shared/queue/prompt_tokens.py's `chat_input`,
+as
+the API counts it), applies the context-window rule (shared/queue/context_window.py), and builds one
 `ChoiceSetup` per requested choice (`n`): its sampler and, only where the job asked for them,
 logits processors (penalties, logit bias, a grammar), a logprob recorder and a tool-call
 scanner. Every choice gets objects of its own: they keep per-sequence state.
@@ -13,10 +14,10 @@ from dataclasses import dataclass
 
 from mlx_lm.sample_utils import LogitsProcessor
 
-from shared.context_window import completion_budget
-from shared.errors import InvalidRequestError
-from shared.jobs import GenerationJob
-from shared.prompt_tokens import ChatInput, chat_input
+from shared.queue.context_window import completion_budget
+from shared.queue.jobs import GenerationJob
+from shared.queue.prompt_tokens import ChatInput, chat_input
+from shared.wire.errors import InvalidRequestError
 from worker.engine.grammar import Grammars
 from worker.engine.logprobs import LogprobRecorder
 from worker.engine.model import LoadedModel

@@ -19,7 +19,7 @@ from typing import cast
 import mlx.core as mx
 from mlx_lm.sample_utils import LogitsProcessor
 
-from shared.sampling import SamplingParams
+from shared.wire.sampling import SamplingParams
 
 
 class Penalties:

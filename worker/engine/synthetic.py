@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from shared.jobs import GenerationJob
+from shared.queue.jobs import GenerationJob
 from worker.engine.batch import StepOutput
 from worker.engine.prepare import ChoiceSetup, PreparedJob
 from worker.engine.sampling import greedy

@@ -2,7 +2,7 @@
 
 A `ToolCallScanner` sits after the stop-string matcher: text outside a call passes through,
 text from the call's start marker to its end marker is held back and parsed with the model
-family's mlx-lm parser (shared/tools.py says which format a model gets) into an OpenAI
+family's mlx-lm parser (shared/wire/tools.py says which format a model gets) into an OpenAI
 `ToolCall`. A suffix that could still become a start marker is held back too, so a client never
 sees part of a marker. Text between markers that does not parse is shown as it was written.
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 from mlx_lm.tool_parsers import json_tools
 
-from shared.ids import new_id
-from shared.tools import CALL_END, CALL_START, FunctionCall, ToolCall, ToolUse
+from shared.wire.ids import new_id
+from shared.wire.tools import CALL_END, CALL_START, FunctionCall, ToolCall, ToolUse
 
 Parser = Callable[..., Any]  # mlx-lm's parse_tool_call(text, tools) -> {"name", "arguments"}
 
@@ -89,7 +89,7 @@ def _partial_suffix(text: str, marker: str) -> int:
 
 @dataclass(frozen=True)
 class ToolFormat:
-    """How one model writes tool calls (shared/tools.py explains the two cases)."""
+    """How one model writes tool calls (shared/wire/tools.py explains the two cases)."""
 
     in_template: bool
     start: str

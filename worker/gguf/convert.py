@@ -22,7 +22,7 @@ from typing import Any
 import mlx.core as mx
 from tokenizers import Tokenizer
 
-from shared.errors import ModelImportError
+from shared.wire.errors import ModelImportError
 from worker.gguf.file import (
     Metadata,
     Weights,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from shared.errors import ModelImportError
+from shared.wire.errors import ModelImportError
 from worker.gguf.convert import import_gguf
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"

@@ -17,7 +17,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from shared.errors import ModelImportError
+from shared.wire.errors import ModelImportError
 
 Metadata = dict[str, Any]
 Weights = dict[str, Any]

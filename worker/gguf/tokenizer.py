@@ -21,7 +21,7 @@ from tokenizers import (
 )
 from tokenizers.models import BPE
 
-from shared.errors import ModelImportError
+from shared.wire.errors import ModelImportError
 from worker.gguf.file import (
     Metadata,
     get_bool,

@@ -7,8 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from shared.config import Settings
-from shared.logs import configure
+from shared.observe.logs import configure
+from shared.queue.config import Settings
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:

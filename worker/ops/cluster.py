@@ -25,7 +25,7 @@ from pathlib import Path
 from redis import Redis
 from redis.exceptions import RedisError
 
-from shared.keys import Keys
+from shared.queue.keys import Keys
 from worker.gguf.default_model import DEFAULT_MODEL_NAME
 
 ROOT = Path(__file__).resolve().parent.parent.parent

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from shared.config import Settings
+from shared.queue.config import Settings
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.ops.cluster import ROOT, redis_answers, start_redis, stop
 

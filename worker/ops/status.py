@@ -1,4 +1,4 @@
-"""`mlxq status`: the fleet at a glance, read straight from Redis (shared/fleet.py).
+"""`mlxq status`: the fleet at a glance, read straight from Redis (shared/observe/fleet.py).
 
 It reads Redis, not the API: it works with no API process running, from any machine that
 reaches REDIS_URL, and shows exactly what the API's /metrics and /v1/fleet show. `--json`
@@ -17,11 +17,11 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from shared.config import Settings
-from shared.connection import connect
-from shared.fleet import FleetSnapshot, LaneView, read_snapshot
-from shared.jobs import LANES
-from shared.keys import Keys
+from shared.observe.fleet import FleetSnapshot, LaneView, read_snapshot
+from shared.queue.config import Settings
+from shared.queue.connection import connect
+from shared.queue.jobs import LANES
+from shared.queue.keys import Keys
 
 
 def _seconds(value: float | None) -> str:

@@ -3,7 +3,7 @@
 Before: a line whose batch no longer runs (cancelled, failed, past its completion window) is
 skipped without generating; a line that runs starts a fresh event log, so a retried line (its
 first worker died) never mixes two attempts. After: its answer is built from its event log
-(shared/batches.py `answer_body`: the endpoint's body, or the error event's OpenAI error) and
+(shared/wire/batches.py `answer_body`: the endpoint's body, or the error event's OpenAI error) and
 recorded in the batch's results hash under the line's index by one Lua script that writes only
 while the batch is `in_progress`, only if no answer is there yet (a retry never doubles a line),
 and then bumps the batch's counters. A cancelled line records nothing: the batch's finalizer
@@ -22,10 +22,12 @@ from typing import Any
 
 from redis import Redis
 
-from shared.answers import Transcripts
-from shared.batches import BatchLine, BatchOutputLine, LineResult, answer_body
-from shared.errors import ErrorBody, ErrorDetail
-from shared.events import (
+from shared.queue.jobs import GenerationJob, JobOutcome
+from shared.queue.keys import Keys
+from shared.wire.answers import Transcripts
+from shared.wire.batches import BatchLine, BatchOutputLine, LineResult, answer_body
+from shared.wire.errors import ErrorBody, ErrorDetail
+from shared.wire.events import (
     ChoiceEndEvent,
     DoneEvent,
     ErrorEvent,
@@ -33,8 +35,6 @@ from shared.events import (
     TokenEvent,
     decode_event,
 )
-from shared.jobs import GenerationJob, JobOutcome
-from shared.keys import Keys
 
 log = logging.getLogger(__name__)
 

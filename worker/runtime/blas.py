@@ -14,7 +14,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from shared.config import Settings
+from shared.queue.config import Settings
 
 log = logging.getLogger(__name__)
 

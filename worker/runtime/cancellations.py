@@ -2,7 +2,7 @@
 
 Its connection also carries the worker's presence: it stays subscribed to the worker's own
 presence channel (`{ns}:presence:{worker_id}`), which loses its subscriber the moment the
-process dies, so others see a killed worker at once (shared/liveness.py). After a lost
+process dies, so others see a killed worker at once (shared/queue/liveness.py). After a lost
 connection it resubscribes to both.
 """
 
@@ -14,7 +14,7 @@ import threading
 from redis import Redis
 from redis.exceptions import RedisError
 
-from shared.keys import Keys
+from shared.queue.keys import Keys
 from worker.runtime.loop import EngineLoop
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from redis import Redis
 
-from shared.events import Event
-from shared.keys import Keys
+from shared.queue.keys import Keys
+from shared.wire.events import Event
 from worker.runtime.publish import EventSink, Route
 
 

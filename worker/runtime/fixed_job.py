@@ -5,7 +5,7 @@ so whoever can write a job into Redis could make a stock RQ worker import and ca
 A slot (worker/runtime/slots.py) runs `FixedJob`s instead, and refuses a job before doing anything
 with
 it unless its data decodes as JSON (RQ's JSON serializer: nothing is unpickled), it names
-`shared.jobs.JOB_FUNCTION`, it has no instance, one dict argument and no keyword arguments,
+`shared.queue.jobs.JOB_FUNCTION`, it has no instance, one dict argument and no keyword arguments,
 and it carries no callbacks. Even then the function is this module's own reference to
 `run_generation`, never a name looked up at run time. Webhooks in a job record are ignored.
 """
@@ -18,7 +18,7 @@ from typing import Any
 from rq.exceptions import DeserializationError
 from rq.job import Job
 
-from shared.jobs import JOB_FUNCTION
+from shared.queue.jobs import JOB_FUNCTION
 
 
 class RefusedJobError(Exception):

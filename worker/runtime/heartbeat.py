@@ -1,12 +1,12 @@
 """The worker's announcement in Redis: which model it serves, refreshed while it lives.
 
 A worker is live while its heartbeat is younger than `LIVE_FACTOR` intervals and its presence
-channel has a subscriber (shared/liveness.py); a model is served while any worker serving it is
-live. The API reads the same zsets (keys.py). Each beat also looks for the worker's tombstone:
+channel has a subscriber (shared/queue/liveness.py); a model is served while any worker serving it
+is live. The API reads the same zsets (keys.py). Each beat also looks for the worker's tombstone:
 if another worker declared this one dead and took over its jobs (it hung, or its Mac slept),
 it must not finish them too, so `on_tombstone` is called (it ends the process). Each beat also
-publishes the worker's report (slots in use, tokens/s: shared/fleet.py) in the same pipeline,
-so the fleet view costs the worker nothing between beats.
+publishes the worker's report (slots in use, tokens/s: shared/observe/fleet.py) in the same
+pipeline, so the fleet view costs the worker nothing between beats.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from redis import Redis
 from redis.exceptions import RedisError
 
-from shared.fleet import WorkerStats, publish_stats
-from shared.keys import Keys
+from shared.observe.fleet import WorkerStats, publish_stats
+from shared.queue.keys import Keys
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The one job function RQ runs: hand a generation job to the engine loop and wait for it.
 
-RQ imports it by name (`shared.jobs.JOB_FUNCTION`) in a slot thread of a worker process that
+RQ imports it by name (`shared.queue.jobs.JOB_FUNCTION`) in a slot thread of a worker process that
 has bound its runtime with `bind`; the model stays loaded in that process across jobs.
 Everything a client must see goes out on the job's channel; the return value is RQ's record.
 The job's limits are kept here: a job taken after its queue deadline is failed without being
@@ -8,7 +8,7 @@ run (`queue_timeout`), and one that runs past its run limit is ended by the slot
 waits on it anyway: "length" (a normal end, finish_reason "length") or "error".
 A batch line's extra work (skip if its batch stopped, record its answer) is
 worker/runtime/batch_lines.py. Once a job has ended, however it ended, its figures go to the
-fleet's metrics and recent jobs in one pipeline (shared/metrics.py), off the per-token path.
+fleet's metrics and recent jobs in one pipeline (shared/observe/metrics.py), off the per-token path.
 """
 
 from __future__ import annotations
@@ -25,27 +25,29 @@ from redis.exceptions import RedisError
 from rq import get_current_job
 from rq.job import Job
 
-from shared import tracing
-from shared.completions import Usage
-from shared.errors import (
+from shared.observe import tracing
+from shared.observe.logs import log_event
+from shared.observe.metrics import JobRecord, record_job
+from shared.queue.jobs import GenerationJob, JobOutcome
+from shared.queue.keys import Keys, is_valid_id
+from shared.wire.completions import Usage
+from shared.wire.errors import (
     GenerationError,
     GenerationTimeoutError,
     InvalidRequestError,
     MLXQError,
     QueueTimeoutError,
 )
-from shared.events import DoneEvent, ErrorEvent, Event
-from shared.jobs import GenerationJob, JobOutcome
-from shared.keys import Keys, is_valid_id
-from shared.logs import log_event
-from shared.metrics import JobRecord, record_job
+from shared.wire.events import DoneEvent, ErrorEvent, Event
 from worker.engine.batch import BatchEngine
 from worker.runtime.batch_lines import BatchLines
 from worker.runtime.loop import EngineLoop
 from worker.runtime.publish import EventSink, Route
 
 log = logging.getLogger(__name__)
-job_log = logging.getLogger("mlxq.job")  # one structured line per ended job (shared/logs.py)
+job_log = logging.getLogger(
+    "mlxq.job"
+)  # one structured line per ended job (shared/observe/logs.py)
 
 # How long a slot waits for the loop to apply the cancel that ends a job at its run limit.
 END_GRACE_S = 30.0
@@ -61,7 +63,7 @@ class Runtime:
     redis: Redis
     keys: Keys
     job_timeout_s: float
-    release: Script  # shared/backlog.py RELEASE, registered on `redis`
+    release: Script  # shared/queue/backlog.py RELEASE, registered on `redis`
     worker_id: str
 
 

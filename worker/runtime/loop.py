@@ -21,9 +21,11 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from shared.completions import FinishReason, PromptTokensDetails, Usage
-from shared.errors import GenerationError
-from shared.events import (
+from shared.queue.jobs import JobOutcome
+from shared.queue.keys import Keys
+from shared.wire.completions import FinishReason, PromptTokensDetails, Usage
+from shared.wire.errors import GenerationError
+from shared.wire.events import (
     ChoiceEndEvent,
     DoneEvent,
     ErrorEvent,
@@ -31,8 +33,6 @@ from shared.events import (
     StartedEvent,
     TokenEvent,
 )
-from shared.jobs import JobOutcome
-from shared.keys import Keys
 from worker.engine.batch import BatchEngine, StepOutput
 from worker.engine.prepare import PreparedJob
 from worker.runtime.publish import EventSink, Route

@@ -2,7 +2,7 @@
 back later (`GenerationJob.replayed`: a stored response, a batch line), its replay log.
 
 The channel is the reply channel of the API process waiting on the job (`reply_to`), else the
-job's own. Each `send` publishes one frame (shared/events.py) per channel: an API process
+job's own. Each `send` publishes one frame (shared/wire/events.py) per channel: an API process
 relaying 500 streams gets one message per step, not 500.
 
 The replay log is a Redis list with a bounded TTL holding every event of the job in order, so
@@ -21,8 +21,15 @@ from dataclasses import dataclass
 from redis import Redis
 from redis.exceptions import RedisError
 
-from shared.events import DoneEvent, ErrorEvent, Event, StartedEvent, encode_event, encode_frame
-from shared.keys import Keys
+from shared.queue.keys import Keys
+from shared.wire.events import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    StartedEvent,
+    encode_event,
+    encode_frame,
+)
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 Every heartbeat interval each worker reads RQ's started-job registries of its model's two
 queues, the worker that runs each execution, the model's workers zset, and the liveness of all
-those workers (shared/liveness.py), in a few pipelined round trips. A worker found not alive on
-two sweeps in a row (one that reconnects is not buried by one unlucky poll) is dead, and:
+those workers (shared/queue/liveness.py), in a few pipelined round trips. A worker found not alive
+on two sweeps in a row (one that reconnects is not buried by one unlucky poll) is dead, and:
 1. the jobs it had taken but not started (its `{ns}:taking:{worker_id}` list,
 worker/runtime/slots.py)
    go back to the front of their queue, atomically (no two reapers put one back twice);
@@ -16,7 +16,7 @@ worker/runtime/slots.py)
      its channel and replay log, RQ's record in the failed registry; a batch line out of
      retries also gets its 500 error line in its batch (worker/runtime/batch_lines.py, first write
      wins). A client waiting on an interactive job was told already by its API process
-     (api/watch.py);
+     (api/queue/watch.py);
 3. it gets a tombstone and leaves the workers zset: should it come back (a Mac that slept),
    its heartbeat finds the tombstone and the process exits instead of finishing work that was
    handed on (worker/runtime/heartbeat.py).
@@ -56,11 +56,11 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker as RQWorker
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
-from shared.errors import WorkerLostError
-from shared.events import ErrorEvent, Event, RequeuedEvent, encode_event, encode_frame
-from shared.jobs import GenerationJob
-from shared.keys import Keys
-from shared.liveness import LIVE_FACTOR, alive, worker_of
+from shared.queue.jobs import GenerationJob
+from shared.queue.keys import Keys
+from shared.queue.liveness import LIVE_FACTOR, alive, worker_of
+from shared.wire.errors import WorkerLostError
+from shared.wire.events import ErrorEvent, Event, RequeuedEvent, encode_event, encode_frame
 from worker.runtime.batch_lines import BatchLines, server_error
 from worker.runtime.publish import Route
 

@@ -1,4 +1,4 @@
-"""The worker's report of itself, built once per heartbeat (shared/fleet.py WorkerStats).
+"""The worker's report of itself, built once per heartbeat (shared/observe/fleet.py WorkerStats).
 
 Slots in use come from what the RQ slots hold (worker/runtime/slots.py), split by the lane of the
 queue each job came from. Tokens/s is the engine loop's token counter over the last minute: one
@@ -12,9 +12,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from shared.fleet import WorkerStats
-from shared.jobs import LANES, Lane
-from shared.keys import Keys
+from shared.observe.fleet import WorkerStats
+from shared.queue.jobs import LANES, Lane
+from shared.queue.keys import Keys
 from worker.runtime.loop import EngineLoop
 
 WINDOW_S = 60.0

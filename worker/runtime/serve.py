@@ -24,12 +24,13 @@ from pathlib import Path
 
 from redis.exceptions import RedisError
 
-from shared import backlog, tracing
-from shared.config import Settings
-from shared.connection import connect, connect_blocking
-from shared.keys import Keys
-from shared.liveness import LIVE_FACTOR
-from shared.prompt_tokens import TokenizerSpec
+from shared.observe import tracing
+from shared.queue import backlog
+from shared.queue.config import Settings
+from shared.queue.connection import connect, connect_blocking
+from shared.queue.keys import Keys
+from shared.queue.liveness import LIVE_FACTOR
+from shared.queue.prompt_tokens import TokenizerSpec
 from worker.engine.batch import BatchEngine, Engine
 from worker.engine.faults import FaultyEngine
 from worker.engine.model import load_model

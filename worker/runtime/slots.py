@@ -36,8 +36,8 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import WorkerStatus
 
-from shared.keys import Keys
-from shared.liveness import slot_name
+from shared.queue.keys import Keys
+from shared.queue.liveness import slot_name
 from worker.runtime.fixed_job import FixedJob, refusal
 
 log = logging.getLogger(__name__)

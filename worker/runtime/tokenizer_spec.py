@@ -1,6 +1,6 @@
 """The worker's announcement of how its model counts prompt tokens, for the API's check.
 
-At start a worker builds its model's `TokenizerSpec` (shared/prompt_tokens.py) from the
+At start a worker builds its model's `TokenizerSpec` (shared/queue/prompt_tokens.py) from the
 tokenizer mlx-lm loaded, checks on probe conversations and prompts that `PromptCounter` counts
 exactly as this tokenizer does, and writes the spec to `keys.tokenizer(model)`. If the counts
 differ (a template feature the counter does not reproduce, a custom renderer), it publishes
@@ -15,10 +15,10 @@ from typing import Any
 
 from redis import Redis
 
-from shared.completions import ChatMessage
-from shared.keys import Keys
-from shared.prompt_tokens import PromptCounter, TokenizerSpec, chat_input
-from shared.tools import ChatTool, FunctionCall, FunctionDefinition, ToolCall, ToolUse
+from shared.queue.keys import Keys
+from shared.queue.prompt_tokens import PromptCounter, TokenizerSpec, chat_input
+from shared.wire.completions import ChatMessage
+from shared.wire.tools import ChatTool, FunctionCall, FunctionDefinition, ToolCall, ToolUse
 from worker.engine.model import LoadedModel
 from worker.engine.tool_calls import ToolFormat
 

@@ -14,7 +14,7 @@ import pytest
 from redis import Redis
 from rq.job import Job
 
-from shared.liveness import worker_of
+from shared.queue.liveness import worker_of
 from tests.support import MODEL, rq_job, rq_queue
 from worker.ops.cluster import Cluster, Worker
 

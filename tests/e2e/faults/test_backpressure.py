@@ -2,7 +2,7 @@
 
 Point 6 of the fault contract (and the API side of point 7's queue deadline). No model runs
 here: a stand-in worker is made live by hand (a fresh heartbeat and a subscriber on its
-presence channel, shared/liveness.py) and never takes a job, so the queue fills.
+presence channel, shared/queue/liveness.py) and never takes a job, so the queue fills.
 """
 
 from __future__ import annotations

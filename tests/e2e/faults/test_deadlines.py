@@ -3,7 +3,7 @@ ends as configured ("length", or an error).
 
 Point 7 of the fault contract. One worker with a single slot, so a second job must queue; the
 API gives interactive jobs a 1 s queue deadline and a 1.5 s run limit (MLXQ_QUEUE_TIMEOUT_S,
-MLXQ_RUN_LIMIT_S). Jobs enqueued directly carry their own limits (shared/jobs.py JobLimits).
+MLXQ_RUN_LIMIT_S). Jobs enqueued directly carry their own limits (shared/queue/jobs.py JobLimits).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from shared.events import DoneEvent, ErrorEvent, Event, decode_event
-from shared.jobs import JOB_FUNCTION, GenerationJob, JobLimits
+from shared.queue.jobs import JOB_FUNCTION, GenerationJob, JobLimits
+from shared.wire.events import DoneEvent, ErrorEvent, Event, decode_event
 from tests.support import MODEL, chat_body, post, rq_job, rq_queue
 from worker.ops.cluster import Cluster, wait_until
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from shared.fleet import FleetSnapshot
+from shared.observe.fleet import FleetSnapshot
 from tests.e2e.faults.conftest import HEARTBEAT_S, holder
 from tests.support import MODEL, Stream, chat_body, post
 from worker.ops.cluster import ROOT, Cluster, wait_until

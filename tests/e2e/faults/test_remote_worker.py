@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from shared.events import DoneEvent, RequeuedEvent, decode_event
-from shared.liveness import LIVE_FACTOR
+from shared.queue.liveness import LIVE_FACTOR
+from shared.wire.events import DoneEvent, RequeuedEvent, decode_event
 from tests.e2e.faults.conftest import holder
 from tests.support import CHAT, MODEL, Stream, chat_body, rq_job
 from worker.ops.cluster import ROOT, Cluster, Worker, free_port, wait_until

@@ -15,11 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from api.broker import Broker
-from shared.config import Settings
-from shared.events import RequeuedEvent, decode_event
-from shared.jobs import GenerationJob
-from shared.sampling import SamplingParams
+from api.queue.broker import Broker
+from shared.queue.config import Settings
+from shared.queue.jobs import GenerationJob
+from shared.wire.events import RequeuedEvent, decode_event
+from shared.wire.sampling import SamplingParams
 from tests.e2e.faults.conftest import HEARTBEAT_S, exactly_workers, started_ids
 from tests.support import MODEL, STORY, Reply, Stream, chat_body, post, rq_job, rq_queue
 from worker.ops.cluster import Cluster, wait_until

@@ -1,5 +1,5 @@
-"""Traces across processes (shared/tracing.py): with OTEL_EXPORTER_OTLP_ENDPOINT set, one request
-gives one connected trace, the API's span with the worker's spans as its children, under
+"""Traces across processes (shared/observe/tracing.py): with OTEL_EXPORTER_OTLP_ENDPOINT set, one
+request gives one connected trace, the API's span with the worker's spans as its children, under
 OpenTelemetry's GenAI attribute names. The spans go to an OTLP/HTTP collector this test runs
 itself on a free loopback port. Without the variable a job carries no trace."""
 
@@ -15,8 +15,8 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from shared.completions import ChatCompletionRequest
-from shared.jobs import job_for
+from shared.queue.jobs import job_for
+from shared.wire.completions import ChatCompletionRequest
 from tests.support import CHAT, MODEL
 from worker.ops.cluster import Cluster, free_port, wait_until
 
@@ -109,7 +109,7 @@ def test_one_request_gives_one_connected_trace(
 
 
 def test_without_the_variable_a_job_carries_no_trace(monkeypatch: pytest.MonkeyPatch) -> None:
-    from shared import tracing
+    from shared.observe import tracing
 
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     request = ChatCompletionRequest(model=MODEL, messages=[{"role": "user", "content": "Hi"}])

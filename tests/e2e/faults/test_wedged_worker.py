@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import pytest
 
-from api.broker import Broker
-from shared.config import Settings
-from shared.events import DoneEvent, RequeuedEvent, decode_event
-from shared.jobs import GenerationJob
+from api.queue.broker import Broker
+from shared.queue.config import Settings
+from shared.queue.jobs import GenerationJob
+from shared.wire.events import DoneEvent, RequeuedEvent, decode_event
 from tests.e2e.faults.conftest import HEARTBEAT_S, exactly_workers
 from tests.support import MODEL, Stream, chat_body, post, rq_job
 from worker.engine.faults import RAISE, WEDGE

@@ -17,12 +17,12 @@ import pytest
 from redis import Redis
 from rq.worker import Worker as RQWorker
 
-from api.broker import Broker
-from shared.config import Settings
-from shared.events import DoneEvent, RequeuedEvent, StartedEvent, decode_event
-from shared.jobs import JOB_FUNCTION, GenerationJob
-from shared.liveness import LIVE_FACTOR
-from shared.sampling import SamplingParams
+from api.queue.broker import Broker
+from shared.queue.config import Settings
+from shared.queue.jobs import JOB_FUNCTION, GenerationJob
+from shared.queue.liveness import LIVE_FACTOR
+from shared.wire.events import DoneEvent, RequeuedEvent, StartedEvent, decode_event
+from shared.wire.sampling import SamplingParams
 from tests.e2e.faults.conftest import HEARTBEAT_S, exactly_workers, holder, started_ids
 from tests.support import MODEL, STORY, Stream, chat_body, post, rq_job, rq_queue
 from worker.ops.cluster import Cluster, wait_until

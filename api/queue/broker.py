@@ -1,0 +1,217 @@
+"""The API's side of Redis: model liveness, the RQ queues, the event relay, cancellation.
+
+`Broker.init_app(app)` attaches one Broker per API process (Flask's extension pattern);
+routes reach it with `broker()`. Any Redis failure surfaces as BackendUnavailableError (503).
+A new interactive job is accepted in one round trip (shared/queue/backlog.py): 404 when no live
+worker serves its model, 429 with Retry-After when its queue is over the cap of jobs or of
+prompt tokens. Every submitted job is watched until its request ends (api/queue/watch.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from flask import Flask, current_app
+from rq import Queue, Retry
+from rq.serializers import JSONSerializer
+
+from api.queue.context_window import ContextWindows
+from api.queue.relay import EventRelay, Subscription
+from api.queue.watch import JobWatch
+from shared.queue import backlog, fair_order
+from shared.queue.backlog import Verdict
+from shared.queue.config import Settings
+from shared.queue.connection import connect, connect_blocking, redis_errors_as_503
+from shared.queue.jobs import JOB_FUNCTION, GenerationJob, JobLimits, Lane
+from shared.queue.keys import Keys
+from shared.queue.liveness import horizon, live_workers
+from shared.wire.errors import ModelNotFoundError, QueueFullError
+from shared.wire.ids import new_id
+
+T = TypeVar("T")
+# Bulk jobs enqueued per Redis round trip.
+BULK_CHUNK = 500
+
+
+class Broker:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self.redis = connect(settings)
+        self.api_id = new_id("api-")  # names this process's reply channel
+        self.relay = EventRelay(
+            connect_blocking(settings), self.keys.reply(self.api_id), settings.redis_timeout_s
+        )
+        self.windows = ContextWindows(self.redis, self.keys)
+        self.watch = JobWatch(
+            self.redis, self.keys, settings.heartbeat_s, self.relay.is_open, self.withdraw
+        )
+        self._accept = self.redis.register_script(backlog.ACCEPT)
+        self._release = self.redis.register_script(backlog.RELEASE)
+        self._place = self.redis.register_script(fair_order.PLACE)
+        self._queues: dict[str, Queue] = {}
+
+    def init_app(self, app: Flask) -> None:
+        app.extensions["mlxq.broker"] = self
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        with redis_errors_as_503():
+            return fn()
+
+    def ping(self) -> bool:
+        return bool(self._call(self.redis.ping))
+
+    def live_models(self) -> list[tuple[str, float]]:
+        """The models a live worker serves (shared/queue/liveness.py), with their last heartbeat."""
+        oldest = horizon(time.time(), self.settings.heartbeat_s)
+        rows: list[Any] = self._call(
+            lambda: self.redis.zrangebyscore(self.keys.models(), oldest, "+inf", withscores=True)
+        )
+        seen = {bytes(name).decode(): float(score) for name, score in rows}
+        live = self._live_workers(list(seen))
+        return [(name, score) for name, score in seen.items() if live[name]]
+
+    def require_model(self, model: str) -> None:
+        """A 404 unless a live worker serves `model`: the rule `/v1/models` lists by."""
+        if not self._live_workers([model])[model]:
+            raise ModelNotFoundError(
+                f"The model '{model}' does not exist or no live worker serves it.", param="model"
+            )
+
+    def _live_workers(self, models: list[str]) -> dict[str, set[str]]:
+        heartbeat_s = self.settings.heartbeat_s
+        return self._call(lambda: live_workers(self.redis, self.keys, models, heartbeat_s))
+
+    def queue(self, model: str, lane: Lane = "interactive") -> Queue:
+        """A lane's queue (shared/queue/jobs.py): workers take interactive jobs first, then
+        background ones, then batch lines."""
+        return self._queue(self.keys.lane(model, lane))
+
+    def _queue(self, name: str) -> Queue:
+        if name not in self._queues:
+            self._queues[name] = Queue(name, connection=self.redis, serializer=JSONSerializer)
+        return self._queues[name]
+
+    def interactive_limits(self) -> JobLimits:
+        """The limits of a job a client waits on: it must start soon and not run forever."""
+        return JobLimits(
+            queue_deadline=time.time() + self.settings.queue_timeout_s,
+            run_limit_s=self.settings.run_limit_s,
+            on_run_limit=self.settings.run_limit_action,
+        )
+
+    def submit(self, job: GenerationJob) -> Subscription:
+        """Check, accept, subscribe, then enqueue, so that no event of the job can be missed.
+        The job's events come on this process's reply channel (api/queue/relay.py).
+
+        Admission refuses a model no live worker serves, then a full queue (`accept`)."""
+        self._call(lambda: self.windows.check(job))  # before the job is queued
+        job = job.model_copy(update={"reply_to": self.api_id})
+        queue = self.queue(job.model, job.lane)
+        self.accept(job, queue)
+        try:
+            sub = self.relay.subscribe(job.job_id)
+            try:
+                self._call(lambda: self._enqueue(queue, job))
+            except BaseException:
+                self.relay.unsubscribe(sub)
+                raise
+        except BaseException:
+            self._call(lambda: self.release(job.job_id, job.model))
+            raise
+        self.watch.add(job.job_id, job.model, sub)
+        return sub
+
+    def accept(self, job: GenerationJob, queue: Queue) -> None:
+        """Refuse at once what cannot be served soon: no live worker (404), a full queue (429)."""
+        self.require_model(job.model)
+        keys = [queue.key, self.keys.backlog(job.model), self.keys.backlog_tokens(job.model)]
+        args: list[str | float] = [
+            self.settings.queue_cap,
+            self.settings.queue_token_cap,
+            job.job_id,
+            backlog.estimate_tokens(job),
+        ]
+        verdict = Verdict(self._call(lambda: self._accept(keys=keys, args=args)))
+        retry_after = self.settings.retry_after_s
+        if verdict is Verdict.TOO_MANY_JOBS:
+            raise QueueFullError(
+                f"The queue for '{job.model}' holds {self.settings.queue_cap} jobs, its cap; "
+                f"retry in {retry_after} s.",
+                retry_after_s=retry_after,
+            )
+        if verdict is Verdict.TOO_MANY_TOKENS:
+            raise QueueFullError(
+                f"The queue for '{job.model}' holds {self.settings.queue_token_cap} prompt "
+                f"tokens, its cap; retry in {retry_after} s.",
+                retry_after_s=retry_after,
+            )
+
+    def release(self, job_id: str, model: str) -> None:
+        """Take a job's prompt tokens out of its model's backlog (idempotent)."""
+        keys = [self.keys.backlog(model), self.keys.backlog_tokens(model)]
+        keys += [self.keys.order(model), self.keys.round(model)]
+        self._release(keys=keys, args=[job_id, "withdrawn"])
+
+    def withdraw(self, job_id: str, model: str) -> None:
+        """Cancel a job nobody will wait for, and take it off its queue if it is still there
+        (the interactive lane, or the background one for `service_tier: flex`)."""
+        self.cancel(job_id)
+        for lane in ("interactive", "background"):
+            queue = self.queue(model, lane)
+            self._call(lambda: queue.remove(job_id))  # noqa: B023 (called at once)
+        self._call(lambda: self.release(job_id, model))
+
+    def _job_options(self, job: GenerationJob) -> dict[str, Any]:
+        """What RQ gets for every generation job: the one function, the payload, the TTLs."""
+        return {
+            "args": (job.model_dump(mode="json"),),
+            "job_id": job.job_id,
+            "timeout": self.settings.job_timeout_s,
+            "result_ttl": self.settings.result_ttl_s,
+            "failure_ttl": self.settings.result_ttl_s,
+        }
+
+    def _enqueue(self, queue: Queue, job: GenerationJob) -> None:
+        """RQ appends the job; then it moves to its fair place (shared/queue/fair_order.py)."""
+        queue.enqueue_call(JOB_FUNCTION, **self._job_options(job))
+        keys = [queue.key, self.keys.order(job.model)]
+        keys += [self.keys.rounds(job.model), self.keys.round(job.model)]
+        self._place(keys=keys, args=[job.job_id, job.share or "anonymous", job.priority])
+
+    def submit_bulk(self, jobs: list[GenerationJob], retries: int | None = None) -> None:
+        """Enqueue background responses or batch lines on their lane, in order (no admission
+        check).
+
+        No client waits on a bulk job, so when its worker is lost it is retried from scratch,
+        up to `retries` times (default `bulk_retries`; worker/runtime/reaper.py), instead of failed.
+        """
+        if retries is None:
+            retries = self.settings.bulk_retries
+        retry = Retry(max=retries) if retries else None
+        for start in range(0, len(jobs), BULK_CHUNK):
+            pipe = self.redis.pipeline(transaction=False)
+            for queued in jobs[start : start + BULK_CHUNK]:
+                lane: Lane = "batch" if queued.batch_line is not None else "background"
+                job = queued.model_copy(update={"lane": lane})  # recorded in metrics and logs
+                data = Queue.prepare_data(
+                    JOB_FUNCTION,
+                    **self._job_options(job),
+                    retry=retry,
+                    description=job.job_id,  # RQ's default repeats the whole payload
+                )
+                self.queue(job.model, lane).enqueue_many([data], pipeline=pipe)
+            self._call(pipe.execute)
+
+    def cancel(self, job_id: str) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(self.keys.cancelled(job_id), 1, ex=self.settings.job_timeout_s)
+        pipe.publish(self.keys.cancel_channel(), job_id)
+        self._call(pipe.execute)
+
+
+def broker() -> Broker:
+    found: Broker = current_app.extensions["mlxq.broker"]
+    return found

@@ -1,0 +1,6 @@
+"""The API's surfaces: one Flask blueprint per resource, thin routes that parse a body
+(api/http), hand it to the queue (api/queue) or a store (api/stores), and answer with a shape
+from shared/wire. A new API surface is a new module here, registered in `api.create_app`.
+
+Imports `api.http`, `api.queue`, `api.stores` and `shared`; never `worker` or mlx.
+"""

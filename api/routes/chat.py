@@ -1,0 +1,89 @@
+"""POST /v1/chat/completions: OpenAI chat completions, streamed or as one body."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from flask import Blueprint, Response
+
+from api.http.auth import owner_id
+from api.http.sse import frame, sse_response, token_framer
+from api.http.validation import parse_body
+from api.queue.broker import broker
+from api.queue.generation import RunningJob, collect, start, stream_frames
+from shared.queue.jobs import job_for
+from shared.wire.answers import (
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChunkDelta,
+    chat_completion,
+)
+from shared.wire.completions import ChatCompletionRequest, FinishReason
+from shared.wire.events import ChoiceEndEvent, DoneEvent, TokenEvent
+from shared.wire.ids import new_id
+from shared.wire.logprobs import ChoiceLogprobs
+from shared.wire.tools import ToolCallDelta
+
+bp = Blueprint("chat", __name__)
+
+
+@bp.post("/v1/chat/completions")
+def create_chat_completion() -> Response:
+    req = parse_body(ChatCompletionRequest)
+    running = start(broker(), job_for(new_id("chatcmpl-"), req, owner_id()))
+    if req.stream:
+        return sse_response(stream_chat(running, req))
+    return Response(collect_chat(running, req).model_dump_json(), mimetype="application/json")
+
+
+def collect_chat(running: RunningJob, req: ChatCompletionRequest) -> ChatCompletion:
+    result = collect(running)
+    return chat_completion(req, running.job.job_id, int(time.time()), result.got, result.done)
+
+
+def stream_chat(running: RunningJob, req: ChatCompletionRequest) -> Iterator[bytes]:
+    head = ChatCompletionChunk(
+        id=running.job.job_id,
+        created=int(time.time()),
+        model=running.job.model,
+        choices=[],
+        service_tier=req.service_tier,
+    )
+    ended: set[int] = set()
+    calls_sent: dict[int, int] = {}
+
+    def chunk(index: int, delta: ChunkDelta, finish_reason: FinishReason | None = None) -> bytes:
+        choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason)
+        return frame(head.model_copy(update={"choices": [choice]}))
+
+    def choice_end(end: ChoiceEndEvent) -> bytes:
+        ended.add(end.index)
+        return chunk(end.index, ChunkDelta(), end.finish_reason)
+
+    def closing(done: DoneEvent) -> list[bytes]:
+        frames = [
+            chunk(i, ChunkDelta(), done.finish_reason) for i in range(req.n) if i not in ended
+        ]
+        if req.include_usage():
+            frames.append(frame(head.model_copy(update={"usage": done.usage})))
+        return frames
+
+    def with_token(event: TokenEvent) -> ChatCompletionChunk:
+        index = event.index or 0
+        logprobs = None if event.logprobs is None else ChoiceLogprobs(content=event.logprobs)
+        delta = ChunkDelta(content=event.text)
+        if event.tool_calls:
+            sent = calls_sent.get(index, 0)
+            delta.tool_calls = [
+                ToolCallDelta(index=sent + i, **call.model_dump())
+                for i, call in enumerate(event.tool_calls)
+            ]
+            calls_sent[index] = sent + len(event.tool_calls)
+            delta.content = event.text or None
+        choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs)
+        return head.model_copy(update={"choices": [choice]})
+
+    opening = [chunk(i, ChunkDelta(role="assistant", content="")) for i in range(req.n)]
+    return stream_frames(running, opening, token_framer(with_token), closing, choice_end)

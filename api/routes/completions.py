@@ -1,0 +1,75 @@
+"""POST /v1/completions: OpenAI (legacy) text completions, streamed or as one body."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from flask import Blueprint, Response
+
+from api.http.auth import owner_id
+from api.http.sse import frame, sse_response, token_framer
+from api.http.validation import parse_body
+from api.queue.broker import broker
+from api.queue.generation import RunningJob, collect, start, stream_frames
+from shared.queue.jobs import job_for
+from shared.wire.answers import Completion, TextChoice, text_completion
+from shared.wire.completions import CompletionRequest, FinishReason
+from shared.wire.events import ChoiceEndEvent, DoneEvent, TokenEvent
+from shared.wire.ids import new_id
+from shared.wire.logprobs import TextLogprobs
+
+bp = Blueprint("completions", __name__)
+
+
+@bp.post("/v1/completions")
+def create_completion() -> Response:
+    req = parse_body(CompletionRequest)
+    running = start(broker(), job_for(new_id("cmpl-"), req, owner_id()))
+    if req.stream:
+        return sse_response(stream_completion(running, req))
+    return Response(collect_completion(running, req).model_dump_json(), mimetype="application/json")
+
+
+def collect_completion(running: RunningJob, req: CompletionRequest) -> Completion:
+    result = collect(running)
+    return text_completion(req, running.job.job_id, int(time.time()), result.got, result.done)
+
+
+def stream_completion(running: RunningJob, req: CompletionRequest) -> Iterator[bytes]:
+    head = Completion(
+        id=running.job.job_id, created=int(time.time()), model=running.job.model, choices=[]
+    )
+    ended: set[int] = set()
+    prompts = req.prompts()
+    choices = req.n * len(prompts)
+    # Where each choice's next token starts in its text (legacy logprobs' text_offset); an
+    # echo's logprobs begin with the prompt's tokens.
+    offsets = dict.fromkeys(range(choices), 0)
+
+    def chunk(index: int, text: str, finish_reason: FinishReason | None = None) -> bytes:
+        choice = TextChoice(index=index, text=text, finish_reason=finish_reason)
+        return frame(head.model_copy(update={"choices": [choice]}))
+
+    def choice_end(end: ChoiceEndEvent) -> bytes:
+        ended.add(end.index)
+        return chunk(end.index, "", end.finish_reason)
+
+    def closing(done: DoneEvent) -> list[bytes]:
+        frames = [chunk(i, "", done.finish_reason) for i in range(choices) if i not in ended]
+        if req.include_usage():
+            frames.append(frame(head.model_copy(update={"usage": done.usage})))
+        return frames
+
+    def with_token(event: TokenEvent) -> Completion:
+        index = event.index or 0
+        logprobs = None
+        if event.logprobs is not None:
+            logprobs = TextLogprobs.of(event.logprobs, offsets[index])
+            offsets[index] += sum(len(entry.token) for entry in event.logprobs)
+        choice = TextChoice(index=index, text=event.text, logprobs=logprobs)
+        return head.model_copy(update={"choices": [choice]})
+
+    echoed = [p if isinstance(p, str) else "" for p in prompts]
+    opening = [chunk(i, echoed[i // req.n]) for i in range(choices)] if req.echo else []
+    return stream_frames(running, opening, token_framer(with_token), closing, choice_end)

@@ -1,0 +1,18 @@
+"""GET /health: 200 when Redis answers and lists the live models, else 503."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response
+
+from api.queue.broker import broker
+from shared.wire.catalog import Health
+
+bp = Blueprint("health", __name__)
+
+
+@bp.get("/health")
+def health() -> Response:
+    b = broker()
+    b.ping()  # raises BackendUnavailableError -> 503
+    body = Health(models=[name for name, _ in b.live_models()])
+    return Response(body.model_dump_json(), mimetype="application/json")

@@ -1,0 +1,251 @@
+"""GET /openapi.json: the API described as OpenAPI 3.1, generated from the pydantic wire models.
+
+`ROUTES` lists every route with its request and response models (those in shared/); the
+`openapi-pydantic` library types the document and turns the models into JSON Schema components
+(through pydantic's own generator), so the document cannot drift from what the routes validate.
+A test checks that every rule in Flask's URL map is documented. The document is public (it holds
+nothing private), like /health; every /v1 route needs the bearer key when keys are configured.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+
+from flask import Blueprint, Response
+from openapi_pydantic import (
+    Components,
+    Info,
+    MediaType,
+    OpenAPI,
+    Operation,
+    Parameter,
+    PathItem,
+    RequestBody,
+    Schema,
+    SecurityScheme,
+)
+from openapi_pydantic import Response as OpenAPIResponse
+from openapi_pydantic.util import PydanticSchema, construct_open_api_with_schema_class
+from pydantic import BaseModel
+
+from shared.observe.fleet import FleetSnapshot
+from shared.observe.metrics import RECENT_JOBS
+from shared.wire.answers import ChatCompletion, ChatCompletionChunk, Completion
+from shared.wire.batches import Batch, BatchCreateRequest, BatchList
+from shared.wire.catalog import Health, ModelCard, ModelList
+from shared.wire.completions import ChatCompletionRequest, CompletionRequest
+from shared.wire.errors import ErrorBody
+from shared.wire.files import FileDeleted, FileList, FileObject, FileUpload
+from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
+from shared.wire.response_events import ResponseStreamEvent
+from shared.wire.responses import ResponseDeleted, ResponseObject, ResponsesRequest
+
+bp = Blueprint("openapi", __name__)
+
+# Why each error status can happen, on the routes where it can.
+ERRORS = {
+    400: "Invalid request: OpenAI's error body names the parameter and code",
+    401: "Missing or wrong API key (`invalid_api_key`), when keys are configured",
+    404: "Unknown model (`model_not_found`), route, response, file or batch",
+    405: "Method not allowed",
+    413: "Request body too large",
+    415: "The body is not declared as JSON",
+    429: "The model's queue is full (`queue_full`)",
+    500: "The worker failed while generating",
+    503: "Redis is unreachable (`backend_unavailable`)",
+}
+GENERATION_ERRORS = (400, 401, 404, 405, 413, 415, 429, 500, 503)
+READ_ERRORS = (401, 404, 405, 503)
+# Stored resources: an id or query that is not well-formed is a 400.
+RESOURCE_ERRORS = (400, 401, 404, 405, 503)
+LIST_ERRORS = (400, 401, 405, 503)
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str  # OpenAPI's path template
+    summary: str
+    response: type[BaseModel] | None  # None: any JSON object
+    request: type[BaseModel] | None = None
+    chunk: type[BaseModel] | None = None  # the stream's event model, for stream=true
+    errors: tuple[int, ...] = READ_ERRORS
+    parameters: list[Parameter] = field(default_factory=list)
+    public: bool = False
+    form: type[BaseModel] | None = None  # a multipart/form-data request body
+    binary: bool = False  # the answer is the raw bytes of a file
+    text: str | None = None  # the answer is text of this media type
+
+
+MODEL_ID = Parameter.model_validate(
+    {
+        "name": "model_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": MODEL_NAME_PATTERN},
+    }
+)
+
+
+def _param(name: str, where: str, schema: dict[str, object], required: bool = False) -> Parameter:
+    return Parameter.model_validate(
+        {"name": name, "in": where, "required": required or where == "path", "schema": schema}
+    )
+
+
+def _id(name: str) -> Parameter:
+    return _param(name, "path", {"type": "string", "pattern": ID_PATTERN})
+
+
+def _after() -> Parameter:
+    return _param("after", "query", {"type": "string", "pattern": ID_PATTERN})
+
+
+def _limit(maximum: int) -> Parameter:
+    return _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": maximum})
+
+
+RESPONSE_ID, FILE_ID, BATCH_ID = _id("response_id"), _id("file_id"), _id("batch_id")
+RETRIEVE_RESPONSE = [
+    RESPONSE_ID,
+    _param("stream", "query", {"type": "boolean"}),
+    _param("starting_after", "query", {"type": "integer", "minimum": -1}),
+]
+LIST_FILES = [
+    _after(),
+    _limit(10_000),
+    _param("order", "query", {"enum": ["asc", "desc"]}),
+    _param("purpose", "query", {"enum": ["batch", "batch_output"]}),
+]
+ROUTES = [
+    Route("post", "/v1/chat/completions", "Create a chat completion", ChatCompletion,
+          ChatCompletionRequest, ChatCompletionChunk, errors=GENERATION_ERRORS),
+    Route("post", "/v1/completions", "Create a text completion", Completion,
+          CompletionRequest, Completion, errors=GENERATION_ERRORS),
+    Route("get", "/v1/models", "List the models live workers serve", ModelList),
+    Route("get", "/v1/models/{model_id}", "Retrieve a model", ModelCard, parameters=[MODEL_ID]),
+    Route("get", "/health", "Liveness: Redis answers; the live models", Health,
+          errors=(405, 503), public=True),
+    Route("get", "/openapi.json", "This document", None, errors=(405,), public=True),
+    Route("get", "/metrics", "The whole fleet's metrics in Prometheus' text format", None,
+          errors=(401, 405, 503), text="text/plain"),
+    Route("get", "/v1/fleet", "The fleet now: live workers, queues per lane, recent jobs",
+          FleetSnapshot, errors=LIST_ERRORS, parameters=[
+              _param("recent", "query", {"type": "integer", "minimum": 0, "maximum": RECENT_JOBS})
+          ]),
+    Route("get", "/", "The web page: fleet view and chat playground", None, errors=(405,),
+          public=True, text="text/html"),
+    Route("post", "/v1/responses", "Create a response (sync, streamed or background)",
+          ResponseObject, ResponsesRequest, ResponseStreamEvent, errors=GENERATION_ERRORS),
+    Route("get", "/v1/responses/{response_id}", "Retrieve a stored response, or stream its "
+          "events after a sequence number", ResponseObject, chunk=ResponseStreamEvent,
+          errors=RESOURCE_ERRORS, parameters=RETRIEVE_RESPONSE),
+    Route("delete", "/v1/responses/{response_id}", "Delete a stored response", ResponseDeleted,
+          errors=RESOURCE_ERRORS, parameters=[RESPONSE_ID]),
+    Route("post", "/v1/responses/{response_id}/cancel", "Cancel a background response",
+          ResponseObject, errors=RESOURCE_ERRORS, parameters=[RESPONSE_ID]),
+    Route("post", "/v1/files", "Upload a file (purpose batch)", FileObject, form=FileUpload,
+          errors=(400, 401, 405, 413, 503)),
+    Route("get", "/v1/files", "List files", FileList, errors=LIST_ERRORS, parameters=LIST_FILES),
+    Route("get", "/v1/files/{file_id}", "Retrieve a file", FileObject, errors=RESOURCE_ERRORS,
+          parameters=[FILE_ID]),
+    Route("delete", "/v1/files/{file_id}", "Delete a file", FileDeleted, errors=RESOURCE_ERRORS,
+          parameters=[FILE_ID]),
+    Route("get", "/v1/files/{file_id}/content", "A file's content", None, binary=True,
+          errors=RESOURCE_ERRORS, parameters=[FILE_ID]),
+    Route("post", "/v1/batches", "Create a batch from an uploaded JSONL file", Batch,
+          BatchCreateRequest, errors=(400, 401, 404, 405, 413, 415, 503)),
+    Route("get", "/v1/batches", "List batches, newest first", BatchList, errors=LIST_ERRORS,
+          parameters=[_after(), _limit(100)]),
+    Route("get", "/v1/batches/{batch_id}", "Retrieve a batch", Batch, errors=RESOURCE_ERRORS,
+          parameters=[BATCH_ID]),
+    Route("post", "/v1/batches/{batch_id}/cancel", "Cancel a batch", Batch,
+          errors=RESOURCE_ERRORS, parameters=[BATCH_ID]),
+]  # fmt: skip
+
+
+def _json(schema: Schema) -> dict[str, MediaType]:
+    return {"application/json": MediaType(media_type_schema=schema)}
+
+
+def _sse_event(chunk: type[BaseModel]) -> Schema:
+    """One server-sent event of a stream: a chunk, an error object, or the closing [DONE]."""
+    payload = Schema(
+        contentMediaType="application/json",
+        contentSchema=Schema(
+            anyOf=[PydanticSchema(schema_class=chunk), PydanticSchema(schema_class=ErrorBody)]
+        ),
+    )
+    return Schema(
+        type="object",
+        description="Each event of the stream (stream=true); keepalive comments in between",
+        required=["data"],
+        properties={"data": Schema(anyOf=[Schema(const="[DONE]"), payload])},
+    )
+
+
+def _responses(route: Route) -> dict[str, OpenAPIResponse]:
+    body = PydanticSchema(schema_class=route.response) if route.response else Schema(type="object")
+    content = _json(body)
+    if route.binary:
+        binary = Schema(type="string", schema_format="binary")
+        content = {"application/octet-stream": MediaType(media_type_schema=binary)}
+    if route.text is not None:
+        content = {route.text: MediaType(media_type_schema=Schema(type="string"))}
+    if route.chunk is not None:
+        content["text/event-stream"] = MediaType(media_type_schema=_sse_event(route.chunk))
+    responses = {"200": OpenAPIResponse(description="OK", content=content)}
+    for status in route.errors:
+        responses[str(status)] = OpenAPIResponse(
+            description=ERRORS[status], content=_json(PydanticSchema(schema_class=ErrorBody))
+        )
+    return responses
+
+
+def _operation(route: Route) -> Operation:
+    request = None
+    if route.request is not None:
+        request = RequestBody(
+            required=True, content=_json(PydanticSchema(schema_class=route.request))
+        )
+    if route.form is not None:
+        form = MediaType(media_type_schema=PydanticSchema(schema_class=route.form))
+        request = RequestBody(required=True, content={"multipart/form-data": form})
+    return Operation(
+        summary=route.summary,
+        operationId=f"{route.method}_{route.path.strip('/').replace('/', '_')}",
+        parameters=route.parameters or None,
+        requestBody=request,
+        responses=_responses(route),
+        security=[] if route.public else None,
+    )
+
+
+@cache
+def document() -> dict[str, object]:
+    paths: dict[str, PathItem] = {}
+    for route in ROUTES:
+        item = paths.setdefault(route.path, PathItem())
+        setattr(item, route.method, _operation(route))
+    spec = OpenAPI(
+        info=Info(
+            title="mlxq",
+            version="0.1.0",
+            description="An OpenAI-compatible LLM service for MLX models, built around a queue.",
+        ),
+        paths=paths,
+        components=Components(
+            securitySchemes={"bearer": SecurityScheme(type="http", scheme="bearer")}
+        ),
+        security=[{"bearer": []}],
+    )
+    built = construct_open_api_with_schema_class(spec)
+    dumped: dict[str, object] = built.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return dumped
+
+
+@bp.get("/openapi.json")
+def openapi_json() -> Response:
+    return Response(json.dumps(document()), mimetype="application/json")

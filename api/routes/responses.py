@@ -1,0 +1,183 @@
+"""/v1/responses (text): create (sync, streamed or background), retrieve, resume, cancel, delete.
+
+Without `background` a response runs on the interactive queue like a chat completion. With it,
+the job goes on the model's bulk queue and the answer is the response as `queued`; the job runs
+whatever the client does next. A stored response (store=true, the default) can be retrieved,
+and its events streamed from any sequence number, from any API process, for MLXQ_RESPONSE_TTL_S.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from flask import Blueprint, Response, request
+
+from api.http.auth import owner_id
+from api.http.sse import KEEPALIVE, event_frame, sse_response
+from api.http.validation import parse_body
+from api.queue.broker import broker
+from api.queue.generation import Keepalive, RunningJob, collect, start
+from api.stores.listing import parse_query
+from api.stores.responses import ResponseStore
+from shared.queue.jobs import job_for
+from shared.wire.errors import InvalidRequestError, MLXQError, NotFoundError
+from shared.wire.events import ErrorEvent, RequeuedEvent
+from shared.wire.ids import new_id
+from shared.wire.response_events import ResponseStream, StreamEvent
+from shared.wire.response_state import Progress, lost_error, render
+from shared.wire.responses import ResponseObject, ResponsesRequest, RetrieveQuery, StoredResponse
+
+bp = Blueprint("responses", __name__)
+
+# A resumed stream reads the job's event log this often; a silent one sends a keepalive.
+POLL_S = 0.1
+KEEPALIVE_S = 5.0
+# How often a resumed stream with nothing new asks the queue whether the job is still alive.
+ALIVE_CHECK_S = 1.0
+
+
+def store() -> ResponseStore:
+    return ResponseStore(broker())
+
+
+def _json(body: str) -> Response:
+    return Response(body, mimetype="application/json")
+
+
+@bp.post("/v1/responses")
+def create_response() -> Response:
+    req = parse_body(ResponsesRequest)
+    stored = StoredResponse(
+        id=new_id("resp_"),
+        created_at=int(time.time()),
+        background=req.background,
+        request=req,
+    )
+    responses = store()
+    job = job_for(stored.id, req, owner_id())
+    if req.store:
+        job.replay_ttl_s = responses.ttl_s
+    if req.background:
+        b = broker()
+        b.require_model(req.model)
+        responses.create(owner_id(), stored)
+        b.submit_bulk([job])
+        if req.stream:
+            return sse_response(replay_stream(responses, owner_id(), stored, after=-1))
+        return _json(responses.derive(stored, False).model_dump_json())
+    running = start(broker(), job)
+    if req.store:
+        responses.create(owner_id(), stored)
+    if req.stream:
+        return sse_response(live_stream(running, stored, responses))
+    result = collect(running)
+    progress = Progress.finished(result.got.choice(0), result.done)
+    return _json(render(stored, progress, progress.status()).model_dump_json())
+
+
+@bp.get("/v1/responses/<response_id>")
+def retrieve_response(response_id: str) -> Response:
+    query = parse_query(RetrieveQuery)
+    responses = store()
+    if not query.stream:
+        return _json(responses.view(owner_id(), response_id).model_dump_json())
+    stored, _ = responses.load(owner_id(), response_id)
+    after = query.starting_after
+    if after is None:
+        last_event_id = request.headers.get("Last-Event-ID", "")
+        after = int(last_event_id) if last_event_id.isdigit() else -1
+    return sse_response(replay_stream(responses, owner_id(), stored, after))
+
+
+@bp.post("/v1/responses/<response_id>/cancel")
+def cancel_response(response_id: str) -> Response:
+    responses = store()
+    stored, _ = responses.load(owner_id(), response_id)
+    if not stored.background:
+        raise InvalidRequestError(
+            "Only responses created with background=true can be cancelled.", param="response_id"
+        )
+    return _json(responses.cancel_unless_final(owner_id(), response_id).model_dump_json())
+
+
+@bp.delete("/v1/responses/<response_id>")
+def delete_response(response_id: str) -> Response:
+    return _json(store().delete(owner_id(), response_id).model_dump_json())
+
+
+def _frames(events: list[StreamEvent], after: int) -> Iterator[bytes]:
+    for event in events:
+        if event.sequence_number > after:
+            yield event_frame(event.type, event, event.sequence_number)
+
+
+def live_stream(
+    running: RunningJob, stored: StoredResponse, responses: ResponseStore
+) -> Iterator[bytes]:
+    """A response streamed as its job runs (relayed events); a client that leaves cancels it."""
+    stream = ResponseStream(stored)
+    try:
+        yield from _frames(stream.opening(), -1)
+        yield from _frames(stream.feed(running.started), -1)
+        for batch in running.updates():
+            if isinstance(batch, Keepalive):
+                yield KEEPALIVE
+                continue
+            yield b"".join(frame for event in batch for frame in _frames(stream.feed(event), -1))
+    except MLXQError as err:
+        yield from _frames(stream.feed(ErrorEvent.from_error(err)), -1)
+    finally:
+        running.close()
+        if not stream.progress.final and stored.request.store:
+            responses.cancel(stored)
+
+
+def replay_stream(
+    responses: ResponseStore, owner: str, stored: StoredResponse, after: int
+) -> Iterator[bytes]:
+    """A stored response's events after sequence number `after`, from its event log: replayed
+    if it ended, followed live while it runs. The numbering is the original stream's."""
+    stream = ResponseStream(stored)
+    yield from _frames(stream.opening(), after)
+    cursor, attempt = 0, 1
+    last_sent = last_check = time.monotonic()
+    while True:
+        # A requeued job's log starts over (worker/runtime/reaper.py): then read it from its start.
+        events, begin = responses.events_since(stored.id, cursor, attempt)
+        cursor = begin + len(events)
+        for event in events:
+            if isinstance(event, RequeuedEvent):
+                attempt = event.attempt
+            yield from _frames(stream.feed(event), after)
+        if stream.progress.final:
+            return
+        now = time.monotonic()
+        if events:
+            last_sent = now
+        elif now - last_check >= ALIVE_CHECK_S:
+            last_check = now
+            ended = _ended_without_final(responses, owner, stored, cursor)
+            if ended is not None:
+                if ended.status == "failed":
+                    lost = ErrorEvent(status=500, error=lost_error())
+                    yield from _frames(stream.feed(lost), after)
+                return
+        if now - last_sent >= KEEPALIVE_S:
+            last_sent = now
+            yield KEEPALIVE
+        time.sleep(POLL_S)
+
+
+def _ended_without_final(
+    responses: ResponseStore, owner: str, stored: StoredResponse, cursor: int
+) -> ResponseObject | None:
+    """The response, if its job is over (cancelled, finished, failed, gone, deleted) and its
+    log has nothing new; else None."""
+    try:
+        current = responses.view(owner, stored.id)
+    except NotFoundError:
+        return render(stored, Progress(), "cancelled")
+    if current.status in ("queued", "in_progress") or responses.events(stored.id, cursor):
+        return None
+    return current

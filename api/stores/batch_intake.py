@@ -1,0 +1,177 @@
+"""A batch's input file, validated into the jobs to run (OpenAI's rules).
+
+The whole batch fails validation, with `errors` (code, line, message) filled in, when the file
+is not UTF-8 JSONL, a line is not `{custom_id, method, url, body}`, a custom_id repeats, a url is
+not the batch's endpoint, a model is served by no live worker, or the file is empty or has more
+than MAX_LINES lines. A line whose body the endpoint would refuse (a bad parameter, `stream`)
+fails alone: its error line (status 400 and OpenAI's error body) is recorded at once; bodies
+pass the same checks as a request's (no NUL characters, finite numbers: api/http/validation.py).
+Blank lines are skipped; line numbers count every line of the file from 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic_core
+from pydantic import ValidationError
+
+from api.http.errors import validation_detail
+from api.http.validation import check_values
+from shared.queue.jobs import GenerationJob, job_for
+from shared.wire.batches import (
+    MAX_LINES,
+    REQUEST_MODELS,
+    BatchError,
+    BatchInputLine,
+    BatchLine,
+    Endpoint,
+    LineResult,
+    StoredBatch,
+    line_job_id,
+)
+from shared.wire.errors import ErrorBody, InvalidRequestError, MLXQError, UnsupportedParameterError
+
+# Errors kept on a batch that failed validation.
+MAX_ERRORS = 100
+
+
+@dataclass
+class Intake:
+    custom_ids: list[str] = field(default_factory=list)
+    jobs: list[GenerationJob] = field(default_factory=list)
+    refused: dict[int, LineResult] = field(default_factory=dict)
+    errors: list[BatchError] = field(default_factory=list)
+    models: set[str] = field(default_factory=set)
+    seen: set[str] = field(default_factory=set)
+
+    def fail(self, code: str, line: int | None, message: str, param: str | None = None) -> None:
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(BatchError(code=code, line=line, message=message, param=param))
+
+
+def take_in(content: bytes, batch: StoredBatch, is_served: Callable[[str], bool]) -> Intake:
+    intake = Intake()
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError:
+        intake.fail("invalid_file", None, "The input file is not UTF-8 text.")
+        return intake
+    served: dict[str, bool] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if raw.strip():
+            _take_line(intake, batch, number, raw, served, is_served)
+    if not intake.custom_ids and not intake.errors:
+        intake.fail("empty_file", None, "The input file has no requests.")
+    if len(intake.custom_ids) > MAX_LINES:
+        intake.fail("too_many_requests", None, f"A batch holds at most {MAX_LINES} requests.")
+    return intake
+
+
+def _take_line(
+    intake: Intake,
+    batch: StoredBatch,
+    number: int,
+    raw: str,
+    served: dict[str, bool],
+    is_served: Callable[[str], bool],
+) -> None:
+    line = _parse_line(intake, number, raw)
+    if line is None:
+        return
+    if line.custom_id in intake.seen:
+        intake.fail(
+            "duplicate_custom_id",
+            number,
+            f"The custom_id '{line.custom_id}' appears more than once.",
+            "custom_id",
+        )
+    intake.custom_ids.append(line.custom_id)
+    intake.seen.add(line.custom_id)
+    if line.url != batch.endpoint:
+        intake.fail(
+            "invalid_url",
+            number,
+            f"The url '{line.url}' does not match the batch's endpoint '{batch.endpoint}'.",
+            "url",
+        )
+    model = line.body.get("model")
+    if isinstance(model, str):
+        if model not in served:
+            served[model] = is_served(model)
+        if not served[model]:
+            intake.fail(
+                "model_not_found",
+                number,
+                f"The model '{model}' does not exist or no live worker serves it.",
+                "body.model",
+            )
+        intake.models.add(model)
+    if not intake.errors:
+        _take_request(intake, batch, line)
+
+
+def _parse_line(intake: Intake, number: int, raw: str) -> BatchInputLine | None:
+    try:
+        data = pydantic_core.from_json(raw, allow_inf_nan=False)
+    except ValueError:
+        intake.fail("invalid_json_line", number, f"Line {number} is not valid JSON.")
+        return None
+    try:
+        return BatchInputLine.model_validate(data)
+    except ValidationError as err:
+        detail = validation_detail(err)
+        intake.fail(
+            "invalid_request",
+            number,
+            f"Line {number} is not a batch request ({{custom_id, method, url, body}}): "
+            f"{detail.message}",
+            detail.param,
+        )
+        return None
+
+
+def _take_request(intake: Intake, batch: StoredBatch, line: BatchInputLine) -> None:
+    index = len(intake.custom_ids) - 1
+    try:
+        check_values(line.body)
+        body = _batchable(batch.endpoint, line.body)
+        request = REQUEST_MODELS[batch.endpoint].model_validate(body, strict=True)
+    except ValidationError as err:
+        error = ErrorBody(error=validation_detail(err))
+        intake.refused[index] = LineResult.failed(line.custom_id, 400, error)
+        return
+    except MLXQError as err:
+        intake.refused[index] = LineResult.failed(line.custom_id, err.status, err.body())
+        return
+    job = job_for(line_job_id(batch.id, index), request)
+    job.batch_line = BatchLine(
+        batch_id=batch.id,
+        index=index,
+        custom_id=line.custom_id,
+        endpoint=batch.endpoint,
+        body=body,
+        expires_at=batch.expires_at,
+    )
+    intake.jobs.append(job)
+
+
+def _batchable(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
+    """A line's body, refusing what a batch cannot do; a /v1/responses line is not stored."""
+    if body.get("stream"):
+        raise UnsupportedParameterError("stream is not supported in a batch", param="stream")
+    if endpoint != "/v1/responses":
+        return body
+    if body.get("background"):
+        raise UnsupportedParameterError(
+            "background is not supported in a batch", param="background"
+        )
+    if body.get("store"):
+        raise InvalidRequestError(
+            "A batch's responses are answered in its output file, not stored: "
+            "leave store unset or false.",
+            param="store",
+        )
+    return {**body, "store": False}

@@ -1,0 +1,199 @@
+"""The fleet at one moment, read from Redis: live workers, queues per model and lane, recent jobs.
+
+Workers publish a `WorkerStats` with each heartbeat (worker/runtime/heartbeat.py), under a key
+that expires after a few heartbeats; `read_snapshot` joins them with the heartbeat zsets and
+presence channels (the liveness rule of shared/queue/liveness.py: a worker whose heartbeat is old,
+or whose process has gone, is not listed, so a dead worker is never shown busy), the RQ queues of
+each model and the recent-jobs list (shared/observe/metrics.py). It makes four pipelined round trips
+whatever the size of the fleet. The API's /metrics and /v1/fleet, and `mlxq status`, all read
+this one snapshot.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis import Redis
+from rq import Queue
+from rq.job import Job
+from rq.utils import str_to_date
+
+from shared.observe.metrics import RECENT_JOBS, JobRecord
+from shared.queue.jobs import LANES, Lane
+from shared.queue.keys import Keys
+from shared.queue.liveness import LIVE_FACTOR, alive
+
+
+class WorkerStats(BaseModel):
+    """What a worker reports of itself with each heartbeat."""
+
+    worker_id: str
+    host: str
+    model: str
+    batch_size: int
+    running: dict[Lane, int]  # slots in use, per lane of the job they hold
+    tokens_per_s: float  # generated over the last minute
+    generated_tokens: int  # since the worker started
+    started_at: float
+
+    @property
+    def slots_used(self) -> int:
+        return sum(self.running.values())
+
+
+def publish_stats(pipe: Any, keys: Keys, stats: WorkerStats, heartbeat_s: float) -> None:
+    """Queue the worker's report on `pipe`; it lives a little longer than the worker counts as
+    alive, so a reader never finds a live worker without one."""
+    ttl_ms = int((LIVE_FACTOR + 1) * heartbeat_s * 1000)
+    pipe.set(keys.worker_stats(stats.worker_id), stats.model_dump_json(), px=ttl_ms)
+
+
+class WorkerView(WorkerStats):
+    last_heartbeat: float  # unix s
+
+
+class LaneView(BaseModel):
+    lane: Lane
+    waiting: int
+    running: int
+    oldest_waiting_s: float | None  # age of the job at the head of the queue
+
+
+class ModelView(BaseModel):
+    model: str
+    live_workers: int
+    slots_used: int
+    slots_total: int
+    tokens_per_s: float
+    lanes: list[LaneView]
+
+
+class FleetSnapshot(BaseModel):
+    taken_at: float
+    workers: list[WorkerView]
+    models: list[ModelView]
+    recent_jobs: list[JobRecord]
+
+
+class FleetQuery(BaseModel):
+    """The query of GET /v1/fleet: how many recent jobs come with the snapshot."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recent: Annotated[int, Field(ge=0, le=RECENT_JOBS)] = 20
+
+
+def _queue_key(keys: Keys, model: str, lane: Lane) -> str:
+    name = keys.lane(model, lane)
+    return f"{Queue.redis_queue_namespace_prefix}{name}"
+
+
+def _text(value: Any) -> str:
+    return bytes(value).decode()
+
+
+def _enqueued_at(raw: Any) -> float | None:
+    return str_to_date(raw).timestamp() if raw else None
+
+
+def _decode_jobs(rows: list[Any]) -> list[JobRecord]:
+    jobs = []
+    for row in rows:
+        try:
+            jobs.append(JobRecord.model_validate_json(row))
+        except ValidationError:  # written by another version: left out
+            continue
+    return jobs
+
+
+def read_snapshot(
+    redis: Redis, keys: Keys, heartbeat_s: float, recent: int = 20, now: float | None = None
+) -> FleetSnapshot:
+    now = time.time() if now is None else now
+    models = [_text(m) for m in redis.zrange(keys.models(), 0, -1)]
+    pipe = redis.pipeline(transaction=False)
+    for model in models:
+        pipe.zrange(keys.workers(model), 0, -1, withscores=True)
+        for lane in LANES:
+            pipe.llen(_queue_key(keys, model, lane))
+            pipe.lindex(_queue_key(keys, model, lane), 0)
+    if recent:
+        pipe.lrange(keys.recent_jobs(), 0, recent - 1)
+    per_model = pipe.execute()
+    recent_rows = per_model.pop() if recent else []
+    step = 1 + 2 * len(LANES)
+    beats = {
+        _text(worker): float(score)
+        for rows in per_model[::step]
+        for worker, score in rows
+        if alive(float(score), 1, now, heartbeat_s)
+    }
+    workers = _live_workers(redis, keys, beats, now, heartbeat_s)
+    heads = [per_model[i + 1 : i + step] for i in range(0, len(per_model), step)]
+    views = _model_views(redis, models, heads, workers, now)
+    return FleetSnapshot(
+        taken_at=now, workers=workers, models=views, recent_jobs=_decode_jobs(recent_rows)
+    )
+
+
+def _live_workers(
+    redis: Redis, keys: Keys, beats: dict[str, float], now: float, heartbeat_s: float
+) -> list[WorkerView]:
+    if not beats:
+        return []
+    ids = sorted(beats)
+    pipe = redis.pipeline(transaction=False)
+    pipe.pubsub_numsub(*[keys.presence(w) for w in ids])
+    for worker in ids:
+        pipe.get(keys.worker_stats(worker))
+    counts, *reports = pipe.execute()
+    subscribers = {_text(channel): int(n) for channel, n in counts}
+    views = []
+    for worker, report in zip(ids, reports, strict=True):
+        present = subscribers.get(keys.presence(worker), 0)
+        if report is None or not alive(beats[worker], present, now, heartbeat_s):
+            continue
+        stats = WorkerStats.model_validate_json(report)
+        views.append(WorkerView(**stats.model_dump(), last_heartbeat=beats[worker]))
+    return views
+
+
+def _model_views(
+    redis: Redis,
+    models: list[str],
+    heads: list[list[Any]],
+    workers: list[WorkerView],
+    now: float,
+) -> list[ModelView]:
+    pipe = redis.pipeline(transaction=False)
+    for lanes in heads:
+        for head in lanes[1::2]:
+            if head:
+                pipe.hget(Job.key_for(_text(head)), "enqueued_at")
+            else:
+                pipe.echo("")  # keeps one reply per lane
+    enqueued = iter(pipe.execute())
+    views = []
+    for model, lanes in zip(models, heads, strict=True):
+        serving = [w for w in workers if w.model == model]
+        lane_views = []
+        for lane, depth in zip(LANES, lanes[::2], strict=True):
+            at = _enqueued_at(next(enqueued))
+            running = sum(w.running.get(lane, 0) for w in serving)
+            age = None if at is None else max(0.0, now - at)
+            lane_views.append(
+                LaneView(lane=lane, waiting=depth, running=running, oldest_waiting_s=age)
+            )
+        views.append(
+            ModelView(
+                model=model,
+                live_workers=len(serving),
+                slots_used=sum(w.slots_used for w in serving),
+                slots_total=sum(w.batch_size for w in serving),
+                tokens_per_s=round(sum(w.tokens_per_s for w in serving), 2),
+                lanes=lane_views,
+            )
+        )
+    return views

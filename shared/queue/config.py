@@ -1,0 +1,104 @@
+"""Configuration from the environment: every setting, its default and its variable, in one place.
+
+Processes build a `Settings` once at start (`Settings()` reads the environment) and pass it
+down explicitly; tests construct one directly. The README's configuration table mirrors this.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def _default_models_dir() -> Path:
+    return Path.home() / ".cache" / "mlxq" / "models"
+
+
+class Settings(BaseSettings):
+    """Settings shared by the API and the worker."""
+
+    model_config = SettingsConfigDict(env_prefix="MLXQ_", frozen=True, populate_by_name=True)
+
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("REDIS_URL", "MLXQ_REDIS_URL"),
+    )
+    namespace: str = Field(default="mlxq", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    models_dir: Path = Field(default_factory=_default_models_dir)
+    # What a worker serves: a model directory, a name under models_dir, or a hub id.
+    model: str = "SmolLM2-135M-Instruct"
+    # `mlxq run` only: the models to serve, one worker process each (comma-separated in
+    # MLXQ_MODELS); none: MLXQ_MODEL alone.
+    models: Annotated[tuple[str, ...], NoDecode] = ()
+    # "mlx" runs the model; "synthetic" emits timestamp tokens (relay benchmarks only).
+    engine: Literal["mlx", "synthetic"] = "mlx"
+    synthetic_step_s: float = Field(default=0.05, gt=0)
+    batch_size: int = Field(default=16, ge=1, le=1024)
+    # Prompt tokens one step prefills at most (worker/engine/prefill.py).
+    prefill_tokens: int = Field(default=4096, ge=1)
+    # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.
+    prefix_cache_entries: int = Field(default=64, ge=0)
+    prefix_cache_mb: int = Field(default=512, ge=1)
+    # Linux CPU workers: preload the system OpenBLAS, with this many threads (None: its default).
+    openblas: bool = True
+    blas_threads: int | None = Field(default=None, ge=1)
+    heartbeat_s: float = Field(default=2.0, gt=0)
+    queue_cap: int = Field(default=1024, ge=1)
+    # Faults, load and shutdown (worker/runtime/reaper.py, worker/runtime/watchdog.py,
+    # api/admission.py).
+    queue_token_cap: int = Field(default=262_144, ge=1)
+    retry_after_s: int = Field(default=2, ge=1)
+    queue_timeout_s: float = Field(default=120.0, gt=0)
+    run_limit_s: float = Field(default=600.0, gt=0)
+    run_limit_action: Literal["length", "error"] = "length"
+    bulk_retries: int = Field(default=2, ge=0)
+    drain_timeout_s: float = Field(default=30.0, ge=0)
+    watchdog_s: float = Field(default=60.0, gt=0)
+    fault_injection: bool = False
+    # How long an API request waits between two events of a running job.
+    event_timeout_s: float = Field(default=120.0, gt=0)
+    job_timeout_s: int = Field(default=3600, ge=1)
+    result_ttl_s: int = Field(default=600, ge=1)
+    default_max_tokens: int = Field(default=4096, ge=1)
+    redis_timeout_s: float = Field(default=1.5, gt=0)
+    # Every open stream or busy slot may hold a connection at once.
+    redis_max_connections: int = Field(default=2048, ge=16)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # Stored responses (and their event logs), batches and files.
+    response_ttl_s: int = Field(default=24 * 3600, ge=60)
+    batch_ttl_s: int = Field(default=7 * 24 * 3600, ge=3600)
+    max_file_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
+    # How often a batch line is retried on another worker when its worker dies.
+    batch_line_retries: int = Field(default=3, ge=0)
+    # Slots of each worker that take only interactive jobs (at most batch_size - 1).
+    interactive_slots: int = Field(default=2, ge=0)
+    # The API under gunicorn (api/gunicorn_conf.py).
+    api_bind: str = "127.0.0.1:8000"
+    api_workers: int = Field(default=1, ge=1)
+    api_connections: int = Field(default=1000, ge=1)
+    api_access_log: bool = False
+    # Logs (shared/observe/logs.py): text or JSON lines, and the level.
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    # API keys (comma-separated in MLXQ_API_KEYS); none: no auth, and loopback only
+    # (api/http/auth.py).
+    api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("api_keys", "models", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(item.strip() for item in value.split(",") if item.strip())
+        return value
+
+    def served_models(self) -> list[str]:
+        """What `mlxq run` serves: MLXQ_MODELS, or else MLXQ_MODEL."""
+        return list(self.models) or [self.model]

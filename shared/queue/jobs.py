@@ -1,0 +1,168 @@
+"""The generation job: what the API puts on a model's RQ queue and the worker reads back.
+
+RQ carries it as plain JSON (RQ's JSON serializer), as the single argument of the one job
+function the worker runs (`JOB_FUNCTION`). Exactly one of `messages` (chat) and `prompt`
+(text completion) is set. Its time limits travel with it (`JobLimits`), so each producer sets
+its own: an interactive request gives up after seconds, a batch line may wait for hours. A stored
+response sets `replay_ttl_s` (its event log is its record); a batch line sets `batch_line`
+(the worker records its answer in the batch).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from shared.queue import fair_order
+from shared.wire.batches import BatchLine
+from shared.wire.completions import ChatCompletionRequest, ChatMessage, CompletionRequest
+from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
+from shared.wire.responses import ResponsesRequest
+from shared.wire.sampling import SamplingParams
+from shared.wire.tools import ToolUse
+
+# Where a job waits, in the order workers take: a client waiting on it; a background response
+# (or a request with `service_tier: flex`); a batch line.
+Lane = Literal["interactive", "background", "batch"]
+LANES: tuple[Lane, ...] = ("interactive", "background", "batch")
+
+JOB_FUNCTION = "worker.runtime.job_function.run_generation"
+
+
+class JobLimits(BaseModel):
+    """When a job gives up; None means no limit."""
+
+    # Unix time after which the job must not start: a worker that takes it later fails it.
+    queue_deadline: float | None = None
+    # Seconds the generation may run once started; then it ends as `on_run_limit` says.
+    run_limit_s: Annotated[float, Field(gt=0)] | None = None
+    on_run_limit: Literal["length", "error"] = "length"
+
+
+class GenerationJob(BaseModel):
+    job_id: Annotated[str, Field(pattern=ID_PATTERN)]
+    model: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
+    messages: list[ChatMessage] | None = None
+    # One text, or several prompts (texts or token ids), each with its own n choices.
+    prompt: str | list[str | list[int]] | None = None
+    # None means "up to the context window"; 0 (a text completion with echo) scores the prompt.
+    max_tokens: Annotated[int, Field(ge=0)] | None = None
+    sampling: SamplingParams = SamplingParams()
+    stop: Annotated[list[str], Field(max_length=4)] = []
+    n: Annotated[int, Field(ge=1, le=128)] = 1  # choices per prompt, each its own sequence
+    # Set for an echoed text completion with logprobs: the prompt tokens' logprobs, k alternatives.
+    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    # An llguidance grammar (shared/wire/grammar.py) the output must match; None: free text.
+    grammar: str | None = None
+    # Set when a chat request gave tools: how they are rendered, parsed and maybe forced.
+    tools: ToolUse | None = None
+    # None: no log probabilities; k: each token's logprob and its k most likely alternatives.
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    limits: JobLimits = JobLimits()
+    # Keep the job's event log this long once it ends (instead of the worker's default).
+    replay_ttl_s: Annotated[int, Field(ge=1)] | None = None
+    batch_line: BatchLine | None = None
+    # Who sent it: the hashed id of its API key (api/http/auth.py), for the job's log line and
+    # record.
+    owner: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
+    # Its place among the model's interactive jobs (shared/queue/fair_order.py): whose turn,
+    # priority.
+    share: str | None = None
+    priority: int = 0
+    lane: Lane = "interactive"
+    # The API process waiting on its events (their channel is keys.py `reply`); None: nobody
+    # waits live, and they go on the job's own channel.
+    reply_to: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
+    # The W3C traceparent of the API's span for the request, when tracing is on
+    # (shared/observe/tracing.py).
+    trace: str | None = None
+
+    @property
+    def replayed(self) -> bool:
+        """Whether its events are also kept in a replay log: only for a job that is read back
+        later (a stored response, a batch line). A plain request's API process listens on its
+        reply channel before the job is queued, so it misses nothing without one."""
+        return self.replay_ttl_s is not None or self.batch_line is not None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerationJob:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("a job has exactly one of messages and prompt")
+        return self
+
+    def prompt_items(self) -> list[str | list[int]]:
+        """A text completion's prompts, one item each ([] for a chat job)."""
+        if self.prompt is None:
+            return []
+        return [self.prompt] if isinstance(self.prompt, str) else self.prompt
+
+    def choices(self) -> int:
+        return self.n * max(1, len(self.prompt_items()))
+
+
+class JobOutcome(BaseModel):
+    """What the job function returns to RQ (stored as the job's result)."""
+
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    first_token_at: float | None = None  # unix s; None: it produced no token
+
+
+def job_for(
+    job_id: str,
+    req: ChatCompletionRequest | CompletionRequest | ResponsesRequest,
+    owner: str | None = None,
+) -> GenerationJob:
+    """The generation job that answers a validated request of any of the three endpoints."""
+    job = _job_for(job_id, req)
+    job.owner = owner
+    job.share = fair_order.share(owner, req.user, keyed=owner not in (None, "anonymous"))
+    if not isinstance(req, ResponsesRequest):
+        job.priority = req.priority
+    if isinstance(req, ResponsesRequest) and req.background:
+        job.lane = "background"
+    if isinstance(req, ChatCompletionRequest) and req.service_tier == "flex":
+        job.lane = "background"
+    return job
+
+
+def _job_for(
+    job_id: str, req: ChatCompletionRequest | CompletionRequest | ResponsesRequest
+) -> GenerationJob:
+    if isinstance(req, ResponsesRequest):
+        return GenerationJob(
+            job_id=job_id,
+            model=req.model,
+            messages=req.chat_messages(),
+            max_tokens=req.max_output_tokens,
+            sampling=SamplingParams(temperature=req.temperature, top_p=req.top_p),
+            grammar=req.grammar(),
+            tools=req.tool_use(),
+        )
+    if isinstance(req, ChatCompletionRequest):
+        return GenerationJob(
+            job_id=job_id,
+            model=req.model,
+            messages=req.messages,
+            max_tokens=req.token_limit(),
+            sampling=req.sampling(),
+            stop=req.stop_strings(),
+            grammar=req.response_format.grammar("response_format") if req.response_format else None,
+            logprobs=req.logprob_alternatives(),
+            tools=req.tool_use(),
+            n=req.n,
+        )
+    return GenerationJob(
+        job_id=job_id,
+        model=req.model,
+        prompt=req.prompt if isinstance(req.prompt, str) else req.prompts(),
+        max_tokens=req.max_tokens,
+        sampling=req.sampling(),
+        stop=req.stop_strings(),
+        logprobs=req.logprobs,
+        n=req.n,
+        prompt_logprobs=req.logprobs if req.echo else None,
+    )

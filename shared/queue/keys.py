@@ -1,0 +1,204 @@
+"""Every Redis key, channel and RQ queue name mlxq uses, built here and nowhere else.
+
+Layout under the namespace `ns` (default "mlxq"):
+
+    {ns}:models                 zset  model name -> last heartbeat (unix s) of any worker serving it
+    {ns}:workers:{model}        zset  worker id -> last heartbeat (unix s)
+    {ns}:reply:{api_id}         channel  the events of every job an API process waits on: one
+                                message per worker step, framed per job (shared/wire/events.py)
+    {ns}:events:{job_id}        channel  the events of a job no API process waits on (a bulk job),
+                                framed the same way
+    {ns}:replay:{job_id}        list  every event of the job so far, in order (bounded TTL)
+    {ns}:cancel                 channel  job ids to cancel, read by every worker
+    {ns}:cancelled:{job_id}     string  set when a job is cancelled, for jobs not yet started
+    {ns}:presence:{worker_id}   channel  a live worker process stays subscribed to it; when the
+                                process dies its connection closes and PUBSUB NUMSUB drops to 0
+    {ns}:dead:{worker_id}       string  tombstone: the worker was declared dead and its jobs taken
+                                over; a worker that finds its own tombstone stops at once
+    {ns}:reaped:{execution}     string  claim: one reaper (or watchdog) handles a lost execution
+    {ns}:taking:{worker_id}     list  job ids a worker's slots moved off a queue and hold (popped,
+                                then running) so that a worker dying between the two loses none
+    {ns}:backlog:{model}        hash  queued interactive job id -> its estimated prompt tokens
+    {ns}:backlog_tokens:{model} string  the sum of that hash (the queue's token cap reads it)
+    {ns}:order:{model}          hash  queued interactive job id -> its place in the fair order
+                                (shared/queue/fair_order.py: priority, then round)
+    {ns}:rounds:{model}         hash  share (an API key's owner, or `user`) -> its last round
+    {ns}:round:{model}          string  the round of the job taken last
+    {ns}:tokenizer:{model}      hash  "spec": the model's TokenizerSpec
+                                (shared/queue/prompt_tokens.py), "digest": its digest; written by
+                                each worker serving the model
+    {ns}:worker:{worker_id}     hash  a worker's report (shared/observe/fleet.py WorkerStats):
+                                host, model, slots in use per lane, tokens/s; rewritten each
+                                heartbeat, with a TTL of a few heartbeats so a dead worker's
+                                report goes away
+    {ns}:metrics:{model}        hash  the fleet's cumulative request figures for a model
+                                (shared/observe/metrics.py): counters and histogram buckets,
+                                added to by the worker that ends each job
+    {ns}:refusals               hash  "{status}:{code}" -> HTTP 429/503 answers, every API process
+    {ns}:recent_jobs            list  the last finished jobs (shared/observe/metrics.py JobRecord),
+                                newest first, trimmed to a few dozen
+    RQ queue "{ns}.{model}"     interactive jobs for one model (RQ prefixes its keys "rq:")
+    RQ queue "{ns}.{model}.background"  background responses (and `service_tier: flex`):
+                                workers take them only when the interactive queue is empty
+    RQ queue "{ns}.{model}.batch"  batch lines: taken only when both others are empty
+    {ns}:response:{id}          hash  a stored response: owner, record (shared/wire/responses.py),
+                                cancelled; TTL MLXQ_RESPONSE_TTL_S. Its events are the job's replay.
+    {ns}:file:{id}              hash  a file: owner, object (shared/wire/files.py), content
+    {ns}:files:{owner}          zset  the owner's file ids -> created_at
+    {ns}:batch:{id}             hash  a batch: owner, record, status, *_at times, counters, file ids
+    {ns}:batch:{id}:lines       list  the custom_id of every input line, in input order
+    {ns}:batch:{id}:results     hash  line index -> its output or error line; the first write wins
+    {ns}:batch:{id}:finalizing  string  held by the API process that writes the output files
+    {ns}:batches:{owner}        zset  the owner's batch ids -> created_at
+
+Nothing from a request reaches a key unchecked: every part that can come from outside (a model
+name, an id) must match `MODEL_NAME_PATTERN` or `ID_PATTERN` (no spaces, no glob characters, no
+separators of other keys), and the key builders below refuse anything else with
+`InvalidKeyPartError`. Callers validate first (`is_valid_id`, the request models); the builders'
+check is the last line of defence against key injection.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from shared.wire.errors import InvalidKeyPartError
+from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
+
+_MODEL_NAME = re.compile(MODEL_NAME_PATTERN.rstrip("$"))
+_ID = re.compile(ID_PATTERN.rstrip("$"))
+
+
+def is_valid_id(value: str) -> bool:
+    """Whether `value` may be used as an id inside a key (check request ids with this)."""
+    return _ID.fullmatch(value) is not None
+
+
+def is_valid_model_name(value: str) -> bool:
+    return _MODEL_NAME.fullmatch(value) is not None
+
+
+def _id(value: str) -> str:
+    if not is_valid_id(value):
+        raise InvalidKeyPartError(f"invalid id {value[:64]!r}", param="id")
+    return value
+
+
+def _model(value: str) -> str:
+    if not is_valid_model_name(value):
+        raise InvalidKeyPartError(f"invalid model name {value[:64]!r}", param="model")
+    return value
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The key builder for one namespace."""
+
+    ns: str = "mlxq"
+
+    def models(self) -> str:
+        return f"{self.ns}:models"
+
+    def workers(self, model: str) -> str:
+        return f"{self.ns}:workers:{_model(model)}"
+
+    def events(self, job_id: str) -> str:
+        return f"{self.ns}:events:{_id(job_id)}"
+
+    def reply(self, api_id: str) -> str:
+        return f"{self.ns}:reply:{_id(api_id)}"
+
+    def replay(self, job_id: str) -> str:
+        return f"{self.ns}:replay:{_id(job_id)}"
+
+    def cancel_channel(self) -> str:
+        return f"{self.ns}:cancel"
+
+    def cancelled(self, job_id: str) -> str:
+        return f"{self.ns}:cancelled:{_id(job_id)}"
+
+    def tokenizer(self, model: str) -> str:
+        return f"{self.ns}:tokenizer:{_model(model)}"
+
+    def presence(self, worker_id: str) -> str:
+        return f"{self.ns}:presence:{worker_id}"
+
+    def dead(self, worker_id: str) -> str:
+        return f"{self.ns}:dead:{worker_id}"
+
+    def taking(self, worker_id: str) -> str:
+        return f"{self.ns}:taking:{worker_id}"
+
+    def reaped(self, execution: str) -> str:
+        return f"{self.ns}:reaped:{execution}"
+
+    def worker_stats(self, worker_id: str) -> str:
+        return f"{self.ns}:worker:{worker_id}"
+
+    def model_metrics(self, model: str) -> str:
+        return f"{self.ns}:metrics:{_model(model)}"
+
+    def refusals(self) -> str:
+        return f"{self.ns}:refusals"
+
+    def recent_jobs(self) -> str:
+        return f"{self.ns}:recent_jobs"
+
+    def backlog(self, model: str) -> str:
+        return f"{self.ns}:backlog:{_model(model)}"
+
+    def backlog_tokens(self, model: str) -> str:
+        return f"{self.ns}:backlog_tokens:{_model(model)}"
+
+    def order(self, model: str) -> str:
+        return f"{self.ns}:order:{_model(model)}"
+
+    def rounds(self, model: str) -> str:
+        return f"{self.ns}:rounds:{_model(model)}"
+
+    def round(self, model: str) -> str:
+        return f"{self.ns}:round:{_model(model)}"
+
+    def queue(self, model: str) -> str:
+        return f"{self.ns}.{_model(model)}"
+
+    def background_queue(self, model: str) -> str:
+        return f"{self.ns}.{_model(model)}.background"
+
+    def batch_queue(self, model: str) -> str:
+        return f"{self.ns}.{_model(model)}.batch"
+
+    def lane(self, model: str, lane: str) -> str:
+        """The queue of a lane (shared/queue/jobs.py `Lane`): interactive, background or batch."""
+        if lane == "background":
+            return self.background_queue(model)
+        return self.batch_queue(model) if lane == "batch" else self.queue(model)
+
+    def lanes(self, model: str) -> list[str]:
+        """A model's queues in the order workers take from them."""
+        return [self.queue(model), self.background_queue(model), self.batch_queue(model)]
+
+    def response(self, response_id: str) -> str:
+        return f"{self.ns}:response:{_id(response_id)}"
+
+    def file(self, file_id: str) -> str:
+        return f"{self.ns}:file:{_id(file_id)}"
+
+    def files(self, owner: str) -> str:
+        return f"{self.ns}:files:{_id(owner)}"
+
+    def batch(self, batch_id: str) -> str:
+        return f"{self.ns}:batch:{_id(batch_id)}"
+
+    def batch_lines(self, batch_id: str) -> str:
+        return f"{self.ns}:batch:{_id(batch_id)}:lines"
+
+    def batch_results(self, batch_id: str) -> str:
+        return f"{self.ns}:batch:{_id(batch_id)}:results"
+
+    def batch_finalizing(self, batch_id: str) -> str:
+        return f"{self.ns}:batch:{_id(batch_id)}:finalizing"
+
+    def batches(self, owner: str) -> str:
+        return f"{self.ns}:batches:{_id(owner)}"

@@ -1,0 +1,321 @@
+"""Wire formats of /v1/chat/completions and /v1/completions: OpenAI's requests and responses.
+
+Requests forbid unknown fields (OpenAI answers those with 400 too). Fields OpenAI defines that
+mlxq does not implement are declared so that their default value passes and any other value
+is refused with a 400 naming the parameter, never silently ignored.
+
+Every size a request can choose is bounded here (the limits below, in the OpenAPI document too),
+each refused with OpenAI's code: `array_above_max_length`, `string_above_max_length`,
+`integer_above_max_value` (api/http/errors.py). The body as a whole is bounded by
+MLXQ_MAX_BODY_BYTES.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, cast
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from shared.wire.errors import InvalidRequestError, UnsupportedParameterError
+from shared.wire.grammar import ResponseFormat
+from shared.wire.ids import MODEL_NAME_PATTERN as MODEL_NAME_PATTERN
+from shared.wire.sampling import SamplingParams
+from shared.wire.tools import (
+    MAX_TOOLS,
+    ChatTool,
+    NamedToolChoice,
+    ToolCall,
+    ToolChoice,
+    ToolUse,
+    check_tools,
+)
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+ServiceTier = Literal["auto", "default", "flex"]
+
+# Limits on what a request may ask for.
+MAX_MESSAGES = 2048  # messages in one chat request (OpenAI's limit)
+MAX_CONTENT_CHARS = 1_048_576  # characters in one message (all its parts) or one prompt
+MAX_CONTENT_PARTS = 1024  # text parts in one message
+MAX_STOP = 4  # stop strings (OpenAI's limit)
+MAX_STOP_CHARS = 256  # characters in one stop string
+MAX_N = 128  # OpenAI's cap on n
+MAX_LOGIT_BIAS = 300  # entries in logit_bias (OpenAI's limit)
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (OpenAI's limit); completions take up to 5
+MAX_TOKENS = 131_072  # max_tokens / max_completion_tokens; the context window bounds it too
+MAX_METADATA = 16  # metadata pairs, keys up to 64 and values up to 512 characters (OpenAI's)
+SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit integer, as OpenAI takes
+# vLLM's `priority` bounds, so that a job's place in the fair order (priority x 2^32 + round,
+# shared/queue/fair_order.py) stays exact in Redis's doubles.
+PRIORITY_LIMIT = 2**20
+
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
+PromptText = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
+TokenIds = Annotated[
+    list[Annotated[int, Field(ge=0, le=2**31 - 1)]],
+    Field(min_length=1, max_length=MAX_CONTENT_CHARS),
+]
+Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
+
+
+def _stop_list(value: str | list[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else value
+
+
+def _refuse(param: str, why: str) -> None:
+    raise UnsupportedParameterError(f"'{param}' is not supported: {why}", param=param)
+
+
+class PromptTokensDetails(BaseModel):
+    # Prompt tokens whose KV state came from the worker's prefix cache
+    # (worker/engine/prefix_cache.py).
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """The fields both endpoints share."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
+    temperature: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = None
+    seed: Annotated[int, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: Annotated[dict[str, Bias], Field(max_length=MAX_LOGIT_BIAS)] | None = None
+    # vLLM's sampling extensions, under vLLM's names (0 / 1.0 leave them off).
+    top_k: Annotated[int, Field(ge=-1, le=MAX_TOKENS)] = 0
+    min_p: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] = 1.0
+    # vLLM's: lower runs earlier among the interactive jobs of a model (shared/queue/fair_order.py).
+    priority: Annotated[int, Field(ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)] = 0
+    user: str | None = None
+    metadata: (
+        Annotated[
+            dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+            Field(max_length=MAX_METADATA),
+        ]
+        | None
+    ) = None
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if any(s == "" for s in _stop_list(value)):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if any(not key.isdigit() or len(key) > 9 for key in value or {}):
+            raise ValueError("logit_bias keys must be token ids (decimal integers as strings)")
+        return value
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> SamplingRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    def stop_strings(self) -> list[str]:
+        return _stop_list(self.stop)
+
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            top_k=max(self.top_k, 0),
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
+        )
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # Only an assistant message that calls tools may leave it out (or null).
+    content: (
+        Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
+        | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)]
+        | None
+    ) = Field(default=None, validate_default=True)
+    name: Annotated[str, Field(max_length=256)] | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)] | None = None
+    tool_call_id: Annotated[str, Field(max_length=128)] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _bounded_text(cls, value: str | list[TextPart] | None, info: ValidationInfo) -> Any:
+        if value is None and info.data.get("role") != "assistant":
+            raise PydanticCustomError("missing", "Field required")
+        if isinstance(value, list):
+            length = sum(len(part.text) for part in value)
+            if length > MAX_CONTENT_CHARS:
+                raise PydanticCustomError(
+                    "string_too_long",
+                    "the text parts of one message have at most {max_length} characters together",
+                    {"max_length": MAX_CONTENT_CHARS, "actual_length": length},
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.role == "tool" and not self.tool_call_id:
+            raise PydanticCustomError("missing", "a tool message needs its tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise PydanticCustomError("tool_calls", "only assistant messages carry tool_calls")
+        if self.content is None and not self.tool_calls:
+            raise PydanticCustomError("missing", "an assistant message needs content or tool_calls")
+        return self
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
+    max_tokens: TokenCount | None = None
+    max_completion_tokens: TokenCount | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: Annotated[list[ChatTool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    # Accepted and changing nothing here: chat completions are not stored, one tier serves all.
+    store: bool | None = None
+    service_tier: ServiceTier | None = None
+
+    @model_validator(mode="after")
+    def _refuse_unsupported_chat(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequestError(
+                "top_logprobs requires logprobs to be true", param="top_logprobs"
+            )
+        for name in ("functions", "function_call"):
+            if getattr(self, name) is not None:
+                _refuse(name, "the deprecated functions API is replaced by tools")
+        if self.response_format is not None:
+            self.response_format.grammar("response_format")  # refuse what cannot be compiled
+        return self
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> ChatCompletionRequest:
+        if self.tools:
+            check_tools(self.tools)
+        elif self.tool_choice not in (None, "none"):
+            raise InvalidRequestError("tool_choice requires tools", param="tool_choice")
+        named = self.tool_choice
+        if isinstance(named, NamedToolChoice) and named.function.name not in self.tool_names():
+            raise InvalidRequestError(
+                f"tool_choice names '{named.function.name}', which is not in tools",
+                param="tool_choice",
+            )
+        use = self.tool_use()
+        if self.response_format is not None and use is not None and use.constrained():
+            raise InvalidRequestError(
+                "a forced tool call cannot also follow response_format", param="tool_choice"
+            )
+        return self
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def tool_names(self) -> set[str]:
+        return {t.function.name for t in self.tools or []}
+
+    def tool_use(self) -> ToolUse | None:
+        if not self.tools:
+            return None
+        parallel = True if self.parallel_tool_calls is None else self.parallel_tool_calls
+        return ToolUse(tools=self.tools, choice=self.tool_choice or "auto", parallel=parallel)
+
+    def logprob_alternatives(self) -> int | None:
+        """None: no logprobs; k: the chosen token's logprob and its k best alternatives."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(SamplingRequest):
+    # One prompt (text or token ids) or several (one set of n choices each, in order).
+    prompt: PromptText | TokenIds | Annotated[list[PromptText | TokenIds], Field(min_length=1)]
+    # 0 (with echo) scores the prompt without generating: an eval harness's loglikelihood.
+    max_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS)] = 16
+    echo: bool = False
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts as a list: one per set of n choices."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or all(isinstance(t, int) for t in prompt):
+            return [cast(str | list[int], prompt)]
+        return cast(list[str | list[int]], prompt)
+
+    @model_validator(mode="after")
+    def _refuse_unsupported_text(self) -> CompletionRequest:
+        prompts = self.prompts()
+        if len(prompts) * self.n > MAX_N:
+            raise InvalidRequestError(
+                f"{len(prompts)} prompts with n={self.n} ask for more than {MAX_N} choices",
+                param="n",
+            )
+        if self.echo and any(not isinstance(p, str) for p in prompts):
+            _refuse("echo", "a prompt given as token ids cannot be echoed")
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequestError("max_tokens 0 needs echo: true", param="max_tokens")
+        if self.best_of not in (None, 1):
+            _refuse("best_of", "only best_of=1 is implemented")
+        if self.suffix:
+            _refuse("suffix", "insertion is not implemented")
+        return self

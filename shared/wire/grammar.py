@@ -1,0 +1,87 @@
+"""Structured outputs: OpenAI's `response_format` (and the Responses API's `text.format`) turned
+into a grammar the worker constrains decoding with.
+
+The grammar engine is llguidance (MIT, the one vLLM, llama.cpp and SGLang use): a JSON schema
+becomes a grammar here, on the API side, where a schema llguidance cannot honour is refused with
+a 400 naming the parameter before anything is queued. The job carries the grammar as text; the
+worker compiles it against its tokenizer (worker/engine/grammar.py). Both sides cache by text.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from llguidance import LLMatcher
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.wire.errors import InvalidRequestError
+
+if TYPE_CHECKING:  # a TypedDict of llguidance's type stubs only
+    from llguidance._lib import JsonCompileOptions
+
+SCHEMA_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+# Compact JSON, no free whitespace: a small model cannot wander off into blank lines.
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+    name: Annotated[str, Field(pattern=SCHEMA_NAME_PATTERN)]
+    description: str | None = None
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    # Output is always constrained to the schema; `strict` is accepted either way.
+    strict: bool | None = None
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+
+    def grammar(self, param: str) -> str | None:
+        return None
+
+
+class JsonObjectFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["json_object"]
+
+    def grammar(self, param: str) -> str | None:
+        return grammar_for_schema(ANY_OBJECT, param)
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+    def grammar(self, param: str) -> str | None:
+        return grammar_for_schema(self.json_schema.schema_ or {}, param)
+
+
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")
+]
+
+
+def grammar_for_schema(schema: dict[str, Any], param: str) -> str:
+    """The llguidance grammar for a JSON schema; a 400 naming `param` if it cannot be used."""
+    return _compile(json.dumps(schema, sort_keys=True), param)
+
+
+@lru_cache(maxsize=256)
+def _compile(schema: str, param: str) -> str:
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
+        problem = LLMatcher.validate_grammar(grammar)
+    except (ValueError, TypeError) as err:
+        problem = str(err)
+    if problem:
+        raise InvalidRequestError(
+            f"The JSON schema in '{param}' cannot be used for constrained decoding: {problem}",
+            param=param,
+            code="invalid_json_schema",
+        )
+    return grammar

@@ -1,0 +1,254 @@
+"""The Responses API's stream events, numbered deterministically from a job's events.
+
+`ResponseStream` turns a response's job events (shared/wire/events.py) into OpenAI's stream events,
+each with its `sequence_number`. The numbering depends only on the stored record and the job's
+event log, so a stream resumed from any API process (`starting_after=N`) numbers every event
+exactly as the original stream did:
+
+    opening       response.created (+ response.queued for a background response)
+    StartedEvent  response.in_progress, response.output_item.added, response.content_part.added
+    TokenEvent    response.output_text.delta; for each tool call it made, a function_call item
+                  (output_index 1, 2, ...): response.output_item.added,
+                  response.function_call_arguments.delta / .done, response.output_item.done
+    DoneEvent     response.output_text.done, response.content_part.done,
+                  response.output_item.done, response.completed (or response.incomplete)
+    ErrorEvent    response.failed
+    RequeuedEvent response.queued (its worker was lost: the job runs again from scratch, and
+                  the earlier attempt's text is dropped; the log starts over with this event,
+                  so a stream resumed after it numbers from the new attempt)
+
+A cancelled response's stream simply ends: OpenAI defines no event for it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    Field,
+    RootModel,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
+
+from shared.wire.events import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    RequeuedEvent,
+    StartedEvent,
+    TokenEvent,
+)
+from shared.wire.response_items import FunctionCallItem
+from shared.wire.response_state import Progress, call_item, render
+from shared.wire.responses import (
+    OutputMessage,
+    OutputText,
+    ResponseObject,
+    ResponseStatus,
+    StoredResponse,
+)
+from shared.wire.tools import ToolCall
+
+
+class LifecycleEvent(BaseModel):
+    type: Literal[
+        "response.created",
+        "response.queued",
+        "response.in_progress",
+        "response.completed",
+        "response.incomplete",
+        "response.failed",
+    ]
+    response: ResponseObject
+    sequence_number: int
+
+
+class OutputItemEvent(BaseModel):
+    type: Literal["response.output_item.added", "response.output_item.done"]
+    output_index: int = 0
+    item: OutputMessage | FunctionCallItem
+    sequence_number: int
+
+
+class ArgumentsEvent(BaseModel):
+    """A function call's arguments (mlxq sends each call whole: one delta, then done)."""
+
+    type: Literal["response.function_call_arguments.delta", "response.function_call_arguments.done"]
+    item_id: str
+    output_index: int
+    delta: str | None = None
+    arguments: str | None = None
+    sequence_number: int
+
+    @model_serializer(mode="wrap")
+    def _one_of_delta_and_arguments(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in ("delta", "arguments"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+
+class ContentPartEvent(BaseModel):
+    type: Literal["response.content_part.added", "response.content_part.done"]
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    part: OutputText
+    sequence_number: int
+
+
+class TextDeltaEvent(BaseModel):
+    type: Literal["response.output_text.delta"] = "response.output_text.delta"
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    delta: str
+    logprobs: list[Any] = []
+    sequence_number: int
+
+
+class TextDoneEvent(BaseModel):
+    type: Literal["response.output_text.done"] = "response.output_text.done"
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    text: str
+    logprobs: list[Any] = []
+    sequence_number: int
+
+
+StreamEvent = Annotated[
+    LifecycleEvent
+    | OutputItemEvent
+    | ArgumentsEvent
+    | ContentPartEvent
+    | TextDeltaEvent
+    | TextDoneEvent,
+    Field(discriminator="type"),
+]
+
+
+class ResponseStreamEvent(RootModel[StreamEvent]):
+    """Any one of the stream's events (the `data:` of each frame, for /openapi.json)."""
+
+
+class ResponseStream:
+    """One response's stream events, from its opening through each of its job's events."""
+
+    def __init__(self, stored: StoredResponse):
+        self._stored = stored
+        self._item_id = stored.item_id()
+        self.progress = Progress()
+        self._seq = -1
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _lifecycle(self, kind: Any, status: ResponseStatus) -> LifecycleEvent:
+        snapshot = render(self._stored, self.progress, status)
+        return LifecycleEvent(type=kind, response=snapshot, sequence_number=self._next())
+
+    def opening(self) -> list[StreamEvent]:
+        if not self._stored.background:
+            return [self._lifecycle("response.created", "in_progress")]
+        return [
+            self._lifecycle("response.created", "queued"),
+            self._lifecycle("response.queued", "queued"),
+        ]
+
+    def feed(self, event: Event) -> list[StreamEvent]:
+        self.progress.feed(event)
+        match event:
+            case StartedEvent():
+                return self._started()
+            case TokenEvent(text=text, tool_calls=calls):
+                delta = TextDeltaEvent(
+                    item_id=self._item_id, delta=text, sequence_number=self._next()
+                )
+                return [delta, *self._calls(calls or [])]
+            case DoneEvent():
+                return self._done()
+            case ErrorEvent():
+                return [self._lifecycle("response.failed", "failed")]
+            case RequeuedEvent():
+                # Its worker was lost: queued again, the text so far dropped; it starts over.
+                return [self._lifecycle("response.queued", "queued")]
+        return []
+
+    def _calls(self, calls: list[ToolCall]) -> list[StreamEvent]:
+        """Each call the model made: a function_call item after the message (output_index 0)."""
+        found: list[StreamEvent] = []
+        earlier = len(self.progress.calls) - len(calls)  # progress has taken these in already
+        for j, call in enumerate(calls):
+            index = 1 + earlier + j
+            item = call_item(call, "completed")
+            found += [
+                OutputItemEvent(
+                    type="response.output_item.added",
+                    output_index=index,
+                    item=call_item(call, "in_progress"),
+                    sequence_number=self._next(),
+                ),
+                ArgumentsEvent(
+                    type="response.function_call_arguments.delta",
+                    item_id=item.id or "",
+                    output_index=index,
+                    delta=call.function.arguments,
+                    sequence_number=self._next(),
+                ),
+                ArgumentsEvent(
+                    type="response.function_call_arguments.done",
+                    item_id=item.id or "",
+                    output_index=index,
+                    arguments=call.function.arguments,
+                    sequence_number=self._next(),
+                ),
+                OutputItemEvent(
+                    type="response.output_item.done",
+                    output_index=index,
+                    item=item,
+                    sequence_number=self._next(),
+                ),
+            ]
+        return found
+
+    def _started(self) -> list[StreamEvent]:
+        item = OutputMessage(id=self._item_id, status="in_progress", content=[])
+        return [
+            self._lifecycle("response.in_progress", "in_progress"),
+            OutputItemEvent(
+                type="response.output_item.added", item=item, sequence_number=self._next()
+            ),
+            ContentPartEvent(
+                type="response.content_part.added",
+                item_id=self._item_id,
+                part=OutputText(text=""),
+                sequence_number=self._next(),
+            ),
+        ]
+
+    def _done(self) -> list[StreamEvent]:
+        status = self.progress.status()
+        text = self.progress.text()
+        item_status: Literal["completed", "incomplete"] = (
+            "completed" if status == "completed" else "incomplete"
+        )
+        item = OutputMessage(id=self._item_id, status=item_status, content=[OutputText(text=text)])
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        return [
+            TextDoneEvent(item_id=self._item_id, text=text, sequence_number=self._next()),
+            ContentPartEvent(
+                type="response.content_part.done",
+                item_id=self._item_id,
+                part=OutputText(text=text),
+                sequence_number=self._next(),
+            ),
+            OutputItemEvent(
+                type="response.output_item.done", item=item, sequence_number=self._next()
+            ),
+            self._lifecycle(kind, status),
+        ]

@@ -1,0 +1,131 @@
+"""The Responses API's items: input messages and their text parts, function calls (output items,
+and input items when passed back), their outputs, and function tools."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+from shared.wire.completions import MAX_CONTENT_CHARS, MAX_CONTENT_PARTS, ChatMessage
+from shared.wire.errors import UnsupportedParameterError
+from shared.wire.tools import ChatTool, FunctionCall, FunctionDefinition, FunctionName, ToolCall
+
+Text = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
+
+
+class InputText(BaseModel):
+    """A text part of an input message (`output_text` when an assistant turn is passed back)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Annotated[str, Field(max_length=64)]
+    text: Text = ""
+    annotations: Annotated[list[Any], Field(max_length=MAX_CONTENT_PARTS)] | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> InputText:
+        if self.type not in ("input_text", "output_text"):
+            raise UnsupportedParameterError(
+                f"'{self.type}' content is not supported: only text is", param="input"
+            )
+        return self
+
+
+class InputMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Text | Annotated[list[InputText], Field(max_length=MAX_CONTENT_PARTS)]
+    # An output item passed back as input keeps its id and status; neither changes the prompt.
+    id: Annotated[str, Field(max_length=128)] | None = None
+    status: Annotated[str, Field(max_length=32)] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class FunctionCallItem(BaseModel):
+    """A call the model made: an output item, and an input item when passed back."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function_call"] = "function_call"
+    id: Annotated[str, Field(max_length=128)] | None = None
+    call_id: Annotated[str, Field(max_length=128)]
+    name: FunctionName
+    arguments: Text
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class FunctionCallOutput(BaseModel):
+    """The result of a call, as input."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function_call_output"]
+    id: Annotated[str, Field(max_length=128)] | None = None
+    call_id: Annotated[str, Field(max_length=128)]
+    output: Text
+    status: Annotated[str, Field(max_length=32)] | None = None
+
+
+def _item_type(value: Any) -> str | None:
+    """An input item's kind; items without a type are messages. None: not an item at all."""
+    if isinstance(value, dict):
+        kind = value.get("type", "message")
+        return kind if isinstance(kind, str) else None
+    return getattr(value, "type", None)
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")],
+    Discriminator(_item_type),
+]
+
+
+class FunctionTool(BaseModel):
+    """A function tool as the Responses API declares it (chat's, flattened)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Annotated[str, Field(max_length=64)]
+    name: FunctionName
+    description: Annotated[str, Field(max_length=8192)] | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _functions_only(cls, value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else None
+        if isinstance(kind, str) and kind != "function":
+            raise UnsupportedParameterError(
+                f"'{kind}' tools are not supported: only function tools are", param="tools"
+            )
+        return value
+
+    def as_chat_tool(self) -> ChatTool:
+        function = FunctionDefinition(
+            name=self.name, description=self.description, parameters=self.parameters
+        )
+        return ChatTool(type="function", function=function)
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    name: FunctionName
+
+
+def add_call(messages: list[ChatMessage], item: FunctionCallItem) -> None:
+    """An earlier call joins the assistant turn it was part of (consecutive calls are one)."""
+    call = ToolCall(
+        id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments)
+    )
+    last = messages[-1] if messages else None
+    if last is not None and last.role == "assistant" and last.tool_calls:
+        last.tool_calls.append(call)
+    else:
+        messages.append(ChatMessage(role="assistant", tool_calls=[call]))

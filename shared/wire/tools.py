@@ -1,0 +1,167 @@
+"""Tool (function) calling: the wire models, and the text format used where a model's chat
+template knows no tools.
+
+Two ways a model sees tools, decided per model by the worker and published in its
+`TokenizerSpec` (`tools_in_template`), so that the API counts prompts the way the worker renders
+them (shared/queue/prompt_tokens.py):
+- The chat template knows tools and mlx-lm has a parser for the model family (Qwen, Llama 3.x
+  with JSON tools, Mistral, Gemma, GLM, Kimi, ...): tools go to the template and calls are parsed
+  with the family's mlx-lm parser.
+- Otherwise (the default SmolLM2 and every ChatML model without a tool template): the fallback
+  below. The tools are described in a system message, and the model calls one by writing
+  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the JSON-tools format of Hermes and
+  Qwen 2.5 (mlx-lm's `json_tools` parser reads it back).
+`tool_choice` "required" or a named function constrains decoding to that call format with a
+grammar whose arguments follow each function's `parameters` schema (JSON-tools format only).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from llguidance import LLMatcher
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.wire.grammar import grammar_for_schema
+
+FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+MAX_TOOLS = 128  # OpenAI's limit
+CALL_START = "<tool_call>"
+CALL_END = "</tool_call>"
+FunctionName = Annotated[str, Field(pattern=FUNCTION_NAME_PATTERN)]
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: FunctionName
+    description: Annotated[str, Field(max_length=8192)] | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: FunctionName
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionChoice
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    """A call the model made (in an answer) or made earlier (in an assistant message)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: Annotated[str, Field(max_length=128)]
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ToolCallDelta(ToolCall):
+    """A whole call in a stream chunk; `index` orders the calls of one choice."""
+
+    index: int
+
+
+class ToolUse(BaseModel):
+    """What a chat job carries about tools."""
+
+    tools: list[ChatTool]
+    choice: ToolChoice = "auto"
+    parallel: bool = True
+
+    def constrained(self) -> bool:
+        return self.choice == "required" or isinstance(self.choice, NamedToolChoice)
+
+    def parses_calls(self) -> bool:
+        return self.choice != "none"
+
+    def call_grammar(self) -> str:
+        """The Lark grammar (llguidance) of the calls `choice` allows, in the JSON-tools format."""
+        allowed = [
+            t.function
+            for t in self.tools
+            if not isinstance(self.choice, NamedToolChoice)
+            or t.function.name == self.choice.function.name
+        ]
+        schema = {"anyOf": [_call_schema(f) for f in allowed]}
+        repeat = "+" if self.parallel and not isinstance(self.choice, NamedToolChoice) else ""
+        lark = (
+            f"start: call{repeat}\n"
+            f"call: {json.dumps(CALL_START)} body {json.dumps(CALL_END)}\n"
+            f"body: %json {json.dumps(schema)}\n"
+        )
+        return str(LLMatcher.grammar_from_lark(lark))
+
+
+def _call_schema(function: FunctionDefinition) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"const": function.name},
+            "arguments": function.parameters or {"type": "object"},
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def check_tools(tools: list[ChatTool]) -> None:
+    """Refuse (400 naming `tools`) a function whose parameters schema cannot be compiled."""
+    for tool in tools:
+        if tool.function.parameters is not None:
+            grammar_for_schema(tool.function.parameters, "tools")
+
+
+def fallback_system_prompt(tools: list[ChatTool]) -> str:
+    described = "\n".join(json.dumps(t.function.model_dump(exclude_none=True)) for t in tools)
+    return (
+        "You can call these functions:\n<tools>\n"
+        f"{described}\n</tools>\n"
+        "To call a function, reply with a JSON object naming it and giving its arguments, "
+        f'between {CALL_START} and {CALL_END}:\n{CALL_START}{{"name": "<function name>", '
+        f'"arguments": {{"<parameter>": <value>}}}}{CALL_END}'
+    )
+
+
+def fallback_call_text(call: ToolCall) -> str:
+    """An earlier call, as the model wrote it in the fallback format."""
+    arguments = _json_or_text(call.function.arguments)
+    body = json.dumps({"name": call.function.name, "arguments": arguments})
+    return f"{CALL_START}{body}{CALL_END}"
+
+
+def template_call(call: ToolCall) -> dict[str, Any]:
+    """An earlier call as Hugging Face chat templates take it (arguments as an object)."""
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {
+            "name": call.function.name,
+            "arguments": _json_or_text(call.function.arguments),
+        },
+    }
+
+
+def _json_or_text(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments

@@ -1,0 +1,87 @@
+"""The import rules that make the layout mean something, checked over the source's AST and in a
+fresh interpreter:
+
+- `shared` imports neither `api` nor `worker`; `shared.wire` (formats) imports nothing of the
+  queue's machinery, observability or Redis.
+- `api` and `worker` never import each other; the API never loads mlx.
+- `api.http` (plumbing) imports no route, store or queue module of the API.
+- the engine (`worker.engine`) imports nothing of Redis, RQ or Flask, not even through `shared`.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (package whose modules are checked, import prefixes it must not use)
+RULES: list[tuple[str, tuple[str, ...]]] = [
+    ("shared", ("api", "worker", "flask", "mlx", "mlx_lm")),
+    ("shared.wire", ("shared.queue", "shared.observe", "redis", "rq")),
+    ("api", ("worker", "mlx", "mlx_lm")),
+    ("api.http", ("api.routes", "api.stores", "api.queue")),
+    ("worker", ("api", "flask")),
+    ("worker.engine", ("redis", "rq", "flask", "worker.runtime", "worker.ops")),
+]
+
+
+def imports_of(path: Path) -> Iterator[tuple[int, str]]:
+    """Every module a source file imports (absolute names), with its line."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+
+
+def violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    found = []
+    for path in sorted((ROOT / package.replace(".", "/")).rglob("*.py")):
+        for line, module in imports_of(path):
+            if any(module == f or module.startswith(f + ".") for f in forbidden):
+                found.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    return found
+
+
+@pytest.mark.parametrize(("package", "forbidden"), RULES, ids=[rule[0] for rule in RULES])
+def test_a_package_imports_only_what_its_layer_allows(
+    package: str, forbidden: tuple[str, ...]
+) -> None:
+    assert violations(package, forbidden) == []
+
+
+def test_the_rule_check_sees_a_forbidden_import(tmp_path: Path) -> None:
+    """The checker itself: an import the rules forbid is reported with its file and line."""
+    source = tmp_path / "module.py"
+    source.write_text("import os\nfrom worker.engine import batch\n")
+    assert list(imports_of(source)) == [(1, "os"), (2, "worker.engine")]
+
+
+def loaded_by(statement: str) -> set[str]:
+    """The top-level packages a fresh interpreter holds after running `statement`."""
+    code = f"import sys\n{statement}\nprint(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return set(out.stdout.split())
+
+
+def test_the_engine_loads_no_redis_rq_or_flask_even_through_shared() -> None:
+    statement = (
+        "import importlib, pkgutil, worker.engine as e\n"
+        "for m in pkgutil.iter_modules(e.__path__): importlib.import_module(f'worker.engine.{m.name}')"
+    )
+    assert loaded_by(statement) & {"redis", "rq", "flask", "api"} == set()
+
+
+def test_the_api_app_loads_no_mlx_and_no_worker() -> None:
+    loaded = loaded_by("import api\napi.create_app")
+    assert "flask" in loaded
+    assert loaded & {"mlx", "mlx_lm", "worker"} == set()
