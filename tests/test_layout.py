@@ -66,7 +66,8 @@ def test_the_rule_check_sees_a_forbidden_import(tmp_path: Path) -> None:
 
 def loaded_by(statement: str) -> set[str]:
     """The top-level packages a fresh interpreter holds after running `statement`."""
-    code = f"import sys\n{statement}\nprint(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    report = "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
+    code = f"import sys\n{statement}\n{report}"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
@@ -76,7 +77,8 @@ def loaded_by(statement: str) -> set[str]:
 def test_the_engine_loads_no_redis_rq_or_flask_even_through_shared() -> None:
     statement = (
         "import importlib, pkgutil, worker.engine as e\n"
-        "for m in pkgutil.iter_modules(e.__path__): importlib.import_module(f'worker.engine.{m.name}')"
+        "for m in pkgutil.iter_modules(e.__path__):\n"
+        "    importlib.import_module(f'worker.engine.{m.name}')"
     )
     assert loaded_by(statement) & {"redis", "rq", "flask", "api"} == set()
 
