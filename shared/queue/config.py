@@ -6,6 +6,7 @@ down explicitly; tests construct one directly. The README's configuration table 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,11 @@ def _default_models_dir() -> Path:
     return Path.home() / ".cache" / "mlxq" / "models"
 
 
+def _default_redis_dir() -> Path:
+    data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data_home) / "mlxq" / "redis"
+
+
 class Settings(BaseSettings):
     """Settings shared by the API and the worker."""
 
@@ -26,6 +32,9 @@ class Settings(BaseSettings):
         default="redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("REDIS_URL", "MLXQ_REDIS_URL"),
     )
+    # `mlxq run` only: where the Redis it starts (when none answers at REDIS_URL) keeps its
+    # append-only file.
+    redis_dir: Path = Field(default_factory=_default_redis_dir)
     namespace: str = Field(default="mlxq", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     models_dir: Path = Field(default_factory=_default_models_dir)
     # What a worker serves: a model directory, a name under models_dir, or a hub id.

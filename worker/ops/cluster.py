@@ -90,12 +90,12 @@ def spawn(args: list[str], env: dict[str, str], log: Path | None = None) -> subp
         return subprocess.Popen(args, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
 
-def start_redis(
-    port: int, data_dir: Path | None = None, extra: list[str] | None = None, url: str = ""
-) -> subprocess.Popen[bytes]:
-    """A redis-server on 127.0.0.1:`port`: in memory only, or with an append-only file in
-    `data_dir` so that its data survives a restart, as a real queue's would. `extra` arguments
-    come last (a password, TLS, more addresses); `url` is how to reach it then."""
+def redis_command(
+    port: int, data_dir: Path | None = None, extra: list[str] | None = None
+) -> list[str]:
+    """The redis-server command for 127.0.0.1:`port`: in memory only, or with an append-only
+    file in `data_dir`, fsynced every second, so that its data survives a crash or a restart.
+    `extra` arguments come last (a password, TLS, more addresses)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server not found: run scripts/setup.sh or install Redis.")
@@ -104,8 +104,15 @@ def start_redis(
         args += ["--appendonly", "no"]
     else:
         data_dir.mkdir(parents=True, exist_ok=True)
-        args += ["--appendonly", "yes", "--dir", str(data_dir)]
-    args += extra or []
+        args += ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data_dir)]
+    return args + (extra or [])
+
+
+def start_redis(
+    port: int, data_dir: Path | None = None, extra: list[str] | None = None, url: str = ""
+) -> subprocess.Popen[bytes]:
+    """A redis-server (`redis_command`); `url` is how to reach it."""
+    args = redis_command(port, data_dir, extra)
     url = url or f"redis://127.0.0.1:{port}/0"
     # Its own session: a Ctrl-C meant for the caller must not stop Redis under draining workers.
     server = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)

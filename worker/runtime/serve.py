@@ -99,7 +99,7 @@ def serve(settings: Settings) -> None:
     keys = Keys(settings.namespace)
     redis = connect(settings)
     if spec is not None:
-        publish_spec(redis, keys, name, spec)
+        _until_redis_answers(lambda: publish_spec(redis, keys, name, spec))
     replay_ttl_s = settings.job_timeout_s + settings.result_ttl_s
     worker_id = f"{socket.gethostname()}.{os.getpid()}"
     buried = "declared dead by the other workers"
