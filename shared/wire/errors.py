@@ -126,6 +126,29 @@ class PayloadTooLargeError(MLXQError):
     code = "request_too_large"
 
 
+class IdempotencyKeyInUseError(MLXQError):
+    """The first request with this Idempotency-Key has not been answered yet; retry (409)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "idempotency_key_in_use"
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after_s: int = 1):
+        super().__init__(message, param=param)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class IdempotencyKeyReusedError(MLXQError):
+    """The Idempotency-Key was first sent with another request (422)."""
+
+    status = 422
+    type = "invalid_request_error"
+    code = "idempotency_key_reused"
+
+
 class QueueFullError(MLXQError):
     """The model's queue is over its cap of jobs or of prompt tokens; retry later (429)."""
 
