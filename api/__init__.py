@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Flask
 
 from api.http import auth, errors
+from api.queue import rate_limits
 from api.queue.broker import Broker
 from api.routes import (
     batches,
@@ -30,6 +31,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     b.init_app(app)
     errors.init_app(app)
     auth.init_app(app, settings)
+    rate_limits.init_app(app, b)
     for blueprint in (chat.bp, completions.bp, models.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
     for blueprint in (responses.bp, files.bp, batches.bp, fleet.bp):

@@ -27,13 +27,14 @@ class ContextWindows:
         self._counters: dict[str, tuple[str, PromptCounter | None]] = {}
 
     def check(self, job: GenerationJob) -> None:
-        counter = self._counter(job.model)
+        counter = self.counter(job.model)
         if counter is None:
             return
         where = "messages" if job.messages is not None else "prompt"
         completion_budget(counter.count(job), job.max_tokens, counter.context_length, where)
 
-    def _counter(self, model: str) -> PromptCounter | None:
+    def counter(self, model: str) -> PromptCounter | None:
+        """The model's prompt counter, as its workers published it; None: none published."""
         key = self._keys.tokenizer(model)
         raw_digest = self._redis.hget(key, "digest")
         if raw_digest is None:

@@ -21,6 +21,7 @@ from opentelemetry.trace import Span
 from api.http.auth import owner_id
 from api.http.sse import DONE, KEEPALIVE, frame
 from api.queue.broker import Broker
+from api.queue.rate_limits import admit
 from api.queue.relay import Subscription
 from shared.observe import tracing
 from shared.observe.logs import log_event
@@ -148,6 +149,7 @@ class RunningJob:
 
 
 def start(broker: Broker, job: GenerationJob) -> RunningJob:
+    admit(job)  # the caller's rate limits (api/queue/rate_limits.py)
     job = job.model_copy(update={"limits": broker.interactive_limits()})
     submitted_at = time.time()
     span = tracing.request_span(job)

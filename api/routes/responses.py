@@ -18,6 +18,7 @@ from api.http.sse import KEEPALIVE, event_frame, sse_response
 from api.http.validation import parse_body
 from api.queue.broker import broker
 from api.queue.generation import Keepalive, RunningJob, collect, start
+from api.queue.rate_limits import admit
 from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from api.stores.listing import parse_query
 from api.stores.responses import ResponseStore
@@ -65,6 +66,7 @@ def create_response() -> Response:
     if req.background:
         b = broker()
         b.require_model(req.model)
+        admit(job)
         responses.create(owner_id(), stored)
         b.submit_bulk([job])
         if req.stream:

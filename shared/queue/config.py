@@ -7,10 +7,11 @@ down explicitly; tests construct one directly. The README's configuration table 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -21,6 +22,39 @@ def _default_models_dir() -> Path:
 def _default_redis_dir() -> Path:
     data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
     return Path(data_home) / "mlxq" / "redis"
+
+
+# A limit at the end of an MLXQ_API_KEYS entry: `sk-key:rpm=60:tpm=40000`.
+_KEY_LIMIT = re.compile(r":(rpm|tpm)=([0-9]+)$")
+
+
+class KeyLimits(BaseModel):
+    """Requests and tokens per minute of one API key (api/queue/rate_limits.py); None: none."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1)
+
+    def __bool__(self) -> bool:
+        return self.rpm is not None or self.tpm is not None
+
+
+class ApiKey(BaseModel):
+    """One entry of MLXQ_API_KEYS: a key, and its limits after it (`:rpm=N`, `:tpm=N`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: SecretStr
+    limits: KeyLimits = KeyLimits()
+
+    @classmethod
+    def parse(cls, entry: str) -> ApiKey:
+        key, limits = entry, {}
+        while (found := _KEY_LIMIT.search(key)) is not None:
+            limits[found.group(1)] = int(found.group(2))
+            key = key[: found.start()]
+        return cls(key=SecretStr(key), limits=KeyLimits.model_validate(limits))
 
 
 class Settings(BaseSettings):
@@ -92,21 +126,27 @@ class Settings(BaseSettings):
     # Logs (shared/observe/logs.py): text or JSON lines, and the level.
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
-    # API keys (comma-separated in MLXQ_API_KEYS); none: no auth, and loopback only
-    # (api/http/auth.py).
-    api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
+    # API keys (comma-separated in MLXQ_API_KEYS, each maybe with its limits:
+    # `key:rpm=60:tpm=40000`); none: no auth, and loopback only (api/http/auth.py).
+    api_keys: Annotated[tuple[ApiKey, ...], NoDecode] = ()
 
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper_level(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("api_keys", "models", mode="before")
+    @field_validator("models", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
             return tuple(item.strip() for item in value.split(",") if item.strip())
         return value
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _parse_keys(cls, value: Any) -> Any:
+        entries = cls._split_commas(value)
+        return tuple(ApiKey.parse(v) if isinstance(v, str) else v for v in entries)
 
     def served_models(self) -> list[str]:
         """What `mlxq run` serves: MLXQ_MODELS, or else MLXQ_MODEL."""

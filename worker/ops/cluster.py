@@ -177,6 +177,7 @@ class Cluster:
     redis_proc: subprocess.Popen[bytes] | None = None
     api_proc: subprocess.Popen[bytes] | None = None
     api_url: str = ""
+    more_apis: list[subprocess.Popen[bytes]] = field(default_factory=list)
     workers: list[Worker] = field(default_factory=list)
 
     @property
@@ -216,12 +217,18 @@ class Cluster:
     # The API
 
     def start_api(self, **env: str) -> str:
+        """The API on a free port; returns its URL. The first is `api_proc` and `api_url`; a
+        second one (processes that must agree through Redis) is stopped with the cluster."""
         port = free_port()
         proc_env = self.environment(MLXQ_API_BIND=f"127.0.0.1:{port}", **env)
-        self.api_proc = spawn(API, proc_env, self._log("api.log"))
-        self.api_url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: http_answers(f"{self.api_url}/health"), 30, "the API")
-        return self.api_url
+        proc = spawn(API, proc_env, self._log("api.log"))
+        url = f"http://127.0.0.1:{port}"
+        if self.api_proc is None:
+            self.api_proc, self.api_url = proc, url
+        else:
+            self.more_apis.append(proc)
+        wait_until(lambda: http_answers(f"{url}/health"), 30, "the API")
+        return url
 
     def api_worker_pids(self) -> list[int]:
         """The gunicorn worker processes (children of the arbiter) that serve requests."""
@@ -268,7 +275,7 @@ class Cluster:
 
     def stop(self) -> None:
         procs = [w.proc for w in self.workers]
-        procs += [p for p in (self.api_proc,) if p is not None]
+        procs += [p for p in (self.api_proc, *self.more_apis) if p is not None]
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -276,5 +283,6 @@ class Cluster:
             reap(proc)
         self.workers.clear()
         self.api_proc = None
+        self.more_apis.clear()
         if self.redis_proc is not None and self.redis_proc.poll() is None:
             self.stop_redis(signal.SIGKILL)
