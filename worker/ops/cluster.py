@@ -25,6 +25,7 @@ from pathlib import Path
 from redis import Redis
 from redis.exceptions import RedisError
 
+from shared.queue.connection import client_for
 from shared.queue.keys import Keys
 from worker.gguf.default_model import DEFAULT_MODEL_NAME
 
@@ -50,7 +51,7 @@ def wait_until(check: Callable[[], object], timeout_s: float, what: str) -> None
 
 def redis_answers(url: str) -> bool:
     try:
-        return bool(Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5).ping())
+        return bool(client_for(url, socket_connect_timeout=0.5, socket_timeout=0.5).ping())
     except (RedisError, OSError):
         return False
 
@@ -124,6 +125,41 @@ def start_redis(
     return server
 
 
+def start_sentinel(
+    port: int, primary_port: int, service: str, folder: Path, down_after_ms: int = 1000
+) -> subprocess.Popen[bytes]:
+    """A Redis Sentinel on 127.0.0.1:`port` watching the primary at 127.0.0.1:`primary_port` as
+    `service` (a quorum of 2: three of them make a failover group). It rewrites its config file
+    in `folder` as it learns the replicas and the other Sentinels."""
+    folder.mkdir(parents=True, exist_ok=True)
+    conf = folder / "sentinel.conf"
+    conf.write_text(
+        "\n".join(
+            [
+                f"port {port}",
+                "bind 127.0.0.1",
+                f'dir "{folder}"',
+                f"sentinel monitor {service} 127.0.0.1 {primary_port} 2",
+                f"sentinel down-after-milliseconds {service} {down_after_ms}",
+                f"sentinel failover-timeout {service} 10000",
+                f"sentinel parallel-syncs {service} 1",
+            ]
+        )
+        + "\n"
+    )
+    binary = redis_command(port)[0]
+    server = subprocess.Popen(
+        [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, start_new_session=True
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        wait_until(lambda: redis_answers(url), 10, f"Sentinel on {port}")
+    except TimeoutError:
+        stop(server)
+        raise
+    return server
+
+
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = 15) -> None:
     """SIGTERM, then SIGKILL if it is still there after `timeout_s`."""
     if proc.poll() is None:
@@ -189,7 +225,7 @@ class Cluster:
         return Keys(self.namespace)
 
     def redis(self) -> Redis:
-        return Redis.from_url(self.redis_url, socket_timeout=2, socket_connect_timeout=1)
+        return client_for(self.redis_url, socket_timeout=2, socket_connect_timeout=1)
 
     def environment(self, **extra: str) -> dict[str, str]:
         own = {
