@@ -20,6 +20,7 @@ from api.routes import (
     page,
     responses,
 )
+from api.stores import replicas
 from shared.queue.config import Settings
 
 
@@ -32,6 +33,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     errors.init_app(app)
     auth.init_app(app, settings)
     rate_limits.init_app(app, b)
+    replicas.init_app(app, b)
     for blueprint in (chat.bp, completions.bp, models.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
     for blueprint in (responses.bp, files.bp, batches.bp, fleet.bp):

@@ -107,6 +107,10 @@ class Settings(BaseSettings):
     result_ttl_s: int = Field(default=600, ge=1)
     default_max_tokens: int = Field(default=4096, ge=1)
     redis_timeout_s: float = Field(default=1.5, gt=0)
+    # With replicas behind Sentinel: a creating POST is answered once this many replicas hold
+    # its writes, waiting at most redis_wait_ms (api/stores/replicas.py); 0: answer at once.
+    redis_wait_replicas: int = Field(default=0, ge=0)
+    redis_wait_ms: int = Field(default=200, ge=1)
     # Every open stream or busy slot may hold a connection at once.
     redis_max_connections: int = Field(default=2048, ge=16)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)

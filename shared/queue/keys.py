@@ -52,6 +52,8 @@ Layout under the namespace `ns` (default "mlxq"):
     {ns}:batches:{owner}        zset  the owner's batch ids -> created_at
     {ns}:ratelimit:{owner}      hash  an API key's rate-limit buckets (api/queue/rate_limits.py):
                                 requests and tokens left, and when (Redis ms); TTL 60 s
+    {ns}:written:{api_id}       string  written by an API process right before WAIT, so that the
+                                WAIT covers every earlier write (api/stores/replicas.py)
     {ns}:idempotency:{owner}:{digest}  string  an Idempotency-Key of the owner (its SHA-256): the
                                 request it came with and, once answered, the answer
                                 (api/stores/idempotency.py); TTL 24 h
@@ -213,3 +215,6 @@ class Keys:
 
     def rate_limit(self, owner: str) -> str:
         return f"{self.ns}:ratelimit:{_id(owner)}"
+
+    def written(self, api_id: str) -> str:
+        return f"{self.ns}:written:{_id(api_id)}"

@@ -1,5 +1,6 @@
 """Redis failover with Sentinel: a primary, a replica and three Sentinels; the API and a worker
-reach Redis through `redis+sentinel://` (shared/queue/connection.py). Under load (streams, a
+reach Redis through `redis+sentinel://` (shared/queue/connection.py), and creating POSTs wait for
+the replica (MLXQ_REDIS_WAIT_REPLICAS=1, api/stores/replicas.py). Under load (streams, a
 batch, background responses) the primary is killed with SIGKILL; the Sentinels promote the
 replica and everyone follows it by itself.
 
@@ -63,7 +64,11 @@ def group(
     try:
         cluster = start_cluster(
             redis={"port": primary, "url": url},
-            env={"MLXQ_BATCH_SIZE": "8", "MLXQ_LOG_FORMAT": "json"},
+            env={
+                "MLXQ_BATCH_SIZE": "8",
+                "MLXQ_LOG_FORMAT": "json",
+                "MLXQ_REDIS_WAIT_REPLICAS": "1",
+            },
         )
         procs.append(start_redis(replica, extra=["--replicaof", "127.0.0.1", str(primary)]))
         sentinels = [Redis(port=p, socket_timeout=2) for p in ports]
@@ -118,6 +123,20 @@ def _served(api_url: str) -> bool:
         return False
 
 
+def _write_ms(redis: Redis, wait: bool, times: int = 300) -> float:
+    """The median time of one write, alone or followed by WAIT for one replica."""
+    spent = []
+    for _ in range(times):
+        started = time.perf_counter()
+        pipe = redis.pipeline(transaction=False)
+        pipe.set("mlxqfailover:probe", 1)
+        if wait:
+            pipe.wait(1, 1000)
+        pipe.execute()
+        spent.append(time.perf_counter() - started)
+    return round(sorted(spent)[times // 2] * 1000, 3)
+
+
 def _runs(cluster: Cluster) -> Counter[str]:
     """How often each job ended on a worker, from the workers' JSON `job` log lines."""
     assert cluster.logs is not None
@@ -154,6 +173,8 @@ def test_after_the_primary_dies_the_stack_follows_the_promoted_replica(group: Gr
         "the first lines",
     )
     old_primary = group.primary_port()
+    primary = cluster.redis()
+    write_ms = {"alone": _write_ms(primary, False), "with_wait_1": _write_ms(primary, True)}
     killed = cluster.redis_proc
     assert killed is not None
     killed.send_signal(signal.SIGKILL)
@@ -175,6 +196,7 @@ def test_after_the_primary_dies_the_stack_follows_the_promoted_replica(group: Gr
     errors = lines_of(client, done.error_file_id)
     ran = _runs(cluster)
     figures = {
+        "median_write_ms_under_load": write_ms,
         "seconds_until_promoted": round(promoted_s, 2),
         "seconds_until_served_again": round(recovered_s, 2),
         "streams": dict(load.ended),
