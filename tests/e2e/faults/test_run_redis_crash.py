@@ -8,10 +8,12 @@ its data under a temporary MLXQ_REDIS_DIR)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,16 @@ class Stack:
 
     def said(self, text: str) -> bool:
         return text in self.log.read_text(errors="replace")
+
+    def runs(self) -> Counter[str]:
+        """How often each batch line ended on a worker (the workers' JSON `job` log lines)."""
+        found: Counter[str] = Counter()
+        for line in self.log.read_text(errors="replace").splitlines():
+            if line.startswith("{") and '"message": "job"' in line:
+                record = json.loads(line)
+                if record.get("lane") == "batch":
+                    found[record["job_id"]] += 1
+        return found
 
     def redis_pid(self) -> int:
         redis = Redis.from_url(self.redis_url, socket_timeout=2)
@@ -65,6 +77,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         MLXQ_API_BIND=f"127.0.0.1:{api_port}",
         MLXQ_HEARTBEAT_S="0.5",
         MLXQ_BATCH_SIZE="6",
+        MLXQ_LOG_FORMAT="json",
     )
     env.pop("MLXQ_MODELS", None)
     log = folder / "run.log"
@@ -111,5 +124,7 @@ def test_a_killed_redis_comes_back_with_its_data_and_the_batch_finishes_once(
     assert sorted(line["custom_id"] for line in out) == sorted(f"line-{i}" for i in range(LINES))
     assert all(line["response"]["status_code"] == 200 for line in out)
     assert lines_of(client, done.error_file_id) == []
+    runs = stack.runs()
+    assert len(runs) == LINES and set(runs.values()) == {1}  # none ran twice
     assert client.files.content(file_id).content == kept_file
     assert client.responses.retrieve(stored.id).model_dump() == stored.model_dump()
