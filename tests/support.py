@@ -33,6 +33,8 @@ from shared.wire.events import encode_frame
 from worker.gguf.default_model import DEFAULT_MODEL_NAME
 
 MODEL = DEFAULT_MODEL_NAME
+# The end-to-end clusters' environment: the real engine, whatever the defaults become.
+REAL_ENGINE = {"MLXQ_ENGINE": "mlx"}
 STAND_IN = "stand-in.1"  # the worker id of `stand_in_worker`
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
