@@ -33,7 +33,7 @@ from redis import Redis
 
 from api import create_app
 from shared.queue.config import Settings
-from tests.support import MODEL, REAL_ENGINE, flush_namespace
+from tests.support import MODEL, NEEDS_NETNS, REAL_ENGINE, flush_namespace
 from worker.ops.cluster import Cluster
 
 NAMESPACE = "mlxqtest"
@@ -41,8 +41,8 @@ HEARTBEAT_S = 0.5
 # Where the machine keeps its models and the GGUF, and how its BLAS runs: locations and speed,
 # not behaviour.
 KEPT = {"MLXQ_MODELS_DIR", "MLXQ_DEFAULT_GGUF", "MLXQ_OPENBLAS", "MLXQ_BLAS_THREADS"}
-# The machine-dependent skips a run outside CI may have, by the start of their reason.
-ALLOWED_SKIPS = ("network namespaces need root",)
+# The skips a run may have, by the start of their reason: what a machine may lack.
+ALLOWED_SKIPS = (NEEDS_NETNS,)
 _taken_out: list[str] = []
 
 
@@ -71,7 +71,8 @@ def pytest_runtest_makereport(
     report = yield
     if report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        if not reason.removeprefix("Skipped: ").startswith(ALLOWED_SKIPS):
+        reason = reason.removeprefix("Skipped: ")
+        if not reason.startswith(ALLOWED_SKIPS):
             report.outcome = "failed"
             report.longrepr = f"a skip the test command does not allow: {reason}"
     return report

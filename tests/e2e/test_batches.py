@@ -9,11 +9,19 @@ import openai
 from redis import Redis
 
 from shared.observe.fleet import read_snapshot
-from shared.observe.metrics import RECENT_JOBS, JobRecord
+from shared.observe.metrics import JobRecord
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
 from shared.wire.batches import StoredBatch
-from tests.support import CHAT, MODEL, chat_line, lines_of, start_batch, wait_batch
+from tests.support import (
+    CHAT,
+    MODEL,
+    chat_line,
+    lines_of,
+    recent_jobs,
+    start_batch,
+    wait_batch,
+)
 from worker.ops.cluster import wait_until
 
 
@@ -208,7 +216,7 @@ def test_interactive_requests_do_not_wait_behind_a_batch(
     # It started before any line running when it was queued had ended: it took a reserved
     # slot, where behind the batch it would have started only as one of them ended.
     def recorded() -> tuple[JobRecord, list[JobRecord]] | None:
-        jobs = read_snapshot(redis, keys, settings.heartbeat_s, recent=RECENT_JOBS).recent_jobs
+        jobs = recent_jobs(redis, settings)
         asked = [j for j in jobs if j.job_id == first.id]
         if not asked:
             return None
