@@ -57,7 +57,7 @@ def test_slots_take_interactive_then_background_then_batch(
         rq_queue(redis, keys.lane(MODEL, lane)).enqueue_call(JOB_FUNCTION, args=({},))
     _, bulk = make_slots(redis, keys, MODEL, f"{keys.ns}.1", count=2, interactive=1)
     taken = [bulk.dequeue_job_and_maintain_ttl(None) for _ in range(3)]
-    assert [queue.name for _, queue in taken if queue] == keys.lanes(MODEL)
+    assert [queue.name for _, queue in taken] == keys.lanes(MODEL)
 
 
 def test_the_reserved_slots_take_interactive_jobs_only(
