@@ -60,6 +60,7 @@ class JobRecord(BaseModel):
     started_at: float
     first_token_at: float | None
     ended_at: float
+    error: str | None = None  # why it failed (finish_reason "error"), as its client was told
 
     def log_fields(self) -> dict[str, object]:
         """The job's structured log line (shared/observe/logs.py): ids, counts and times, no
