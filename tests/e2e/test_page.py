@@ -126,6 +126,95 @@ def open_page(browser: Browser, api_url: str, width: int) -> Page:
     return opened
 
 
+def test_a_batch_shows_its_progress_its_files_download_and_it_is_cancelled_from_the_page(
+    page: Page, client: openai.OpenAI
+) -> None:
+    lines = [chat_line(f"line-{i}", f"Count from 1 to {i + 30}.", max_tokens=60) for i in range(30)]
+    batch = start_batch(client, lines)
+    row = page.locator(f'#batch-list tr[data-batch="{batch.id}"]')
+    row.wait_for(timeout=10_000)
+    assert row.locator("progress").get_attribute("max") == "30"
+    wait_until(lambda: int(row.locator("progress").get_attribute("value") or 0) >= 1, 240, "a line")
+    assert " failed of 30" in (row.locator(".counts").text_content() or "")
+    assert row.locator("td").nth(2).text_content() == "in_progress"
+
+    with page.expect_download() as download:
+        row.locator("button.download.input").click()
+    uploaded = "\n".join(map(json.dumps, lines)).encode()
+    assert Path(download.value.path()).read_bytes() == uploaded
+
+    row.locator("button.cancel").click()
+    status = row.locator("td").nth(2)
+    wait_until(lambda: status.text_content() == "cancelled", 120, "the batch to be cancelled")
+    assert client.batches.retrieve(batch.id).status == "cancelled"
+    assert row.locator("td").nth(5).text_content() != "-"  # finished at
+    assert row.locator("button.cancel").count() == 0
+    answered = set()
+    for kind in ("output", "errors"):
+        button = row.locator(f"button.download.{kind}")
+        if button.count() == 0:
+            continue
+        with page.expect_download() as download:
+            button.click()
+        text = Path(download.value.path()).read_text()
+        answered |= {json.loads(line)["custom_id"] for line in text.splitlines()}
+    # Every line is in one of the two files: answered, or cancelled before it was.
+    assert answered == {f"line-{i}" for i in range(30)}
+
+
+def test_a_job_opens_with_its_model_lane_worker_timings_tokens_and_finish_reason(
+    page: Page, client: openai.OpenAI, worker_process: subprocess.Popen[bytes]
+) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
+    )
+    assert reply.usage is not None
+    row = page.locator(f'#jobs tr[data-job="{reply.id}"]')
+    row.wait_for(timeout=10_000)
+    row.locator("button.link").click()
+    dialog = page.locator("#job-view")
+    dialog.wait_for(state="visible", timeout=5_000)
+
+    def field(name: str) -> str:
+        return dialog.locator(f'dd[data-field="{name}"]').text_content() or ""
+
+    assert field("job") == reply.id
+    assert field("model") == MODEL
+    assert field("lane") == "interactive"
+    assert field("worker") == f"{socket.gethostname()}.{worker_process.pid}"
+    assert field("status") == f"completed ({reply.choices[0].finish_reason})"
+    assert field("completion tokens") == str(reply.usage.completion_tokens)
+    assert field("prompt tokens").startswith(f"{reply.usage.prompt_tokens} ")
+    for timing in ("queue time", "time to first token", "duration"):
+        assert field(timing).endswith("s") and float(field(timing)[:-1]) >= 0
+    assert dialog.locator('dd[data-field="error"]').count() == 0
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "page-job-1400.png"))
+    page.click("#job-view-close")
+    dialog.wait_for(state="hidden", timeout=5_000)
+
+
+def test_a_failed_job_opens_with_its_error(page: Page, redis: Redis, settings: Settings) -> None:
+    # A job taken after its queue deadline fails without running, and says why.
+    job = GenerationJob(
+        job_id=new_id("chatcmpl-"),
+        model=MODEL,
+        messages=[ChatMessage(role="user", content="hi")],
+        limits=JobLimits(queue_deadline=time.time() - 1),
+    )
+    queue = Queue(
+        Keys(settings.namespace).queue(MODEL), connection=redis, serializer=JSONSerializer
+    )
+    queue.enqueue_call(JOB_FUNCTION, args=(job.model_dump(mode="json"),), job_id=job.job_id)
+    row = page.locator(f'#jobs tr[data-job="{job.job_id}"]')
+    row.wait_for(timeout=30_000)
+    assert row.locator("td").nth(2).text_content() == "failed"
+    row.click()
+    error = page.locator('#job-view dd[data-field="error"]')
+    error.wait_for(state="visible", timeout=5_000)
+    assert "past its deadline" in (error.text_content() or "")
+
+
 def chart(page: Page, chart_id: str, figure: str) -> float:
     return float(page.locator(f"#{chart_id}").get_attribute(f"data-{figure}") or 0)
 
@@ -215,92 +304,3 @@ def test_the_charts_draw_the_fleets_last_minutes_while_traffic_runs(
         for thread in threads:
             thread.join(timeout=120)
     assert failures == []
-
-
-def test_a_batch_shows_its_progress_its_files_download_and_it_is_cancelled_from_the_page(
-    page: Page, client: openai.OpenAI
-) -> None:
-    lines = [chat_line(f"line-{i}", f"Count from 1 to {i + 30}.", max_tokens=60) for i in range(30)]
-    batch = start_batch(client, lines)
-    row = page.locator(f'#batch-list tr[data-batch="{batch.id}"]')
-    row.wait_for(timeout=10_000)
-    assert row.locator("progress").get_attribute("max") == "30"
-    wait_until(lambda: int(row.locator("progress").get_attribute("value") or 0) >= 1, 240, "a line")
-    assert " failed of 30" in (row.locator(".counts").text_content() or "")
-    assert row.locator("td").nth(2).text_content() == "in_progress"
-
-    with page.expect_download() as download:
-        row.locator("button.download.input").click()
-    uploaded = "\n".join(map(json.dumps, lines)).encode()
-    assert Path(download.value.path()).read_bytes() == uploaded
-
-    row.locator("button.cancel").click()
-    status = row.locator("td").nth(2)
-    wait_until(lambda: status.text_content() == "cancelled", 120, "the batch to be cancelled")
-    assert client.batches.retrieve(batch.id).status == "cancelled"
-    assert row.locator("td").nth(5).text_content() != "-"  # finished at
-    assert row.locator("button.cancel").count() == 0
-    answered = set()
-    for kind in ("output", "errors"):
-        button = row.locator(f"button.download.{kind}")
-        if button.count() == 0:
-            continue
-        with page.expect_download() as download:
-            button.click()
-        text = Path(download.value.path()).read_text()
-        answered |= {json.loads(line)["custom_id"] for line in text.splitlines()}
-    # Every line is in one of the two files: answered, or cancelled before it was.
-    assert answered == {f"line-{i}" for i in range(30)}
-
-
-def test_a_job_opens_with_its_model_lane_worker_timings_tokens_and_finish_reason(
-    page: Page, client: openai.OpenAI, worker_process: subprocess.Popen[bytes]
-) -> None:
-    reply = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
-    )
-    assert reply.usage is not None
-    row = page.locator(f'#jobs tr[data-job="{reply.id}"]')
-    row.wait_for(timeout=10_000)
-    row.locator("button.link").click()
-    dialog = page.locator("#job-view")
-    dialog.wait_for(state="visible", timeout=5_000)
-
-    def field(name: str) -> str:
-        return dialog.locator(f'dd[data-field="{name}"]').text_content() or ""
-
-    assert field("job") == reply.id
-    assert field("model") == MODEL
-    assert field("lane") == "interactive"
-    assert field("worker") == f"{socket.gethostname()}.{worker_process.pid}"
-    assert field("status") == f"completed ({reply.choices[0].finish_reason})"
-    assert field("completion tokens") == str(reply.usage.completion_tokens)
-    assert field("prompt tokens").startswith(f"{reply.usage.prompt_tokens} ")
-    for timing in ("queue time", "time to first token", "duration"):
-        assert field(timing).endswith("s") and float(field(timing)[:-1]) >= 0
-    assert dialog.locator('dd[data-field="error"]').count() == 0
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "page-job-1400.png"))
-    page.click("#job-view-close")
-    dialog.wait_for(state="hidden", timeout=5_000)
-
-
-def test_a_failed_job_opens_with_its_error(page: Page, redis: Redis, settings: Settings) -> None:
-    # A job taken after its queue deadline fails without running, and says why.
-    job = GenerationJob(
-        job_id=new_id("chatcmpl-"),
-        model=MODEL,
-        messages=[ChatMessage(role="user", content="hi")],
-        limits=JobLimits(queue_deadline=time.time() - 1),
-    )
-    queue = Queue(
-        Keys(settings.namespace).queue(MODEL), connection=redis, serializer=JSONSerializer
-    )
-    queue.enqueue_call(JOB_FUNCTION, args=(job.model_dump(mode="json"),), job_id=job.job_id)
-    row = page.locator(f'#jobs tr[data-job="{job.job_id}"]')
-    row.wait_for(timeout=30_000)
-    assert row.locator("td").nth(2).text_content() == "failed"
-    row.click()
-    error = page.locator('#job-view dd[data-field="error"]')
-    error.wait_for(state="visible", timeout=5_000)
-    assert "past its deadline" in (error.text_content() or "")

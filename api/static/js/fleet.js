@@ -5,9 +5,16 @@ import { $, button, cell, clock, fill, seconds } from "./dom.js";
 
 const POLL_MS = 1000;
 
+// As shared/observe/metrics.py JobRecord.status, and "skipped": a batch line its stopped batch
+// never ran.
 function jobStatus(job) {
-  if (job.finish_reason === "cancelled") return "cancelled";
+  if (job.finish_reason === "cancelled" || job.finish_reason === "skipped") return job.finish_reason;
   return job.finish_reason === "error" ? "failed" : "completed";
+}
+
+// A long id keeps its start and its end: batch lines share their batch's prefix.
+function shortId(id) {
+  return id.length > 24 ? `${id.slice(0, 14)}…${id.slice(-8)}` : id;
 }
 
 // Timings of a finished job (unix s): the same rules as shared/observe/metrics.py JobRecord.
@@ -35,7 +42,7 @@ function showJob(job) {
     ["model", job.model],
     ["lane", job.lane],
     ["worker", job.worker],
-    ["status", `${status} (${job.finish_reason})`],
+    ["status", status === job.finish_reason ? status : `${status} (${job.finish_reason})`],
     ["queued at", clock(job.enqueued_at)],
     ["queue time", seconds(t.queue)],
     ["time to first token", seconds(t.ttft)],
@@ -87,7 +94,7 @@ function showFleet(fleet) {
     row.addEventListener("click", () => showJob(j));
     const open = cell(row, "", "id");
     open.title = j.job_id;
-    open.append(button(j.job_id, () => {}, "link"));
+    open.append(button(shortId(j.job_id), () => {}, "link"));
     cell(row, j.lane);
     cell(row, status === "completed" ? `${status} (${j.finish_reason})` : status, status);
     cell(row, `${j.prompt_tokens}+${j.completion_tokens}`);
