@@ -34,13 +34,9 @@ HEARTBEAT_S = 0.5
 
 
 @pytest.fixture
-def keys(redis: Redis) -> Iterator[Keys]:
-    keys = Keys("historytest")
-    yield keys
-    for key in redis.scan_iter(f"{keys.ns}*"):
-        redis.delete(key)
-    for key in redis.scan_iter(f"rq:*{keys.ns}.{MODEL}*"):
-        redis.delete(key)
+def keys(app_settings: Settings) -> Keys:
+    """The test's own namespace, empty before and after (tests/conftest.py)."""
+    return Keys(app_settings.namespace)
 
 
 @pytest.fixture
@@ -168,9 +164,8 @@ def store(redis: Redis, keys: Keys, *ats: float) -> None:
 
 
 def test_the_history_route_gives_the_windows_samples_oldest_first(
-    redis: Redis, keys: Keys, settings: Settings
+    redis: Redis, keys: Keys, http: FlaskClient, settings: Settings
 ) -> None:
-    http: FlaskClient = create_app(settings.model_copy(update={"namespace": keys.ns})).test_client()
     now = time.time()
     store(redis, keys, now - WINDOW_S - 10, now - 30, now - 20, now - 10)
     body = http.get("/v1/fleet/history").get_json()

@@ -14,7 +14,7 @@ function jobStatus(job) {
 
 // A long id keeps its start and its end: batch lines share their batch's prefix.
 function shortId(id) {
-  return id.length > 24 ? `${id.slice(0, 14)}…${id.slice(-8)}` : id;
+  return id.length > 20 ? `${id.slice(0, 11)}…${id.slice(-7)}` : id;
 }
 
 // Timings of a finished job (unix s): the same rules as shared/observe/metrics.py JobRecord.
