@@ -1,0 +1,120 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API, as a translation
+at the edge onto the chat job (shared/wire/messages.py in, shared/wire/message_answers.py out).
+
+A message runs exactly as a chat completion does: the same job, queue lane, fair share (its
+`metadata.user_id` is the chat request's `user`), metrics, request log line and trace. Errors on
+these routes take Anthropic's shape (api/http/errors.py).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+from flask import Blueprint, Response, request
+
+from api.http.auth import owner_id
+from api.http.sse import named_frame, sse_response
+from api.http.validation import parse_body
+from api.queue.broker import broker
+from api.queue.generation import Keepalive, Relayed, RunningJob, collect, start
+from shared.queue.jobs import job_for
+from shared.wire.answers import chat_completion
+from shared.wire.completions import ChatCompletionRequest
+from shared.wire.errors import InvalidRequestError, MLXQError
+from shared.wire.events import DoneEvent, TokenEvent
+from shared.wire.ids import new_id
+from shared.wire.message_answers import (
+    Message,
+    MessageStream,
+    Ping,
+    StreamEvent,
+    anthropic_error,
+    message,
+)
+from shared.wire.messages import (
+    ANTHROPIC_VERSION_PATTERN,
+    MessagesInput,
+    MessagesRequest,
+    TokenCount,
+)
+
+bp = Blueprint("messages", __name__)
+
+
+@bp.before_request
+def _known_version() -> None:
+    version = request.headers.get("anthropic-version")
+    if version is not None and not re.match(ANTHROPIC_VERSION_PATTERN, version):
+        raise InvalidRequestError(
+            f"anthropic-version '{version[:40]}' is not a version date such as 2023-06-01.",
+            param="anthropic-version",
+        )
+
+
+def _json(body: str) -> Response:
+    return Response(body, mimetype="application/json")
+
+
+@bp.post("/v1/messages")
+def create_message() -> Response:
+    req = parse_body(MessagesRequest)
+    chat = req.chat_request()
+    running = start(broker(), job_for(new_id("msg_"), chat, owner_id()))
+    if req.stream:
+        return sse_response(stream_message(running))
+    return _json(collect_message(running, chat).model_dump_json())
+
+
+@bp.post("/v1/messages/count_tokens")
+def count_tokens() -> Response:
+    req = parse_body(MessagesInput)
+    b = broker()
+    b.require_model(req.model)
+    count = b.windows.count(job_for(new_id("msg_"), req.chat_request()))
+    if count is None:
+        raise InvalidRequestError(
+            f"The worker serving '{req.model}' has not published a tokenizer this server can "
+            "count with; count_tokens is not available for this model.",
+            param="model",
+        )
+    return _json(TokenCount(input_tokens=count).model_dump_json())
+
+
+def collect_message(running: RunningJob, chat: ChatCompletionRequest) -> Message:
+    result = collect(running)
+    completion = chat_completion(
+        chat, running.job.job_id, int(time.time()), result.got, result.done
+    )
+    return message(completion, result.done)
+
+
+def _frames(events: list[StreamEvent]) -> bytes:
+    return b"".join(named_frame(event.type, event) for event in events)
+
+
+def _events(stream: MessageStream, event: Relayed) -> list[StreamEvent]:
+    if isinstance(event, TokenEvent):
+        return stream.feed(event)
+    if isinstance(event, DoneEvent):
+        return stream.closing(event)
+    return []  # a ChoiceEndEvent: a message is one choice, ended by its DoneEvent
+
+
+def stream_message(running: RunningJob) -> Iterator[bytes]:
+    """The job's events as Anthropic's stream; a ping while nothing comes; a failure after the
+    stream began as an `error` event. A client that goes away cancels the job (`finally`)."""
+    stream = MessageStream(running.job.job_id, running.job.model)
+    try:
+        yield _frames(stream.opening(running.started.prompt_tokens))
+        for batch in running.updates():
+            if isinstance(batch, Keepalive):
+                yield _frames([Ping()])
+                continue
+            yield _frames([out for event in batch for out in _events(stream, event)])
+    except MLXQError as err:
+        _, body = anthropic_error(err.status, err.detail())
+        yield named_frame("error", body)
+    finally:
+        running.close()
