@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, RootModel
 
 from shared.wire.answers import ChatCompletion
 from shared.wire.completions import FinishReason, Usage
@@ -177,7 +177,10 @@ StreamEvent = (
     | MessageStop
     | Ping
 )
-MessageStreamEvent = Annotated[StreamEvent, Field(discriminator="type")]
+
+
+class MessageStreamEvent(RootModel[Annotated[StreamEvent, Field(discriminator="type")]]):
+    """Any one of the stream's events (the `data:` of each frame, for /openapi.json)."""
 
 
 @dataclass
