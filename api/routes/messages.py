@@ -44,7 +44,8 @@ bp = Blueprint("messages", __name__)
 
 
 @bp.before_request
-def _known_version() -> None:
+def check_version() -> None:
+    """A 400 for an `anthropic-version` header that is not a version date."""
     version = request.headers.get("anthropic-version")
     if version is not None and not re.match(ANTHROPIC_VERSION_PATTERN, version):
         raise InvalidRequestError(
