@@ -40,6 +40,12 @@ from shared.wire.errors import ErrorBody
 from shared.wire.files import FileDeleted, FileList, FileObject, FileUpload
 from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
 from shared.wire.message_answers import AnthropicErrorBody, Message, MessageStreamEvent
+from shared.wire.message_batches import (
+    DeletedMessageBatch,
+    MessageBatch,
+    MessageBatchCreate,
+    MessageBatchList,
+)
 from shared.wire.messages import (
     ANTHROPIC_VERSION_PATTERN,
     MessagesInput,
@@ -184,6 +190,26 @@ ROUTES = [
     Route("post", "/v1/messages/count_tokens", "Count a message's input tokens", TokenCount,
           MessagesInput, errors=(400, 401, 404, 405, 413, 415, 503),
           parameters=[ANTHROPIC_VERSION], error_body=AnthropicErrorBody),
+    Route("post", "/v1/messages/batches", "Create a message batch (Anthropic's)", MessageBatch,
+          MessageBatchCreate, errors=(400, 401, 405, 413, 415, 503),
+          parameters=[ANTHROPIC_VERSION], error_body=AnthropicErrorBody),
+    Route("get", "/v1/messages/batches", "List message batches, newest first",
+          MessageBatchList, errors=LIST_ERRORS, error_body=AnthropicErrorBody,
+          parameters=[ANTHROPIC_VERSION, _param("after_id", "query", {"type": "string",
+                      "pattern": ID_PATTERN}), _limit(1000)]),
+    Route("get", "/v1/messages/batches/{batch_id}", "Retrieve a message batch", MessageBatch,
+          errors=RESOURCE_ERRORS, parameters=[ANTHROPIC_VERSION, BATCH_ID],
+          error_body=AnthropicErrorBody),
+    Route("post", "/v1/messages/batches/{batch_id}/cancel", "Cancel a message batch",
+          MessageBatch, errors=RESOURCE_ERRORS, parameters=[ANTHROPIC_VERSION, BATCH_ID],
+          error_body=AnthropicErrorBody),
+    Route("delete", "/v1/messages/batches/{batch_id}", "Delete an ended message batch",
+          DeletedMessageBatch, errors=RESOURCE_ERRORS, parameters=[ANTHROPIC_VERSION, BATCH_ID],
+          error_body=AnthropicErrorBody),
+    Route("get", "/v1/messages/batches/{batch_id}/results", "An ended message batch's results "
+          "(JSONL of IndividualResponse lines)", None, errors=RESOURCE_ERRORS,
+          parameters=[ANTHROPIC_VERSION, BATCH_ID], error_body=AnthropicErrorBody,
+          text="application/x-jsonl"),
 ]  # fmt: skip
 
 
