@@ -8,14 +8,15 @@ these routes take Anthropic's shape (api/http/errors.py).
 
 from __future__ import annotations
 
+import functools
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from flask import Blueprint, Response, request
 
 from api.http.auth import owner_id
-from api.http.sse import named_frame, sse_response
+from api.http.sse import named_frame, sse_response, token_framer
 from api.http.validation import parse_body
 from api.queue.broker import broker
 from api.queue.generation import Keepalive, Relayed, RunningJob, collect, start
@@ -26,10 +27,12 @@ from shared.wire.errors import InvalidRequestError, MLXQError
 from shared.wire.events import DoneEvent, TokenEvent
 from shared.wire.ids import new_id
 from shared.wire.message_answers import (
+    ContentBlockDelta,
     Message,
     MessageStream,
     Ping,
     StreamEvent,
+    TextDelta,
     anthropic_error,
     message,
 )
@@ -95,12 +98,23 @@ def _frames(events: list[StreamEvent]) -> bytes:
     return b"".join(named_frame(event.type, event) for event in events)
 
 
-def _events(stream: MessageStream, event: Relayed) -> list[StreamEvent]:
+@functools.cache
+def _text_framer(index: int) -> Callable[[TokenEvent], bytes]:
+    """The per-token frame of a text delta of block `index`: rendered once, then each token
+    only escapes its text (api/http/sse.py `token_framer`), as chat's stream does."""
+    framed = token_framer(lambda e: ContentBlockDelta(index=index, delta=TextDelta(text=e.text)))
+    return lambda event: b"event: content_block_delta\n" + framed(event)
+
+
+def frames_of(stream: MessageStream, event: Relayed) -> bytes:
+    """The SSE bytes of one of the job's events in the message's stream."""
     if isinstance(event, TokenEvent):
-        return stream.feed(event)
+        if stream.continues_text(event):
+            return _text_framer(stream.blocks - 1)(event)
+        return _frames(stream.feed(event))
     if isinstance(event, DoneEvent):
-        return stream.closing(event)
-    return []  # a ChoiceEndEvent: a message is one choice, ended by its DoneEvent
+        return _frames(stream.closing(event))
+    return b""  # a ChoiceEndEvent: a message is one choice, ended by its DoneEvent
 
 
 def stream_message(running: RunningJob) -> Iterator[bytes]:
@@ -113,7 +127,7 @@ def stream_message(running: RunningJob) -> Iterator[bytes]:
             if isinstance(batch, Keepalive):
                 yield _frames([Ping()])
                 continue
-            yield _frames([out for event in batch for out in _events(stream, event)])
+            yield b"".join(frames_of(stream, event) for event in batch)
     except MLXQError as err:
         _, body = anthropic_error(err.status, err.detail())
         yield named_frame("error", body)

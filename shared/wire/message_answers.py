@@ -206,6 +206,11 @@ class MessageStream:
             events.extend(self._call(call))
         return events
 
+    def continues_text(self, event: TokenEvent) -> bool:
+        """Whether the token only adds text to the open text block: one `text_delta` of the
+        block `blocks - 1` (the per-token case, which the route frames fast)."""
+        return self.text_open and bool(event.text) and not event.tool_calls
+
     def closing(self, done: DoneEvent) -> list[StreamEvent]:
         events = self._close_text()
         reason = stop_reason(done.finish_reason, done.stop_sequence)

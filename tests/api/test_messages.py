@@ -16,8 +16,19 @@ from redis.client import PubSub
 from werkzeug.test import TestResponse
 
 from api import create_app
+from api.http.sse import named_frame
+from api.routes.messages import frames_of
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
+from shared.wire.completions import Usage
+from shared.wire.events import DoneEvent, TokenEvent
+from shared.wire.message_answers import (
+    ContentBlockDelta,
+    ContentBlockStart,
+    MessageDelta,
+    MessageStream,
+)
+from shared.wire.tools import FunctionCall, ToolCall
 from tests.support import CHAT, MODEL, rq_job, rq_queue
 from worker.ops.cluster import wait_until
 
@@ -139,3 +150,35 @@ def test_a_message_is_queued_as_a_chat_job_sharing_turns_by_metadata_user_id(
     assert message["share"] == chat["share"] != "anonymous"
     assert message["messages"] == chat["messages"]
     assert (message["max_tokens"], message["stop"]) == (8, ["\n\n"])
+
+
+def test_a_text_token_framed_fast_is_byte_for_byte_its_full_frame() -> None:
+    stream = MessageStream("msg_x", MODEL)
+    stream.feed(TokenEvent(text="Hello"))
+    for text in (' wo"rld\n', "é\u2028", "</s>"):
+        event = TokenEvent(text=text)
+        assert stream.continues_text(event)
+        fast = frames_of(stream, event)
+        assert fast == b"".join(named_frame(e.type, e) for e in stream.feed(event))
+
+
+def test_blank_text_around_a_call_opens_no_block_and_the_call_is_one_tool_use_block() -> None:
+    stream = MessageStream("msg_x", MODEL)
+    call = ToolCall(id="call_1", function=FunctionCall(name="add", arguments='{"a": 1}'))
+    events = stream.feed(TokenEvent(text=" \n")) + stream.feed(
+        TokenEvent(text="", tool_calls=[call])
+    )
+    usage = Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10)
+    events += stream.closing(DoneEvent(finish_reason="tool_calls", usage=usage))
+    assert [e.type for e in events] == [
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    start, delta, _, end, _ = events
+    assert isinstance(start, ContentBlockStart) and start.content_block.type == "tool_use"
+    assert isinstance(delta, ContentBlockDelta) and delta.delta.type == "input_json_delta"
+    assert delta.delta.partial_json == '{"a": 1}'
+    assert isinstance(end, MessageDelta) and end.delta.stop_reason == "tool_use"
