@@ -182,3 +182,20 @@ def test_blank_text_around_a_call_opens_no_block_and_the_call_is_one_tool_use_bl
     assert isinstance(delta, ContentBlockDelta) and delta.delta.type == "input_json_delta"
     assert delta.delta.partial_json == '{"a": 1}'
     assert isinstance(end, MessageDelta) and end.delta.stop_reason == "tool_use"
+
+
+def test_a_message_batch_is_listed_apart_from_openai_batches_and_has_no_results_yet(
+    http: FlaskClient, stand_in: tuple[Keys, PubSub]
+) -> None:
+    requests = [{"custom_id": f"r{i}", "params": message_body()} for i in range(3)]
+    created = http.post(f"{MESSAGES}/batches", json={"requests": requests}).get_json()
+    assert created["processing_status"] == "in_progress"
+    assert created["request_counts"]["processing"] == 3
+    listed = http.get(f"{MESSAGES}/batches").get_json()["data"]
+    assert [b["id"] for b in listed] == [created["id"]]
+    assert http.get("/v1/batches").get_json()["data"] == []
+    results = http.get(f"{MESSAGES}/batches/{created['id']}/results")
+    assert_anthropic_error(results, 404, "not_found_error", "not ended")
+    paging = http.get(f"{MESSAGES}/batches?before_id={created['id']}")
+    assert_anthropic_error(paging, 400, "invalid_request_error", "before_id")
+    assert_anthropic_error(http.delete(f"{MESSAGES}/batches/msgbatch_x"), 404, "not_found_error")
