@@ -53,6 +53,11 @@ def sse_response(frames: Iterator[bytes]) -> Response:
     )
 
 
+def named_frame(name: str, payload: BaseModel) -> bytes:
+    """A named event without an id, as Anthropic's Messages API streams them."""
+    return f"event: {name}\n".encode() + frame(payload)
+
+
 def event_frame(name: str, payload: BaseModel, event_id: int) -> bytes:
     """A named event with an id (a client resumes with `Last-Event-ID`), as the Responses API
     streams them."""

@@ -56,6 +56,8 @@ class DoneEvent(BaseModel):
     type: Literal["done"] = "done"
     finish_reason: FinishReason
     usage: Usage
+    # The stop string that ended the job (finish_reason "stop"), for Anthropic's `stop_sequence`.
+    stop_sequence: str | None = None
 
 
 class ErrorEvent(BaseModel):

@@ -77,6 +77,7 @@ class StepOutput:
     tool_calls: list[ToolCall] | None = None
     index: int = 0
     choices_left: int = 0
+    stop_sequence: str | None = None  # the stop string that ended the choice, if one did
 
     @property
     def ends_job(self) -> bool:
@@ -311,6 +312,7 @@ class Engine:
             tool_calls=calls,
             index=seq.index,
             choices_left=left,
+            stop_sequence=seq.matcher.matched_stop if finish_reason == "stop" else None,
         )
 
     @staticmethod

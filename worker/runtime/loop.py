@@ -226,7 +226,9 @@ def _final(out: StepOutput) -> DoneEvent | ErrorEvent:
         total_tokens=out.prompt_tokens + out.completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=out.cached_tokens),
     )
-    return DoneEvent(finish_reason=_reason(out.finish_reason), usage=usage)
+    return DoneEvent(
+        finish_reason=_reason(out.finish_reason), usage=usage, stop_sequence=out.stop_sequence
+    )
 
 
 def _reason(engine_reason: str | None) -> FinishReason:
