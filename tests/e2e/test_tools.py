@@ -9,6 +9,7 @@ from typing import Any
 
 import jsonschema
 import openai
+import pytest
 
 from tests.support import MODEL, chat_line, lines_of, start_batch, wait_batch
 
@@ -186,3 +187,47 @@ def test_responses_stream_sends_function_call_arguments(client: openai.OpenAI) -
     assert [e.sequence_number for e in events] == list(range(len(events)))
     final = events[-1].response  # type: ignore[union-attr]
     assert any(item.type == "function_call" for item in final.output)
+
+
+def test_every_output_item_replayed_as_input_is_accepted_and_changes_nothing(
+    client: openai.OpenAI,
+) -> None:
+    ask: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    calling = client.responses.create(
+        model=MODEL, input=ask, tools=RESPONSE_TOOLS, tool_choice="required", max_output_tokens=80
+    )
+    kinds = [item.type for item in calling.output]
+    assert kinds[0] == "message" and "function_call" in kinds
+    call = next(item for item in calling.output if item.type == "function_call")
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"}
+    answered = client.responses.create(
+        model=MODEL,
+        input=[*ask, *calling.output, result],  # the output items as the SDK parsed them
+        tools=RESPONSE_TOOLS,
+        max_output_tokens=24,
+    )
+    bare = {"type": "function_call", "call_id": call.call_id, "name": call.name}  # type: ignore[union-attr]
+    minimal = client.responses.create(
+        model=MODEL,
+        input=[*ask, {**bare, "arguments": call.arguments}, result],  # type: ignore[union-attr]
+        tools=RESPONSE_TOOLS,
+        max_output_tokens=1,
+    )
+    assert answered.usage is not None and minimal.usage is not None
+    assert answered.usage.input_tokens == minimal.usage.input_tokens
+    message = answered.output[0]
+    assert message.type == "message" and message.content[0].logprobs == []  # type: ignore[union-attr]
+    going_on = client.responses.create(
+        model=MODEL,
+        input=[*ask, *calling.output, result, *answered.output, {"role": "user", "content": "Ok"}],
+        max_output_tokens=4,
+    )
+    assert going_on.status in ("completed", "incomplete")
+
+
+def test_a_field_no_input_item_has_is_refused_by_name(client: openai.OpenAI) -> None:
+    part = {"type": "output_text", "text": "Hi", "annotations": [], "logprobs": [], "score": 1}
+    replayed = {"type": "message", "role": "assistant", "id": "msg_1", "content": [part]}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input=[*ASK, replayed], max_output_tokens=4)  # type: ignore[list-item]
+    assert "input.1.message.content.0.score" in str(caught.value)
