@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from tests.support import MODEL, chat_line, lines_of, start_batch, wait_batch
 
@@ -275,3 +276,33 @@ def test_a_field_no_input_item_has_is_refused_by_name(client: openai.OpenAI) -> 
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model=MODEL, input=[*ASK, replayed], max_output_tokens=4)  # type: ignore[list-item]
     assert "input.1.message.content.0.score" in str(caught.value)
+
+
+class Weather(BaseModel):
+    """The current weather in a city."""
+
+    city: str = Field(max_length=24)
+    celsius: int
+
+
+def test_the_sdk_parses_a_streamed_call_partially_as_it_is_written(client: openai.OpenAI) -> None:
+    """What instructor's create_partial and UIs that show a call being written rely on: the
+    OpenAI SDK's stream helper parses the arguments so far after each delta (jiter's partial
+    mode), then validates the whole call into the tool's model."""
+    with client.chat.completions.stream(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[openai.pydantic_function_tool(Weather)],
+        tool_choice={"type": "function", "function": {"name": "Weather"}},
+        temperature=0,
+        max_tokens=80,
+    ) as stream:
+        events = list(stream)
+    partial = [
+        e.parsed_arguments for e in events if e.type == "tool_calls.function.arguments.delta"
+    ]
+    distinct = [p for i, p in enumerate(partial) if p and p not in partial[:i]]
+    assert len(distinct) > 2, partial
+    done = next(e for e in events if e.type == "tool_calls.function.arguments.done")
+    assert isinstance(done.parsed_arguments, Weather)
+    assert distinct[-1] == done.parsed_arguments.model_dump()
