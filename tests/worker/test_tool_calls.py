@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -15,13 +16,13 @@ from worker.engine.tool_calls import Scanned, ToolCallScanner
 CALL = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
 
 
-def scanner(reader: Callable[[], CallReader] = JsonCallReader) -> ToolCallScanner:
-    return ToolCallScanner(CALL_START, CALL_END, reader)
+def json_reader() -> CallReader:
+    return JsonCallReader(frozenset({"add", "now"}))
 
 
-def scan_all(pieces: list[str], reader: Callable[[], CallReader] = JsonCallReader) -> Scanned:
+def scan_all(pieces: list[str], reader: Callable[[], CallReader] = json_reader) -> Scanned:
     """Every piece through one scanner, then its finish: all it gave, joined."""
-    scanning = scanner(reader)
+    scanning = ToolCallScanner(CALL_START, CALL_END, reader)
     got = Scanned()
     for part in [*(scanning.feed(p) for p in pieces), scanning.finish()]:
         got.text += part.text
@@ -107,6 +108,15 @@ def test_a_family_parser_sends_each_call_whole_at_its_end() -> None:
         name, _, arguments = text.partition("|")
         return {"name": name, "arguments": json.loads(arguments)}
 
-    got = scan_all([CALL_START, "add|", '{"a": 1}', CALL_END], lambda: ParsedCallReader(parse, []))
+    tools = [{"type": "function", "function": {"name": "add"}}]
+    got = scan_all(
+        [CALL_START, "add|", '{"a": 1}', CALL_END], partial(ParsedCallReader, parse, tools)
+    )
     assert [(d.function.name, d.function.arguments) for d in got.deltas] == [("add", '{"a": 1}')]
     assert got.calls[0].id == got.deltas[0].id
+
+
+def test_a_call_of_a_function_the_request_did_not_declare_is_shown_as_text() -> None:
+    written = f'{CALL_START}{{"name": "delete everything", "arguments": {{}}}}{CALL_END}'
+    got = scan_all([written])
+    assert (got.text, got.deltas, got.calls) == (written, [], [])

@@ -12,7 +12,8 @@ then its arguments text) and, at the call's end marker, the call itself:
 - `ParsedCallReader`, for every other family: mlx-lm's parser reads the whole text at the end
   marker, and the call is sent in one piece.
 
-A call whose text never gave a name is not a call: the scanner shows its text as written.
+A call whose text never gave the name of one of the request's tools is not a call: the scanner
+shows its text as written.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class ParsedCallReader:
     def __init__(self, parse: Parser, tools: list[dict[str, Any]]):
         self._parse = parse
         self._tools = tools
+        self._names = {t["function"]["name"] for t in tools}
         self._text: list[str] = []
 
     def feed(self, text: str) -> list[CallPiece]:
@@ -70,7 +72,7 @@ class ParsedCallReader:
             name, arguments = parsed["name"], parsed.get("arguments", {})
         except Exception:  # any parser failure: the text is shown, not lost
             return [], None
-        if not isinstance(name, str):
+        if name not in self._names:
             return [], None
         text = arguments if isinstance(arguments, str) else json.dumps(arguments)
         return [CallPiece(text, name)], ReadCall(name, text)
@@ -81,7 +83,8 @@ class JsonCallReader:
     string, and the span of the arguments value (an object or array streams as it is written;
     a string is sent decoded, and any other value whole, once complete)."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: frozenset[str]):
+        self._names = names  # the request's tools: a call names one of them
         self._text = ""
         self._at = 0  # the next character to read
         self._depth = 0
@@ -204,7 +207,7 @@ class JsonCallReader:
         raw = self._text[self._value_start : end]
         if self._key == "name" and self._name is None:
             name = _decoded(raw)
-            self._name = name if isinstance(name, str) else None
+            self._name = name if name in self._names else None
         elif self._key == "arguments" and self._arguments is None:
             self._streaming = False
             decoded = _decoded(raw) if raw.startswith('"') else raw

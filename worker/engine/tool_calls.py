@@ -163,7 +163,8 @@ class ToolFormat:
 
     def scanner(self, tools: ToolUse) -> ToolCallScanner:
         if self.constrainable():  # the JSON-tools format: arguments stream as written
-            return ToolCallScanner(self.start, self.end, JsonCallReader)
+            names = frozenset(t.function.name for t in tools.tools)
+            return ToolCallScanner(self.start, self.end, lambda: JsonCallReader(names))
         described = [t.model_dump(exclude_none=True) for t in tools.tools]
         return ToolCallScanner(
             self.start, self.end, lambda: ParsedCallReader(self.parse, described)
