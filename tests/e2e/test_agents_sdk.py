@@ -1,9 +1,11 @@
 """The OpenAI Agents SDK's Responses model against mlxq on the real default model: a run that
 calls a function tool and goes on after it (`run_llm_again`), then a conversation continued with
-`result.to_input_list()`, both of which send mlxq's own output items back as input."""
+`result.to_input_list()`, both of which send mlxq's own output items back as input; and a
+streamed run, whose raw events carry the call's arguments as they are written."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import openai
@@ -65,3 +67,17 @@ def test_a_tool_run_and_its_continuation_send_mlxqs_output_back(agent: Agent[Any
     assert len(weather_calls) == 2
     assert isinstance(second.final_output, str)
     assert len(second.raw_responses) == 2
+
+
+def test_a_streamed_run_sees_the_call_arguments_as_they_are_written(agent: Agent[Any]) -> None:
+    async def run() -> list[Any]:
+        result = Runner.run_streamed(agent, "What is the weather in Paris?", max_turns=4)
+        return [e async for e in result.stream_events()]
+
+    events = asyncio.run(run())
+    raw = [e.data for e in events if e.type == "raw_response_event"]
+    deltas = [d.delta for d in raw if d.type == "response.function_call_arguments.delta"]
+    done = next(d for d in raw if d.type == "response.function_call_arguments.done")
+    assert len(deltas) > 1 and "".join(deltas) == done.arguments
+    called = [e for e in events if e.type == "run_item_stream_event" and e.name == "tool_called"]
+    assert len(called) == 1
