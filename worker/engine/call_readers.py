@@ -91,7 +91,7 @@ class JsonCallReader:
         self._in_string = False
         self._escape = False
         self._string_start = 0  # where the top-level string being read began
-        self._expect = "key"  # at depth 1: key, colon, value, or comma (after a value)
+        self._expect = "key"  # at depth 1: key, colon, value, "in value", or comma (after one)
         self._key: str | None = None
         self._value_start: int | None = None
         self._name: str | None = None
