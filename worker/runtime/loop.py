@@ -166,10 +166,11 @@ class EngineLoop:
             if admission.first_token_at is None:
                 admission.first_token_at = now
             route = admission.route
-            if out.text or out.logprobs or out.tool_calls:
+            if out.text or out.logprobs or out.call_deltas or out.tool_calls:
                 token = TokenEvent(
                     text=out.text,
                     logprobs=out.logprobs,
+                    call_deltas=out.call_deltas,
                     tool_calls=out.tool_calls,
                     index=out.index or None,
                 )
