@@ -25,7 +25,7 @@ from shared.wire.answers import ChatCompletion
 from shared.wire.completions import FinishReason, Usage
 from shared.wire.errors import ErrorDetail
 from shared.wire.events import DoneEvent, TokenEvent
-from shared.wire.tools import ToolCall
+from shared.wire.tools import ToolCall, ToolCallDelta
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
@@ -192,6 +192,10 @@ class MessageStream:
     blocks: int = 0  # content blocks opened so far
     text_open: bool = False  # whether the last block is a text block still open
     held: str = field(default="")  # text with nothing visible, kept until something follows
+    # Calls streamed piece by piece: a call's id, and its index among the choice's calls (what
+    # later pieces carry), to the content block it writes.
+    streamed: dict[str, int] = field(default_factory=dict)
+    call_blocks: dict[int, int] = field(default_factory=dict)
 
     def opening(self, prompt_tokens: int) -> list[StreamEvent]:
         usage = MessageUsage(input_tokens=prompt_tokens, output_tokens=0)
@@ -200,16 +204,16 @@ class MessageStream:
 
     def feed(self, event: TokenEvent) -> list[StreamEvent]:
         events = self._text(event.text) if event.text else []
+        for piece in event.call_deltas or []:
+            events.extend(self._piece(piece))
         for call in event.tool_calls or []:
-            events.extend(self._close_text())
-            self.held = ""  # blank text around a call is not a block of its own
-            events.extend(self._call(call))
+            events.extend(self._ended(call))
         return events
 
     def continues_text(self, event: TokenEvent) -> bool:
         """Whether the token only adds text to the open text block: one `text_delta` of the
         block `blocks - 1` (the per-token case, which the route frames fast)."""
-        return self.text_open and bool(event.text) and not event.tool_calls
+        return self.text_open and bool(event.text) and not (event.tool_calls or event.call_deltas)
 
     def closing(self, done: DoneEvent) -> list[StreamEvent]:
         events = self._close_text()
@@ -236,15 +240,35 @@ class MessageStream:
         self.text_open = False
         return [ContentBlockStop(index=self.blocks - 1)]
 
-    def _call(self, call: ToolCall) -> list[StreamEvent]:
+    def _open_call(self, call_id: str, name: str) -> list[StreamEvent]:
+        events = self._close_text()
+        self.held = ""  # blank text around a call is not a block of its own
         index, self.blocks = self.blocks, self.blocks + 1
-        block = ToolUseContent(id=call.id, name=call.function.name, input={})
-        arguments = json.dumps(tool_input(call))
-        return [
-            ContentBlockStart(index=index, content_block=block),
-            ContentBlockDelta(index=index, delta=InputJsonDelta(partial_json=arguments)),
-            ContentBlockStop(index=index),
-        ]
+        block = ToolUseContent(id=call_id, name=name, input={})
+        return [*events, ContentBlockStart(index=index, content_block=block)]
+
+    def _piece(self, piece: ToolCallDelta) -> list[StreamEvent]:
+        """A piece of a call as the model writes it: the first opens its `tool_use` block, the
+        next ones are its input's JSON text (`input_json_delta`), as Anthropic streams it."""
+        events: list[StreamEvent] = []
+        if piece.id is not None:
+            events = self._open_call(piece.id, piece.function.name or "")
+            self.call_blocks[piece.index] = self.streamed[piece.id] = self.blocks - 1
+        block = self.call_blocks.get(piece.index)
+        if piece.function.arguments and block is not None:
+            delta = InputJsonDelta(partial_json=piece.function.arguments)
+            events.append(ContentBlockDelta(index=block, delta=delta))
+        return events
+
+    def _ended(self, call: ToolCall) -> list[StreamEvent]:
+        """A completed call: its streamed block closes; a call that came whole (a family whose
+        calls are parsed only once written) is one block of start, input and stop."""
+        if call.id in self.streamed:
+            return [ContentBlockStop(index=self.streamed[call.id])]
+        events = self._open_call(call.id, call.function.name)
+        delta = InputJsonDelta(partial_json=json.dumps(tool_input(call)))
+        index = self.blocks - 1
+        return [*events, ContentBlockDelta(index=index, delta=delta), ContentBlockStop(index=index)]
 
 
 # Errors

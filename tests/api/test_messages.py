@@ -28,7 +28,7 @@ from shared.wire.message_answers import (
     MessageDelta,
     MessageStream,
 )
-from shared.wire.tools import FunctionCall, ToolCall
+from shared.wire.tools import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta
 from tests.support import CHAT, MODEL, rq_job, rq_queue
 from worker.ops.cluster import wait_until
 
@@ -182,6 +182,32 @@ def test_blank_text_around_a_call_opens_no_block_and_the_call_is_one_tool_use_bl
     assert isinstance(delta, ContentBlockDelta) and delta.delta.type == "input_json_delta"
     assert delta.delta.partial_json == '{"a": 1}'
     assert isinstance(end, MessageDelta) and end.delta.stop_reason == "tool_use"
+
+
+def test_a_call_written_in_pieces_streams_its_input_as_it_is_written() -> None:
+    stream = MessageStream("msg_x", MODEL)
+    pieces = [
+        ToolCallDelta(
+            index=0, id="call_1", type="function", function=FunctionCallDelta(name="add")
+        ),
+        ToolCallDelta(index=0, function=FunctionCallDelta(arguments='{"a": ')),
+        ToolCallDelta(index=0, function=FunctionCallDelta(arguments="1}")),
+    ]
+    events = [e for piece in pieces for e in stream.feed(TokenEvent(text="", call_deltas=[piece]))]
+    call = ToolCall(id="call_1", function=FunctionCall(name="add", arguments='{"a": 1}'))
+    events += stream.feed(TokenEvent(text="", tool_calls=[call]))
+    assert [e.type for e in events] == [
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+    ]
+    start, first, second, stop = events
+    assert isinstance(start, ContentBlockStart) and start.content_block.type == "tool_use"
+    assert isinstance(first, ContentBlockDelta) and isinstance(second, ContentBlockDelta)
+    written = [d.delta.partial_json for d in (first, second) if d.delta.type == "input_json_delta"]
+    assert written == ['{"a": ', "1}"]
+    assert {start.index, first.index, second.index, stop.index} == {0}
 
 
 def test_a_message_batch_is_listed_apart_from_openai_batches_and_has_no_results_yet(

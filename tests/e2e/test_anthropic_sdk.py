@@ -180,8 +180,10 @@ def test_a_forced_call_streams_as_a_tool_use_block(claude: anthropic.Anthropic) 
         tools=TOOLS,
         tool_choice={"type": "tool", "name": "get_weather"},
     ) as stream:
+        pieces = [e for e in stream if e.type == "input_json"]
         final = stream.get_final_message()
     assert_valid_uses(final, "get_weather")
+    assert len(pieces) > 1, "the input arrived in one piece, not as the model wrote it"
 
 
 def test_a_tool_result_round_trip_is_answered(claude: anthropic.Anthropic) -> None:
