@@ -60,4 +60,12 @@ if ! .venv/bin/python -c "import $checks" >/dev/null 2>&1 || [ pyproject.toml -n
   touch "$stamp"
 fi
 
+# instructor pins jiter below what this project's openai needs, so it cannot live in .venv: its
+# test (tests/e2e/test_instructor_partial.py) imports it from a folder of its own.
+if [ "$purpose" = test ] && [ ! -d .venv/apart/instructor ]; then
+  echo "setup: installing instructor apart (.venv/apart)"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --target .venv/apart \
+    "instructor>=1.17,<2" docstring-parser tenacity >/dev/null
+fi
+
 .venv/bin/mlxq prepare-model >/dev/null

@@ -42,11 +42,7 @@ HEARTBEAT_S = 0.5
 # not behaviour.
 KEPT = {"MLXQ_MODELS_DIR", "MLXQ_DEFAULT_GGUF", "MLXQ_OPENBLAS", "MLXQ_BLAS_THREADS"}
 # The skips a run may have, by the start of their reason: what a machine may lack.
-ALLOWED_SKIPS = (
-    NEEDS_NETNS,
-    # instructor does not install beside this project's openai (test_instructor_partial.py)
-    "could not import 'instructor'",
-)
+ALLOWED_SKIPS = (NEEDS_NETNS,)
 _taken_out: list[str] = []
 
 
