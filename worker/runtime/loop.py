@@ -155,7 +155,7 @@ class EngineLoop:
         self._running.clear()
         self._sink.send([(a.route, ErrorEvent.from_error(err)) for a in failed])
         for a in failed:
-            a.outcome.set_result(_outcome(a, "error"))
+            a.outcome.set_result(_outcome(a, "error", err.message))
 
     def _publish(self, outputs: list[StepOutput]) -> None:
         events: list[tuple[Route, Event]] = []
@@ -166,10 +166,11 @@ class EngineLoop:
             if admission.first_token_at is None:
                 admission.first_token_at = now
             route = admission.route
-            if out.text or out.logprobs or out.tool_calls:
+            if out.text or out.logprobs or out.call_deltas or out.tool_calls:
                 token = TokenEvent(
                     text=out.text,
                     logprobs=out.logprobs,
+                    call_deltas=out.call_deltas,
                     tool_calls=out.tool_calls,
                     index=out.index or None,
                 )
@@ -208,19 +209,27 @@ class EngineLoop:
                 continue
             admission = self._running.pop(out.job_id, None)
             if admission is not None:
-                admission.outcome.set_result(_outcome(admission, out.finish_reason or "error"))
+                reason = out.finish_reason or "error"
+                admission.outcome.set_result(_outcome(admission, reason, _error_message(out)))
+
+
+def _error_message(out: StepOutput) -> str | None:
+    return None if out.error is None else f"generation failed: {out.error}"
 
 
 def _final(out: StepOutput) -> DoneEvent | ErrorEvent:
-    if out.error is not None:  # this sequence failed, the rest of the batch goes on
-        return ErrorEvent.from_error(GenerationError(f"generation failed: {out.error}"))
+    message = _error_message(out)
+    if message is not None:  # this sequence failed, the rest of the batch goes on
+        return ErrorEvent.from_error(GenerationError(message))
     usage = Usage(
         prompt_tokens=out.prompt_tokens,
         completion_tokens=out.completion_tokens,
         total_tokens=out.prompt_tokens + out.completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=out.cached_tokens),
     )
-    return DoneEvent(finish_reason=_reason(out.finish_reason), usage=usage)
+    return DoneEvent(
+        finish_reason=_reason(out.finish_reason), usage=usage, stop_sequence=out.stop_sequence
+    )
 
 
 def _reason(engine_reason: str | None) -> FinishReason:
@@ -229,8 +238,9 @@ def _reason(engine_reason: str | None) -> FinishReason:
     return "stop" if engine_reason == "stop" else "length"
 
 
-def _outcome(admission: Admission, finish_reason: str) -> JobOutcome:
+def _outcome(admission: Admission, finish_reason: str, error: str | None = None) -> JobOutcome:
     return JobOutcome(
+        error=error,
         finish_reason=finish_reason,
         prompt_tokens=admission.prepared.prompt_tokens,
         completion_tokens=admission.completion_tokens,
