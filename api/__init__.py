@@ -10,6 +10,7 @@ from api.routes import (
     batches,
     chat,
     completions,
+    embeddings,
     files,
     fleet,
     health,
@@ -32,7 +33,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     auth.init_app(app, settings)
     for blueprint in (chat.bp, completions.bp, models.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
-    for blueprint in (responses.bp, files.bp, batches.bp, fleet.bp):
+    for blueprint in (responses.bp, files.bp, batches.bp, fleet.bp, embeddings.bp):
         app.register_blueprint(blueprint)
     metrics.init_app(app, b)
     page.init_app(app)

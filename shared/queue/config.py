@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     engine: Literal["mlx", "synthetic"] = "mlx"
     synthetic_step_s: float = Field(default=0.05, gt=0)
     batch_size: int = Field(default=16, ge=1, le=1024)
+    # An embedding worker: inputs encoded together in one forward, from any of its jobs.
+    embed_batch: int = Field(default=64, ge=1, le=2048)
     # Prompt tokens one step prefills at most (worker/engine/prefill.py).
     prefill_tokens: int = Field(default=4096, ge=1)
     # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.
