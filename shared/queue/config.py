@@ -31,8 +31,11 @@ class Settings(BaseSettings):
     # What a worker serves: a model directory, a name under models_dir, or a hub id.
     model: str = "SmolLM2-135M-Instruct"
     # `mlxq run` only: the models to serve, one worker process each (comma-separated in
-    # MLXQ_MODELS); none: MLXQ_MODEL alone.
+    # MLXQ_MODELS); none: MLXQ_MODEL and MLXQ_EMBEDDING_MODEL.
     models: Annotated[tuple[str, ...], NoDecode] = ()
+    # `mlxq run` only, without MLXQ_MODELS: the embedding model served beside MLXQ_MODEL
+    # (worker/engine/default_embedder.py); empty: none.
+    embedding_model: str = "all-MiniLM-L6-v2"
     # "mlx" runs the model; "synthetic" emits timestamp tokens (relay benchmarks only).
     engine: Literal["mlx", "synthetic"] = "mlx"
     synthetic_step_s: float = Field(default=0.05, gt=0)
@@ -102,5 +105,5 @@ class Settings(BaseSettings):
         return value
 
     def served_models(self) -> list[str]:
-        """What `mlxq run` serves: MLXQ_MODELS, or else MLXQ_MODEL."""
-        return list(self.models) or [self.model]
+        """What `mlxq run` serves: MLXQ_MODELS, or else MLXQ_MODEL and MLXQ_EMBEDDING_MODEL."""
+        return list(self.models) or [self.model, *filter(None, [self.embedding_model])]

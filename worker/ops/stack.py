@@ -1,13 +1,14 @@
 """`mlxq run`: the whole stack on one machine, kept up by a process supervisor.
 
 Redis: the one at REDIS_URL if it answers, else a private redis-server started here (local
-URLs only). Then the default model is prepared, and supervisord (the `supervisor` package) runs
+URLs only). Then the default models are prepared, and supervisord (the `supervisor` package) runs
 the Procfile's processes: the API under gunicorn, and one worker per model of MLXQ_MODELS (or
-one for MLXQ_MODEL). A process that exits for any reason is restarted, each restart logged by
-supervisord once ("exited: ... not expected", then "spawned: ..."); one that keeps exiting before
-it has been up `STARTSECS` is retried with a growing back-off (1 s, 2 s, 3 s...) and given up on
-after `STARTRETRIES` tries ("gave up: ... FATAL"), while the rest keep serving. Ctrl-C (or
-SIGTERM) stops everything, workers draining their jobs first.
+one for MLXQ_MODEL and one for the embedding model MLXQ_EMBEDDING_MODEL). A process that exits
+for any reason is restarted, each restart logged by supervisord once ("exited: ... not
+expected", then "spawned: ..."); one that keeps exiting before it has been up `STARTSECS` is
+retried with a growing back-off (1 s, 2 s, 3 s...) and given up on after `STARTRETRIES` tries
+("gave up: ... FATAL"), while the rest keep serving. Ctrl-C (or SIGTERM) stops everything,
+workers draining their jobs first.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from shared.queue.config import Settings
+from worker.engine.default_embedder import DEFAULT_EMBEDDER_NAME, ensure_default_embedder
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.ops.cluster import ROOT, redis_answers, start_redis, stop
 
@@ -58,6 +60,8 @@ def run_stack(settings: Settings) -> int:
     try:
         if DEFAULT_MODEL_NAME in settings.served_models():
             ensure_default_model(settings.models_dir)
+        if DEFAULT_EMBEDDER_NAME in settings.served_models():
+            ensure_default_embedder(settings.models_dir)
         return supervise(programs(PROCFILE.read_text(), settings.served_models()))
     finally:
         if redis_server is not None:
