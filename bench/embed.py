@@ -2,7 +2,8 @@
 
 For each batch size b, on all-MiniLM-L6-v2 with the same short sentences (10 to 20 tokens):
 - `forward`: the encoder alone in this process (worker/engine/encoder.py), b sentences per
-  padded forward: the ceiling any server around this model can reach on this machine;
+  padded forward, with OpenBLAS preloaded as a worker has it: the ceiling any server around this
+  model can reach on this machine;
 - `one request`: one client sending requests of b inputs each, one after another, through the
   API, the queue and an embedding worker;
 - `b clients`: b clients each sending one-sentence requests at once: what batching requests
@@ -12,6 +13,8 @@ For each batch size b, on all-MiniLM-L6-v2 with the same short sentences (10 to 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -91,6 +94,10 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(args: argparse.Namespace) -> None:
+    preload = systems.blas_env()  # the bare forward gets the BLAS the worker gets
+    if preload and "openblas" not in os.environ.get("LD_PRELOAD", ""):
+        argv = [sys.executable, "-m", "bench", *sys.argv[1:]]
+        os.execve(sys.executable, argv, {**os.environ, **preload})
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     forward = bare_forward(args, sizes)
     served = through_mlxq(args, sizes)

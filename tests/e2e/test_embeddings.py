@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +24,7 @@ from tokenizers import Tokenizer
 from shared.queue.config import Settings
 from tests.support import MODEL
 from worker.engine.default_embedder import DEFAULT_EMBEDDER_NAME, ensure_default_embedder
-from worker.ops.cluster import Cluster
+from worker.ops.cluster import Cluster, Worker, wait_until
 
 EMBEDDER = DEFAULT_EMBEDDER_NAME
 REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "minilm_reference.json").read_text())
@@ -33,11 +34,12 @@ MAX_ABS_DIFF = 1e-4
 
 
 @pytest.fixture(scope="module")
-def embedder(stack: Cluster, client: openai.OpenAI) -> Iterator[None]:
-    """An embedding worker beside the session's chat worker."""
+def embedder(stack: Cluster, client: openai.OpenAI) -> Iterator[Worker]:
+    """An embedding worker beside the session's chat worker (the module's last test kills it)."""
     worker = stack.start_worker(MLXQ_MODEL=EMBEDDER, MLXQ_BATCH_SIZE="8")
-    yield
-    stack.kill_worker(worker)
+    yield worker
+    if worker in stack.workers:
+        stack.kill_worker(worker)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +68,7 @@ def post(api_url: str, body: dict[str, Any]) -> httpx.Response:
 
 
 def test_vectors_match_the_reference_implementation(
-    client: openai.OpenAI, embedder: None, tokenizer: Tokenizer
+    client: openai.OpenAI, embedder: Worker, tokenizer: Tokenizer
 ) -> None:
     response = client.embeddings.create(model=EMBEDDER, input=REFERENCE["sentences"])
     got = vectors(response)
@@ -78,7 +80,7 @@ def test_vectors_match_the_reference_implementation(
 
 
 def test_each_sentence_alone_gets_the_vector_it_gets_in_a_batch(
-    client: openai.OpenAI, embedder: None
+    client: openai.OpenAI, embedder: Worker
 ) -> None:
     def one(sentence: str) -> list[float]:
         return client.embeddings.create(model=EMBEDDER, input=sentence).data[0].embedding
@@ -89,7 +91,7 @@ def test_each_sentence_alone_gets_the_vector_it_gets_in_a_batch(
 
 
 def test_paraphrases_are_closer_than_unrelated_sentences(
-    client: openai.OpenAI, embedder: None
+    client: openai.OpenAI, embedder: Worker
 ) -> None:
     texts = [
         "How do I reset my password?",
@@ -102,7 +104,7 @@ def test_paraphrases_are_closer_than_unrelated_sentences(
 
 
 def test_float_and_base64_encodings_carry_the_same_float32_values(
-    api_url: str, embedder: None
+    api_url: str, embedder: Worker
 ) -> None:
     body = {"model": EMBEDDER, "input": ["one sentence", "and another"]}
     floats = post(api_url, {**body, "encoding_format": "float"}).json()
@@ -115,7 +117,7 @@ def test_float_and_base64_encodings_carry_the_same_float32_values(
 
 
 def test_token_ids_embed_as_the_text_they_encode(
-    client: openai.OpenAI, embedder: None, tokenizer: Tokenizer
+    client: openai.OpenAI, embedder: Worker, tokenizer: Tokenizer
 ) -> None:
     texts = REFERENCE["sentences"][:3]
     ids = [tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
@@ -139,7 +141,7 @@ def test_token_ids_embed_as_the_text_they_encode(
     ids=["dimensions", "unknown", "too-long", "out-of-vocabulary", "too-many", "encoding"],
 )
 def test_bad_input_is_a_400_naming_the_parameter(
-    api_url: str, embedder: None, body: dict[str, Any], param: str
+    api_url: str, embedder: Worker, body: dict[str, Any], param: str
 ) -> None:
     response = post(api_url, {"model": EMBEDDER, **body})
     assert response.status_code == 400
@@ -147,7 +149,7 @@ def test_bad_input_is_a_400_naming_the_parameter(
 
 
 def test_each_model_refuses_the_other_kind_of_request(
-    client: openai.OpenAI, embedder: None
+    client: openai.OpenAI, embedder: Worker
 ) -> None:
     with pytest.raises(openai.BadRequestError, match="chat model"):
         client.embeddings.create(model=MODEL, input="hello")
@@ -160,7 +162,7 @@ def test_each_model_refuses_the_other_kind_of_request(
 
 
 def test_the_model_is_listed_and_in_the_fleet_view(
-    client: openai.OpenAI, api_url: str, embedder: None
+    client: openai.OpenAI, api_url: str, embedder: Worker
 ) -> None:
     assert EMBEDDER in {m.id for m in client.models.list()}
     client.embeddings.create(model=EMBEDDER, input="counted")
@@ -170,7 +172,7 @@ def test_the_model_is_listed_and_in_the_fleet_view(
     assert f'model_name="{EMBEDDER}"' in metrics
 
 
-def test_langchain_openai_embeddings_sending_text(api_url: str, embedder: None) -> None:
+def test_langchain_openai_embeddings_sending_text(api_url: str, embedder: Worker) -> None:
     from langchain_openai import OpenAIEmbeddings
 
     lc = OpenAIEmbeddings(
@@ -196,7 +198,7 @@ class ModelTokenizerAsTiktoken:
 
 
 def test_langchain_openai_embeddings_sending_token_ids(
-    api_url: str, embedder: None, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+    api_url: str, embedder: Worker, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import langchain_openai.embeddings.base as lc_base
 
@@ -212,3 +214,22 @@ def test_langchain_openai_embeddings_sending_token_ids(
     assert_close_to_reference(np.array(lc.embed_documents(REFERENCE["sentences"])))
     body = json.loads(sent[0])
     assert all(isinstance(item, list) for item in body["input"])  # token ids, not text
+
+
+def test_a_killed_embedding_worker_ends_its_request_with_an_error_soon(
+    stack: Cluster, api_url: str, embedder: Worker
+) -> None:
+    """Runs last: it kills the module's embedding worker in the middle of a long job. Nothing
+    waits for long: the request ends with an OpenAI error within seconds."""
+    body = {"model": EMBEDDER, "input": [" ".join(["word"] * 300)] * 2048}
+    taking = stack.keys.taking(embedder.worker_id)
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(post, api_url, body)
+        wait_until(lambda: bool(stack.redis().llen(taking)), 60, "the job to be taken")
+        stack.kill_worker(embedder)
+        killed = time.monotonic()
+        response = reply.result(timeout=60)
+    # Its model's only worker: the API's job watch ends the request (api/queue/watch.py).
+    assert response.json()["error"]["code"] == "model_not_found"
+    assert response.status_code == 404
+    assert time.monotonic() - killed < 10
