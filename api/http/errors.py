@@ -83,21 +83,24 @@ def _limit(error: ErrorDetails) -> tuple[str, str] | None:
             f"Invalid '{param}': string too long. Expected a string with maximum length "
             f"{ctx.get('max_length')}, but got a string with length {_length(error)} instead."
         )
-    if kind in ("less_than_equal", "less_than"):
-        bound = ctx.get("le", ctx.get("lt"))
-        return f"{number}_above_max_value", (
-            f"Invalid '{param}': {number} above maximum value. Expected a value "
-            f"{'<=' if kind == 'less_than_equal' else '<'} {bound}, but got "
-            f"{_shown(error.get('input'))} instead."
-        )
-    if kind in ("greater_than_equal", "greater_than"):
-        bound = ctx.get("ge", ctx.get("gt"))
-        return f"{number}_below_min_value", (
-            f"Invalid '{param}': {number} below minimum value. Expected a value "
-            f"{'>=' if kind == 'greater_than_equal' else '>'} {bound}, but got "
+    if kind in _BOUNDS:
+        side, relation, key = _BOUNDS[kind]
+        return f"{number}_{side}_{'max' if side == 'above' else 'min'}_value", (
+            f"Invalid '{param}': {number} {side} {'maximum' if side == 'above' else 'minimum'} "
+            f"value. Expected a value {relation} {ctx.get(key)}, but got "
             f"{_shown(error.get('input'))} instead."
         )
     return None
+
+
+# pydantic's range error types: the side of the bound the value fell, the relation it broke, and
+# the context key holding the bound.
+_BOUNDS = {
+    "less_than_equal": ("above", "<=", "le"),
+    "less_than": ("above", "<", "lt"),
+    "greater_than_equal": ("below", ">=", "ge"),
+    "greater_than": ("below", ">", "gt"),
+}
 
 
 def _validation_message(error: ErrorDetails) -> str:

@@ -31,6 +31,7 @@ from openapi_pydantic.util import PydanticSchema, construct_open_api_with_schema
 from pydantic import BaseModel
 
 from shared.observe.fleet import FleetSnapshot
+from shared.observe.history import FleetHistory
 from shared.observe.metrics import RECENT_JOBS
 from shared.wire.answers import ChatCompletion, ChatCompletionChunk, Completion
 from shared.wire.batches import Batch, BatchCreateRequest, BatchList
@@ -137,6 +138,10 @@ ROUTES = [
     Route("get", "/v1/fleet", "The fleet now: live workers, queues per lane, recent jobs",
           FleetSnapshot, errors=LIST_ERRORS, parameters=[
               _param("recent", "query", {"type": "integer", "minimum": 0, "maximum": RECENT_JOBS})
+          ]),
+    Route("get", "/v1/fleet/history", "The fleet's samples of the last 15 minutes, oldest first",
+          FleetHistory, errors=LIST_ERRORS, parameters=[
+              _param("since", "query", {"type": "number", "minimum": 0})
           ]),
     Route("get", "/", "The web page: fleet view and chat playground", None, errors=(405,),
           public=True, text="text/html"),

@@ -60,12 +60,14 @@ class JobRecord(BaseModel):
     started_at: float
     first_token_at: float | None
     ended_at: float
+    error: str | None = None  # why it failed (finish_reason "error"), as its client was told
 
     def log_fields(self) -> dict[str, object]:
         """The job's structured log line (shared/observe/logs.py): ids, counts and times, no
-        text."""
+        text (a failed job's error is the server's own message)."""
+        times = {"enqueued_at", "started_at", "first_token_at", "ended_at"}
         return {
-            **self.model_dump(exclude={"enqueued_at", "started_at", "first_token_at", "ended_at"}),
+            **self.model_dump(exclude=times if self.error else {*times, "error"}),
             "queue_s": self.queue_s,
             "ttft_s": self.ttft_s,
             "duration_s": self.e2e_s,

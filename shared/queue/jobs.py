@@ -158,6 +158,7 @@ class JobOutcome(BaseModel):
     completion_tokens: int
     cached_tokens: int = 0
     first_token_at: float | None = None  # unix s; None: it produced no token
+    error: str | None = None  # why it failed (finish_reason "error"), as its client was told
 
 
 def job_for(

@@ -37,6 +37,10 @@ Layout under the namespace `ns` (default "mlxq"):
     {ns}:refusals               hash  "{status}:{code}" -> HTTP 429/503 answers, every API process
     {ns}:recent_jobs            list  the last finished jobs (shared/observe/metrics.py JobRecord),
                                 newest first, trimmed to a few dozen
+    {ns}:history                list  the fleet's samples of the last minutes (shared/observe/
+                                history.py StoredSample), newest first, trimmed, with a TTL
+    {ns}:history:turn           string  held for one sample period by the worker taking the
+                                fleet's sample, so the fleet takes one per period
     RQ queue "{ns}.{model}"     interactive jobs for one model (RQ prefixes its keys "rq:")
     RQ queue "{ns}.{model}.background"  background responses (and `service_tier: flex`):
                                 workers take them only when the interactive queue is empty
@@ -144,6 +148,12 @@ class Keys:
 
     def recent_jobs(self) -> str:
         return f"{self.ns}:recent_jobs"
+
+    def history(self) -> str:
+        return f"{self.ns}:history"
+
+    def history_turn(self) -> str:
+        return f"{self.ns}:history:turn"
 
     def backlog(self, model: str) -> str:
         return f"{self.ns}:backlog:{_model(model)}"

@@ -6,7 +6,9 @@ is live. The API reads the same zsets (keys.py). Each beat also looks for the wo
 if another worker declared this one dead and took over its jobs (it hung, or its Mac slept),
 it must not finish them too, so `on_tombstone` is called (it ends the process). Each beat also
 publishes the worker's report (slots in use, tokens/s: shared/observe/fleet.py) in the same
-pipeline, so the fleet view costs the worker nothing between beats.
+pipeline, so the fleet view costs the worker nothing between beats. After a beat, the worker
+takes the fleet's history sample if it is its turn (shared/observe/history.py: one worker per
+sample period, a few round trips), on this thread, never on the engine's.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from shared.observe.fleet import WorkerStats, publish_stats
+from shared.observe.history import sample_if_due
 from shared.queue.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,17 @@ def retire(redis: Redis, keys: Keys, model: str, worker_id: str) -> None:
     pipe.execute()
 
 
+def _sample(redis: Redis, keys: Keys, worker_id: str, interval_s: float) -> None:
+    """The fleet's history sample, if it is this worker's turn. Whatever goes wrong costs the
+    sample only: the heartbeat thread must outlive it, or the worker would be judged dead."""
+    try:
+        sample_if_due(redis, keys, worker_id, interval_s)
+    except RedisError as err:
+        log.warning("could not take the fleet's history sample: %s", err)
+    except Exception:
+        log.exception("the fleet's history sample failed")
+
+
 def keep_beating(
     redis: Redis,
     keys: Keys,
@@ -74,6 +88,7 @@ def keep_beating(
                 log.warning("heartbeat failed (will retry): %s", err)
                 stop.wait(RETRY_S)  # back as soon as Redis is, before anyone judges it
                 continue
+            _sample(redis, keys, worker_id, interval_s)
             stop.wait(interval_s)
 
     thread = threading.Thread(target=run, name="heartbeat", daemon=True)

@@ -91,7 +91,7 @@ def run_generation(payload: dict[str, Any]) -> dict[str, Any]:
     except MLXQError as err:  # not a job: nobody reads it back, so no replay log
         route = Route.of(rt.keys, job_id, reply_to(payload), replayed=False)
         _publish(rt, route, ErrorEvent.from_error(err))
-        return _failed().model_dump()
+        return _failed(err).model_dump()
     route = Route.of(rt.keys, job_id, job.reply_to, job.replayed)
     try:
         outcome = _outcome(rt, job, route, current.retries_left or 0)
@@ -99,7 +99,7 @@ def run_generation(payload: dict[str, Any]) -> dict[str, Any]:
         log.exception("job %s failed", job_id)
         error = GenerationError(f"the job failed: {type(err).__name__}")
         _publish(rt, route, ErrorEvent.from_error(error))
-        _report(rt, current, job, _failed(), started_at)
+        _report(rt, current, job, _failed(error), started_at)
         raise
     _report(rt, current, job, outcome, started_at)
     return outcome.model_dump()
@@ -136,6 +136,7 @@ def report(
         started_at=started_at,
         first_token_at=outcome.first_token_at,
         ended_at=time.time(),
+        error=outcome.error,
     )
     log_event(job_log, "job", **record.log_fields())
     times = (record.enqueued_at, record.started_at, record.first_token_at, record.ended_at)
@@ -158,8 +159,10 @@ def _outcome(rt: Runtime, job: GenerationJob, route: Route, retries_left: int) -
     return outcome
 
 
-def _failed() -> JobOutcome:
-    return JobOutcome(finish_reason="error", prompt_tokens=0, completion_tokens=0)
+def _failed(err: MLXQError) -> JobOutcome:
+    return JobOutcome(
+        finish_reason="error", prompt_tokens=0, completion_tokens=0, error=err.message
+    )
 
 
 def _parse(job_id: str, payload: dict[str, Any]) -> GenerationJob:
@@ -183,7 +186,7 @@ def _run(rt: Runtime, job: GenerationJob, route: Route) -> JobOutcome:
         return _generate(rt, job, route)
     except MLXQError as err:
         _publish(rt, route, ErrorEvent.from_error(err))
-        return _failed()
+        return _failed(err)
 
 
 def _generate(rt: Runtime, job: GenerationJob, route: Route) -> JobOutcome:
@@ -236,7 +239,7 @@ def _end_at_limit(
     if job.limits.on_run_limit == "error":
         err = GenerationTimeoutError(f"The generation ran past its limit of {limit_s:g} s.")
         _publish(rt, route, ErrorEvent.from_error(err))
-        return outcome.model_copy(update={"finish_reason": "error"})
+        return outcome.model_copy(update={"finish_reason": "error", "error": err.message})
     usage = Usage(
         prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens,

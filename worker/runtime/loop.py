@@ -145,7 +145,7 @@ class EngineLoop:
         self._running.clear()
         self._sink.send([(a.route, ErrorEvent.from_error(err)) for a in failed])
         for a in failed:
-            a.outcome.set_result(_outcome(a, "error"))
+            a.outcome.set_result(_outcome(a, "error", err.message))
 
     def _publish(self, outputs: list[StepOutput]) -> None:
         events: list[tuple[Route, Event]] = []
@@ -198,7 +198,12 @@ class EngineLoop:
                 continue
             admission = self._running.pop(out.job_id, None)
             if admission is not None:
-                admission.outcome.set_result(_outcome(admission, out.finish_reason or "error"))
+                reason = out.finish_reason or "error"
+                admission.outcome.set_result(_outcome(admission, reason, _error_message(out)))
+
+
+def _error_message(out: StepOutput) -> str | None:
+    return None if out.error is None else f"generation failed: {out.error}"
 
 
 def gather(inbox: queue.SimpleQueue[A], block: bool) -> list[A]:
@@ -230,8 +235,9 @@ def gather(inbox: queue.SimpleQueue[A], block: bool) -> list[A]:
 
 
 def _final(out: StepOutput) -> DoneEvent | ErrorEvent:
-    if out.error is not None:  # this sequence failed, the rest of the batch goes on
-        return ErrorEvent.from_error(GenerationError(f"generation failed: {out.error}"))
+    message = _error_message(out)
+    if message is not None:  # this sequence failed, the rest of the batch goes on
+        return ErrorEvent.from_error(GenerationError(message))
     usage = Usage(
         prompt_tokens=out.prompt_tokens,
         completion_tokens=out.completion_tokens,
@@ -247,8 +253,9 @@ def _reason(engine_reason: str | None) -> FinishReason:
     return "stop" if engine_reason == "stop" else "length"
 
 
-def _outcome(admission: Admission, finish_reason: str) -> JobOutcome:
+def _outcome(admission: Admission, finish_reason: str, error: str | None = None) -> JobOutcome:
     return JobOutcome(
+        error=error,
         finish_reason=finish_reason,
         prompt_tokens=admission.prepared.prompt_tokens,
         completion_tokens=admission.completion_tokens,
