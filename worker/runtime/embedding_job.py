@@ -69,13 +69,13 @@ def run_embedding(payload: dict[str, Any]) -> dict[str, Any]:
     except MLXQError as err:
         route = Route.of(rt.keys, current.id, job_function.reply_to(payload), replayed=False)
         rt.sink.send([(route, ErrorEvent.from_error(err))])
-        return _failed().model_dump()
+        return _failed(err).model_dump()
     route = Route.of(rt.keys, job.job_id, job.reply_to, job.replayed)
     try:
         outcome = _embed(rt, job, route)
     except MLXQError as err:
         rt.sink.send([(route, ErrorEvent.from_error(err))])
-        outcome = _failed()
+        outcome = _failed(err)
     job_function.report(rt.redis, rt.keys, rt.worker_id, current, job, outcome, started_at)
     return outcome.model_dump()
 
@@ -102,8 +102,10 @@ def _parse(job_id: str, payload: dict[str, Any]) -> EmbeddingJob:
     return job
 
 
-def _failed() -> JobOutcome:
-    return JobOutcome(finish_reason="error", prompt_tokens=0, completion_tokens=0)
+def _failed(err: MLXQError) -> JobOutcome:
+    return JobOutcome(
+        finish_reason="error", prompt_tokens=0, completion_tokens=0, error=err.message
+    )
 
 
 def refuse(what: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -119,6 +121,6 @@ def refuse(what: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
         err = InvalidRequestError(f"The model '{model}' is {what}.", param="model")
         route = Route.of(rt.keys, current.id, job_function.reply_to(payload), replayed=False)
         rt.sink.send([(route, ErrorEvent.from_error(err))])
-        return _failed().model_dump()
+        return _failed(err).model_dump()
 
     return refused
