@@ -40,7 +40,8 @@ def parser() -> argparse.ArgumentParser:
     b.set_defaults(func=bulk.main)
     e = sub.add_parser("embed", help="embeddings: sentences/s through mlxq vs the bare forward")
     e.add_argument("--batch-sizes", default="1,8,32,64")
-    e.add_argument("--sentences", type=int, default=512, help="sentences per measurement")
+    e.add_argument("--sentences", type=int, default=256, help="sentences per measurement")
+    e.add_argument("--rounds", type=int, default=3, help="runs per figure; the best is kept")
     e.set_defaults(func=embed.main)
     return p
 

@@ -232,4 +232,4 @@ def test_a_killed_embedding_worker_ends_its_request_with_an_error_soon(
     # Its model's only worker: the API's job watch ends the request (api/queue/watch.py).
     assert response.json()["error"]["code"] == "model_not_found"
     assert response.status_code == 404
-    assert time.monotonic() - killed < 10
+    assert time.monotonic() - killed < 30  # not the 120 s event timeout, on a busy machine
