@@ -53,7 +53,7 @@ from worker.runtime.heartbeat import beat, born, keep_beating, retire
 from worker.runtime.loop import DrivenLoop, EngineLoop
 from worker.runtime.reaper import Reaper
 from worker.runtime.report import Reporter
-from worker.runtime.slots import LEAVE_S, SlotWorker, held, start_slots, stop_slots
+from worker.runtime.slots import LEAVE_S, SlotWorker, held, make_slots, start_slots, stop_slots
 from worker.runtime.tokenizer_spec import build_spec, publish_spec
 from worker.runtime.watchdog import Watchdog
 
@@ -192,10 +192,8 @@ def serve(settings: Settings) -> None:
         on_tombstone=lambda: die(EXIT_BURIED, buried),
         report=reporter.stats,
     )
-    queues = keys.lanes(name)  # in the order slots take from them
-    # Some slots take interactive jobs only, so a long batch never holds every slot.
-    reserved = min(settings.interactive_slots, settings.batch_size - 1)
-    slots += start_slots(blocking, keys, queues, settings.batch_size, worker_id, reserved)
+    size, interactive = settings.batch_size, settings.interactive_slots
+    slots += start_slots(make_slots(blocking, keys, name, worker_id, size, interactive))
     reaper.run(services)
     wedged = "the engine loop made no progress while holding jobs"
     Watchdog(loop, settings.watchdog_s, lambda: die(EXIT_WEDGED, wedged)).start(services)

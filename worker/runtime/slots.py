@@ -154,23 +154,29 @@ class SlotWorker(SimpleWorker):
         self.current_job_id = None
 
 
-def start_slots(
-    redis: Redis,
-    keys: Keys,
-    queue_names: list[str],
-    count: int,
-    worker_id: str,
-    reserved: int = 0,
+def make_slots(
+    redis: Redis, keys: Keys, model: str, worker_id: str, count: int, interactive: int
 ) -> list[SlotWorker]:
-    """Start `count` slots; each takes from the first non-empty queue of `queue_names`, except
-    the first `reserved`, which take from the first queue (interactive jobs) only."""
-    queues = [Queue(name, connection=redis, serializer=JSONSerializer) for name in queue_names]
+    """`count` slots of a worker serving `model`; each takes from the first non-empty lane in
+    priority order (`Keys.lanes`: interactive, background, batch), except the first
+    `interactive` (at most count - 1), which take interactive jobs only, so that a long batch
+    never holds every slot."""
+    reserved = min(interactive, count - 1)
+    queues = [
+        Queue(name, connection=redis, serializer=JSONSerializer) for name in keys.lanes(model)
+    ]
     slots = [
         _slot(redis, queues[:1] if i < reserved else queues, slot_name(worker_id, i))
         for i in range(count)
     ]
     for slot in slots:
         slot.taking_key = keys.taking(worker_id)
+    return slots
+
+
+def start_slots(slots: list[SlotWorker]) -> list[SlotWorker]:
+    """Run each slot's RQ loop in a thread of its own."""
+    for slot in slots:
         slot.thread = threading.Thread(target=_work, args=(slot,), name=slot.name, daemon=True)
         slot.thread.start()
     return slots
