@@ -11,6 +11,7 @@ from api.routes import (
     batches,
     chat,
     completions,
+    embeddings,
     files,
     fleet,
     health,
@@ -38,7 +39,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     replicas.init_app(app, b)
     for blueprint in (chat.bp, completions.bp, models.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
-    for blueprint in (responses.bp, files.bp, batches.bp, fleet.bp):
+    for blueprint in (responses.bp, files.bp, batches.bp, fleet.bp, embeddings.bp):
         app.register_blueprint(blueprint)
     for blueprint in (messages.bp, message_batches.bp):
         app.register_blueprint(blueprint)

@@ -36,7 +36,7 @@ from shared.queue import backlog
 from shared.queue.config import KeyLimits
 from shared.queue.connection import redis_errors_as_503
 from shared.queue.context_window import completion_budget
-from shared.queue.jobs import GenerationJob
+from shared.queue.jobs import EmbeddingJob, QueuedJob
 from shared.queue.keys import Keys
 from shared.wire.errors import RateLimitError
 
@@ -150,8 +150,11 @@ def refusal(limits: KeyLimits, buckets: Buckets, tokens: int, wait_ms: int) -> R
     )
 
 
-def admission_tokens(b: Broker, job: GenerationJob) -> int:
-    """What a job counts against tokens per minute (the module docstring says how)."""
+def admission_tokens(b: Broker, job: QueuedJob) -> int:
+    """What a job counts against tokens per minute (the module docstring says how); an
+    embedding job generates nothing, so its inputs' estimated tokens are all it counts."""
+    if isinstance(job, EmbeddingJob):
+        return backlog.estimate_tokens(job)
     counter = b.windows.counter(job.model)
     cap = job.max_tokens if job.max_tokens is not None else b.settings.default_max_tokens
     if counter is None:
@@ -162,7 +165,7 @@ def admission_tokens(b: Broker, job: GenerationJob) -> int:
     return prompt * max(1, len(job.prompt_items())) + min(cap, room) * job.choices()
 
 
-def admit(job: GenerationJob) -> None:
+def admit(job: QueuedJob) -> None:
     """Take the job's share of its key's limits (nothing for a key without limits)."""
     limits = key_limits()
     if limits is None:

@@ -74,12 +74,17 @@ class Settings(BaseSettings):
     # What a worker serves: a model directory, a name under models_dir, or a hub id.
     model: str = "SmolLM2-135M-Instruct"
     # `mlxq run` only: the models to serve, one worker process each (comma-separated in
-    # MLXQ_MODELS); none: MLXQ_MODEL alone.
+    # MLXQ_MODELS); none: MLXQ_MODEL and MLXQ_EMBEDDING_MODEL.
     models: Annotated[tuple[str, ...], NoDecode] = ()
+    # `mlxq run` only, without MLXQ_MODELS: the embedding model served beside MLXQ_MODEL
+    # (worker/engine/default_embedder.py); empty: none.
+    embedding_model: str = "all-MiniLM-L6-v2"
     # "mlx" runs the model; "synthetic" emits timestamp tokens (relay benchmarks only).
     engine: Literal["mlx", "synthetic"] = "mlx"
     synthetic_step_s: float = Field(default=0.05, gt=0)
     batch_size: int = Field(default=16, ge=1, le=1024)
+    # An embedding worker: inputs encoded together in one forward, from any of its jobs.
+    embed_batch: int = Field(default=64, ge=1, le=2048)
     # Prompt tokens one step prefills at most (worker/engine/prefill.py).
     prefill_tokens: int = Field(default=4096, ge=1)
     # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.
@@ -153,5 +158,5 @@ class Settings(BaseSettings):
         return tuple(ApiKey.parse(v) if isinstance(v, str) else v for v in entries)
 
     def served_models(self) -> list[str]:
-        """What `mlxq run` serves: MLXQ_MODELS, or else MLXQ_MODEL."""
-        return list(self.models) or [self.model]
+        """What `mlxq run` serves: MLXQ_MODELS, or else MLXQ_MODEL and MLXQ_EMBEDDING_MODEL."""
+        return list(self.models) or [self.model, *filter(None, [self.embedding_model])]

@@ -288,7 +288,8 @@ class Cluster:
         def registered() -> bool:
             if worker.proc.poll() is not None:
                 raise RuntimeError(f"worker {worker.worker_id} exited: {worker.proc.returncode}")
-            return self.redis().zscore(self.keys.workers(self.model), worker.worker_id) is not None
+            model = worker.env.get("MLXQ_MODEL", self.model)  # a worker may serve another
+            return self.redis().zscore(self.keys.workers(model), worker.worker_id) is not None
 
         wait_until(registered, timeout_s, f"worker {worker.worker_id}")
 

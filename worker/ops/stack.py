@@ -3,9 +3,10 @@
 Redis: the one at REDIS_URL if it answers, else a redis-server of its own (local URLs only),
 supervised like the rest and persistent: an append-only file in MLXQ_REDIS_DIR, fsynced every
 second, so a crash, a kill or a reboot loses at most the last second of writes. Then the default
-model is prepared, and supervisord (the `supervisor` package) runs that Redis first and the
+models are prepared, and supervisord (the `supervisor` package) runs that Redis first and the
 Procfile's processes: the API under gunicorn, and one worker per model of MLXQ_MODELS (or one
-for MLXQ_MODEL); the API and the workers wait for Redis, or reconnect to it, by themselves.
+for MLXQ_MODEL and one for the embedding model MLXQ_EMBEDDING_MODEL); the API and the workers
+wait for Redis, or reconnect to it, by themselves.
 
 A process that exits for any reason is restarted, each restart logged by supervisord once
 ("exited: ... not expected", then "spawned: ..."); one that keeps exiting before it has been up
@@ -27,6 +28,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from shared.queue.config import Settings
+from worker.engine.default_embedder import DEFAULT_EMBEDDER_NAME, ensure_default_embedder
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.ops.cluster import ROOT, redis_answers, redis_command, stop
 
@@ -65,6 +67,8 @@ def run_stack(settings: Settings) -> int:
     own_redis = [] if redis_answers(settings.redis_url) else [local_redis(settings)]
     if DEFAULT_MODEL_NAME in settings.served_models():
         ensure_default_model(settings.models_dir)
+    if DEFAULT_EMBEDDER_NAME in settings.served_models():
+        ensure_default_embedder(settings.models_dir)
     return supervise(own_redis + programs(PROCFILE.read_text(), settings.served_models()))
 
 
