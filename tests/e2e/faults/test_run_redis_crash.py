@@ -74,6 +74,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         MLXQ_REDIS_DIR=str(folder / "redis"),
         MLXQ_NAMESPACE="mlxqdurable",
         MLXQ_MODEL=MODEL,
+        MLXQ_EMBEDDING_MODEL="",  # the chat worker alone: the batch is what this test watches
         MLXQ_API_BIND=f"127.0.0.1:{api_port}",
         MLXQ_HEARTBEAT_S="0.5",
         MLXQ_BATCH_SIZE="6",
