@@ -135,3 +135,20 @@ def test_two_tries_at_once_with_one_key_create_one_batch(
     assert refused <= {"idempotency_key_in_use"}
     ids = [b.id for b in client.batches.list(limit=100) if b.input_file_id == file_id]
     assert ids == list(created)
+
+
+def test_a_message_retried_with_its_key_is_answered_once_and_a_changed_body_is_refused(
+    api_url: str, worker_process: object
+) -> None:
+    body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
+    headers = {**_key(), "anthropic-version": "2023-06-01"}
+    url = f"{api_url}/v1/messages"
+    first = httpx.post(url, json=body, headers=headers, timeout=60)
+    again = httpx.post(url, json=body, headers=headers, timeout=60)
+    assert first.status_code == again.status_code == 200, first.text
+    assert again.json()["id"] == first.json()["id"]
+    changed = httpx.post(url, json={**body, "max_tokens": 9}, headers=headers, timeout=60)
+    assert changed.status_code == 422
+    assert changed.json()["type"] == "error"
+    assert changed.json()["error"]["type"] == "invalid_request_error"
+    assert KEY in changed.json()["error"]["message"]
