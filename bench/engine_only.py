@@ -30,7 +30,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
 STEPS = 32
-RUNS = 5
+RUNS = 3
 WARMUP = [{"role": "user", "content": "Say hello in one short sentence."}]
 
 

@@ -199,7 +199,9 @@ def ceiling_warnings(rows: list[dict[str, Any]]) -> list[str]:
     return warnings
 
 
-def run(args: Any) -> dict[str, Any]:
+def run(args: Any, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Measure every cell; `save` gets the results so far after each one (a long run that is
+    stopped keeps what it measured)."""
     model = ensure_default_model(args.models_dir)
     texts = TextMaker(model)
     grid = cells(args)
@@ -229,7 +231,13 @@ def run(args: Any) -> dict[str, Any]:
                             }
                             rows.append(row)
                         bar.update()
-        not_installed = running.not_installed
+                    save(_result(args, machine, started, running.not_installed, rows))
+        return _result(args, machine, started, running.not_installed, rows)
+
+
+def _result(
+    args: Any, machine: Any, started: float, not_installed: list[str], rows: list[Any]
+) -> dict[str, Any]:
     return {
         "machine": machine,
         "command": "python -m bench " + shlex.join(sys.argv[1:]),
@@ -243,10 +251,13 @@ def run(args: Any) -> dict[str, Any]:
 
 
 def main(args: Any) -> None:
-    result = run(args)
     out = Path(args.out)
-    write(out, args.name, result)
-    serve_chart(result, out / f"{args.name}.png")
-    text = serve_markdown(result)
-    (out / f"{args.name}.md").write_text(text)
-    print(text)
+
+    def save(result: dict[str, Any]) -> None:
+        write(out, args.name, result)
+        serve_chart(result, out / f"{args.name}.png")
+        (out / f"{args.name}.md").write_text(serve_markdown(result))
+
+    result = run(args, save)
+    save(result)
+    print(serve_markdown(result))
