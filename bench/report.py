@@ -67,15 +67,14 @@ def _ratio_lines(rows: list[dict[str, Any]], workload: str) -> list[str]:
         (r["concurrency"], r["repeat"], r["system"]): r for r in rows if r["workload"] == workload
     }
     lines = []
-    for c, repeat, system in sorted(k for k in by if k[2] == "mlxq"):
+    for c, repeat, system in sorted(k for k in by if k[2].startswith("mlxq")):
         mine = by[(c, repeat, system)]
         peers = [by[(c, repeat, p)] for p in PEERS if (c, repeat, p) in by]
         parts = [f"c={c} repeat {repeat}"]
         if peers:
             best = max(peers, key=lambda p: p["tokens_per_s"])
-            parts.append(
-                f"mlxq / {best['system']} tok/s = {mine['tokens_per_s'] / best['tokens_per_s']:.2f}"
-            )
+            ratio = mine["tokens_per_s"] / best["tokens_per_s"]
+            parts.append(f"{system} / {best['system']} tok/s = {ratio:.2f}")
             if mine["ttft_p50_ms"] is not None and best["ttft_p50_ms"] is not None:
                 ours, theirs = mine["ttft_p50_ms"] / 1e3, best["ttft_p50_ms"] / 1e3
                 parts.append(f"TTFT p50 {ours:.2f} s vs {theirs:.2f} s")
