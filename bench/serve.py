@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -258,6 +259,8 @@ def main(args: Any) -> None:
         serve_chart(result, out / f"{args.name}.png")
         (out / f"{args.name}.md").write_text(serve_markdown(result))
 
+    # Stopped with SIGTERM (or Ctrl-C): unwind, so that every system started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run(args, save)
     save(result)
     print(serve_markdown(result))
