@@ -8,16 +8,30 @@ from pathlib import Path
 from bench import bulk, embed, parity, relay, scale, serve
 from shared.queue.config import Settings
 
+WORKLOADS_HELP = "short (~40 prompt tokens), medium (~600), long (~2,000), multiturn"
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--out", default="bench/results", help="folder for JSON, PNG and table")
     sub = p.add_subparsers(dest="mode", required=True)
-    s = sub.add_parser("serve", help="engine vs mlx_lm.server vs mlxq, streaming clients")
-    s.add_argument("--concurrency", default="1,4,16,32")
-    s.add_argument("--max-tokens", type=int, default=64)
-    s.add_argument("--per-client", type=int, default=4, help="requests each client sends")
-    s.add_argument("--skip-naive", action="store_true", help="skip the 4-bit/no-OpenBLAS runs")
+    s = sub.add_parser("serve", help="mlxq vs mlx_lm.server vs vllm-mlx vs the forward step")
+    s.add_argument("--workloads", default="short,medium,long,multiturn", help=WORKLOADS_HELP)
+    s.add_argument("--concurrency", default="1,4,8,16", help="for the one-shot workloads")
+    s.add_argument("--multiturn-concurrency", default="4")
+    s.add_argument("--skip", default="", help="cells to leave out, e.g. long@16,medium@1")
+    s.add_argument("--systems", default="mlxq,mlx_lm.server,vllm-mlx,forward,engine")
+    s.add_argument("--repeats", type=int, default=1, help="each in another order of systems")
+    s.add_argument("--max-tokens", type=int, default=48)
+    s.add_argument("--per-client", type=int, default=2, help="one-shot requests each client sends")
+    s.add_argument("--turns", type=int, default=4, help="requests of each conversation")
+    s.add_argument("--vllm-mlx", help="vllm-mlx executable (else $MLXQ_BENCH_VLLM_MLX)")
+    s.add_argument(
+        "--mlxq-tuned",
+        action="append",
+        help="an extra mlxq row with these settings, e.g. MLXQ_PREFILL_TOKENS=64 (repeatable)",
+    )
+    s.add_argument("--name", default="serve", help="file name of the results under --out")
     s.set_defaults(func=serve.main)
     r = sub.add_parser("relay", help="one API process relaying a SYNTHETIC engine's tokens")
     r.add_argument("--streams", default="100,500")

@@ -6,7 +6,8 @@ client would: upload the JSONL file, create the batch, poll it, read the output 
 lines/s and generated tokens/s against the bare forward step at that batch size (the ceiling,
 bench/engine_only.py in a subprocess), and what an interactive request sees while the batch
 runs: time to first token and the gaps between tokens of a few streamed requests sent one after
-another, against the same requests on the idle stack just before.
+another, against the same requests on the idle stack just before. A probe that fails is counted
+(and shown), not dropped from the figures silently.
 """
 
 from __future__ import annotations
@@ -23,16 +24,17 @@ import openai
 from tqdm import tqdm
 
 from bench import systems
+from bench.baseline import baseline
 from bench.load import chat_body, percentile
 from bench.machine import describe
 from bench.report import write
-from bench.serve import engine_rows
 from bench.sse_client import StreamRecord, stream_chat
 from worker.gguf.default_model import ensure_default_model
 
 PROBES = 4  # interactive requests, one after another, idle and then during the batch
 PROBE_TOKENS = 32
 PROBE_DELAY_S = 10.0  # into the batch, so that the worker is full of batch lines
+PROMPT_TOKENS = 43  # of a line (bench/load.py's chat_body), for the forward step's context
 
 
 @dataclass
@@ -41,9 +43,11 @@ class Probe:
 
     ttft_ms: list[float] = field(default_factory=list)
     gaps_ms: list[float] = field(default_factory=list)
+    failed: int = 0
 
     def summary(self) -> dict[str, float | None]:
         return {
+            "failed": self.failed,
             "ttft_p50_ms": percentile(self.ttft_ms, 50),
             "gap_p50_ms": percentile(self.gaps_ms, 50),
             "gap_p99_ms": percentile(self.gaps_ms, 99),
@@ -58,6 +62,8 @@ def probe(running: systems.Running) -> Probe:
         if record.error is None and record.ttft is not None:
             seen.ttft_ms.append(record.ttft * 1e3)
             seen.gaps_ms += [g * 1e3 for g in record.gaps()]
+        else:
+            seen.failed += 1
     return seen
 
 
@@ -123,14 +129,16 @@ def main(args: Any) -> None:
     rows = []
     with tqdm(total=len(sizes) + 1, desc="bulk", unit="run") as bar:
         bar.set_postfix_str("forward step")
-        ceiling = engine_rows(model, sizes, args.max_tokens, blas=True)
+        context = PROMPT_TOKENS + args.max_tokens // 2
+        with baseline(model) as base:  # warmed up, timed over several runs (engine_only.py)
+            ceiling = {n: base.forward(n, context)["tokens_per_s"] for n in sizes}
         bar.update()
         for size in sizes:
             bar.set_postfix_str(f"MLXQ_BATCH_SIZE={size}")
             with systems.mlxq(model, batch_size=size) as running:
                 idle = probe(running).summary()
                 row = {"batch_size": size, **run_batch(running, args.lines, args.max_tokens)}
-            forward = ceiling[str(size)]["forward"]["tokens_per_s"]
+            forward = ceiling[size]
             row |= {"idle": idle, "forward_tokens_per_s": forward}
             row["x_forward"] = row["tokens_per_s"] / forward
             rows.append(row)
@@ -152,8 +160,8 @@ def _table(rows: list[dict[str, Any]], lines: int, max_tokens: int) -> str:
         f"Batch API, {lines} chat lines of {max_tokens} tokens, default model, one worker\n",
         "| MLXQ_BATCH_SIZE | lines/s | tokens/s | forward step tokens/s | x forward step | "
         "interactive TTFT p50 ms idle / during | gap p50 ms idle / during | "
-        "gap p99 ms idle / during |",
-        "|" + " --- |" * 8,
+        "gap p99 ms idle / during | failed probes idle / during |",
+        "|" + " --- |" * 9,
     ]
     for r in rows:
         idle, busy = r["idle"], r["busy"]
@@ -162,6 +170,7 @@ def _table(rows: list[dict[str, Any]], lines: int, max_tokens: int) -> str:
             f"{r['forward_tokens_per_s']:.0f} | {r['x_forward']:.2f} | "
             f"{_ms(idle['ttft_p50_ms'])} / {_ms(busy['ttft_p50_ms'])} | "
             f"{_ms(idle['gap_p50_ms'])} / {_ms(busy['gap_p50_ms'])} | "
-            f"{_ms(idle['gap_p99_ms'])} / {_ms(busy['gap_p99_ms'])} |"
+            f"{_ms(idle['gap_p99_ms'])} / {_ms(busy['gap_p99_ms'])} | "
+            f"{_ms(idle['failed'])} / {_ms(busy['failed'])} |"
         )
     return "\n".join(out)

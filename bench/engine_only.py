@@ -1,82 +1,105 @@
-"""The engine alone, in this process: mlx-lm without HTTP, Redis or queues.
+"""The baselines: mlx-lm alone in this process (no HTTP, Redis or queues) and the bare forward step.
 
-Run as `python -m bench.engine_only MODEL_DIR --concurrency 1,16 --max-tokens 64`; prints one
-JSON object: for each concurrency, mlx-lm's own generation rate (stream_generate for one
-stream, BatchGenerator for several) and the bare forward step at that batch size (the ceiling
-any loop around this model can reach on this machine).
+Run as `python -m bench.engine_only MODEL_DIR`: a long-lived process that loads the model once,
+warms up with a real generation, then answers one JSON request per line on stdin with one JSON
+line on stdout, so that the benchmark can time it between the servers, in the same rotation
+(bench/serve.py, bench/baseline.py):
+
+- `{"op": "engine", "prompts": [messages, ...], "batch": c, "max_tokens": m}`: mlx-lm's
+  BatchGenerator on these chat prompts, c at a time; generated tokens/s.
+- `{"op": "forward", "batch": c, "context": n}`: the model's forward step for c sequences whose
+  KV cache already holds n tokens, greedy, each step's token fed to the next: the ceiling any
+  loop around this model reaches on this machine (decode only, no prefill, no sampling beyond
+  argmax, no detokenizing). Timed as a server would run it, without waiting on each step
+  (mlx evaluates asynchronously, as mlx-lm's own loop does), over RUNS runs of STEPS steps; the
+  figure is the median run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import sys
 import time
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm import load, stream_generate
+from mlx_lm import load
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
-from bench.load import chat_body
+STEPS = 32
+RUNS = 3
+WARMUP = [{"role": "user", "content": "Say hello in one short sentence."}]
 
 
-def prompts(tokenizer: Any, n: int) -> list[list[int]]:
-    bodies = [chat_body("", i, 0)["messages"] for i in range(n)]
-    return [tokenizer.apply_chat_template(m, add_generation_prompt=True) for m in bodies]
-
-
-def one_stream(model: Any, tokenizer: Any, max_tokens: int) -> dict[str, float]:
-    prompt = prompts(tokenizer, 1)[0]
+def engine(model: Any, tokenizer: Any, request: dict[str, Any]) -> dict[str, float]:
+    batch = int(request["batch"])
+    prompts = [
+        tokenizer.apply_chat_template(m, add_generation_prompt=True) for m in request["prompts"]
+    ]
+    gen = BatchGenerator(model, completion_batch_size=batch, prefill_batch_size=min(batch, 8))
     started = time.perf_counter()
-    first = None
-    count = 0
-    for _ in stream_generate(model, tokenizer, prompt, max_tokens=max_tokens):
-        first = first or time.perf_counter()
-        count += 1
-    wall = time.perf_counter() - started
-    return {"tokens_per_s": count / wall, "ttft_ms": ((first or started) - started) * 1e3}
-
-
-def batched(model: Any, tokenizer: Any, n: int, max_tokens: int) -> dict[str, float]:
-    gen = BatchGenerator(model, completion_batch_size=n, prefill_batch_size=min(n, 8))
-    gen.insert(prompts(tokenizer, n), max_tokens=[max_tokens] * n)
-    started = time.perf_counter()
+    gen.insert(prompts, max_tokens=[int(request["max_tokens"])] * len(prompts))
     tokens = 0
     while responses := gen.next_generated():
         tokens += len(responses)
     wall = time.perf_counter() - started
-    return {"tokens_per_s": tokens / wall}
+    gen.close()
+    return {"tokens_per_s": tokens / wall, "tokens": tokens, "wall_s": wall}
 
 
-def forward_step(model: Any, n: int, context: int = 64, steps: int = 16) -> dict[str, float]:
+def _filled_cache(model: Any, batch: int, context: int) -> list[Any]:
+    """A KV cache of `batch` rows already holding `context` tokens (zeros: the step's cost does
+    not depend on the values), with room for the timed steps so that none of them grows it."""
     cache = make_prompt_cache(model)
-    mx.eval(model(mx.ones((n, context), dtype=mx.int32), cache=cache))
-    token = mx.ones((n,), dtype=mx.int32)
-    started = time.perf_counter()
-    for _ in range(steps):
-        token = mx.argmax(model(token[:, None], cache=cache)[:, -1, :], axis=-1)
+    mx.eval(model(mx.ones((1, 1), dtype=mx.int32), cache=cache))  # learn the layers' shapes
+    capacity = -(-(context + STEPS + 1) // 256) * 256
+    for layer in cache:
+        _, heads, _, k_dim = layer.keys.shape
+        v_dim = layer.values.shape[3]
+        layer.keys = mx.zeros((batch, heads, capacity, k_dim), layer.keys.dtype)
+        layer.values = mx.zeros((batch, heads, capacity, v_dim), layer.values.dtype)
+        layer.offset = context
+    mx.eval([(layer.keys, layer.values) for layer in cache])
+    return list(cache)
+
+
+def forward(model: Any, request: dict[str, Any]) -> dict[str, float]:
+    batch, context = int(request["batch"]), int(request["context"])
+    cache = _filled_cache(model, batch, context)
+    runs = []
+    for _ in range(RUNS + 1):  # the first run warms this shape up and is not counted
+        for layer in cache:
+            layer.offset = context
+        token = mx.ones((batch,), dtype=mx.int32)
+        started = time.perf_counter()
+        for _ in range(STEPS):
+            token = mx.argmax(model(token[:, None], cache=cache)[:, -1, :], axis=-1)
+            mx.async_eval(token)
         mx.eval(token)
-    step_s = (time.perf_counter() - started) / steps
-    return {"step_ms": step_s * 1e3, "tokens_per_s": n / step_s}
+        runs.append((time.perf_counter() - started) / STEPS)
+    step_s = statistics.median(runs[1:])
+    spread = (max(runs[1:]) - min(runs[1:])) / step_s
+    return {"tokens_per_s": batch / step_s, "step_ms": step_s * 1e3, "spread": spread}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
-    parser.add_argument("--concurrency", default="1,16")
-    parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args()
     model, tokenizer = load(args.model)
-    results: dict[str, Any] = {}
-    for n in [int(c) for c in args.concurrency.split(",")]:
-        engine = (
-            one_stream(model, tokenizer, args.max_tokens)
-            if n == 1
-            else batched(model, tokenizer, n, args.max_tokens)
-        )
-        results[str(n)] = {"engine": engine, "forward": forward_step(model, n)}
-    print(json.dumps(results))
+    # The same warm-up as every server gets: a real generation, then a few forward steps.
+    engine(model, tokenizer, {"batch": 1, "prompts": [WARMUP], "max_tokens": 8})
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request["op"] == "engine":
+            answer = engine(model, tokenizer, request)
+        else:
+            answer = forward(model, request)
+        print(json.dumps(answer), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
-"""Drive one OpenAI-compatible server at a given concurrency and summarise what clients saw."""
+"""Drive one OpenAI-compatible server at a given concurrency and summarise what clients saw.
+
+`run_load` sends streamed chat requests of a workload (bench/prompts.py): `concurrency`
+clients, each sending its requests one after another; for a conversational workload each
+request resends the client's conversation so far, with the answer it streamed back.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bench.prompts import TextMaker, Workload
 from bench.sse_client import StreamRecord, stream_chat
 
 TOPICS = ("the sea", "a lighthouse", "autumn", "a city at night", "a fox", "the moon", "rain")
@@ -45,6 +51,8 @@ class LoadResult:
     ttft_p95_ms: float | None
     gap_p50_ms: float | None
     gap_p99_ms: float | None
+    prompt_tokens: float | None = None  # mean, as the server counted them (usage)
+    error_samples: list[str] = field(default_factory=list)  # the first few, to tell why
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,6 +65,7 @@ def summarise(
     tokens = sum(r.tokens() for r in ok)
     ttfts = [t * 1e3 for r in ok if (t := r.ttft) is not None]
     gaps = [g * 1e3 for r in ok for g in r.gaps()]
+    prompts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
     return LoadResult(
         system=system,
         concurrency=concurrency,
@@ -69,26 +78,46 @@ def summarise(
         ttft_p95_ms=percentile(ttfts, 95),
         gap_p50_ms=statistics.median(gaps) if gaps else None,
         gap_p99_ms=percentile(gaps, 99),
+        prompt_tokens=statistics.mean(prompts) if prompts else None,
+        error_samples=list(dict.fromkeys(r.error for r in records if r.error))[:3],
     )
 
 
-async def _client(
-    port: int, model: str, ids: list[int], max_tokens: int, out: list[StreamRecord]
-) -> None:
-    for i in ids:
-        out.append(await stream_chat("127.0.0.1", port, chat_body(model, i, max_tokens), 600))
+@dataclass(frozen=True)
+class Traffic:
+    """What the clients of one run send: `requests` each (turns, for a conversation), of
+    `workload`, with texts seeded by `seed` (the same seed gives every system the same texts)."""
+
+    workload: Workload
+    texts: TextMaker
+    seed: str
+    requests: int
+    max_tokens: int
+    timeout_s: float = 900.0
 
 
-def run_load(
-    system: str, port: int, model: str, concurrency: int, per_client: int, max_tokens: int
-) -> LoadResult:
-    """`concurrency` clients, each sending `per_client` streamed requests one after another."""
+async def _client(port: int, model: str, traffic: Traffic, client: int) -> list[StreamRecord]:
     records: list[StreamRecord] = []
+    history: list[dict[str, str]] = []
+    for turn in range(traffic.requests):
+        seed = f"{traffic.seed}/{client}"
+        messages = traffic.workload.messages(traffic.texts, seed, turn, history)
+        body = {**chat_body(model, 0, traffic.max_tokens), "messages": messages}
+        record = await stream_chat("127.0.0.1", port, body, traffic.timeout_s)
+        records.append(record)
+        if traffic.workload.conversational:
+            answer = {"role": "assistant", "content": "".join(record.chunk_texts)}
+            history = [*messages, answer]
+    return records
 
-    async def main() -> None:
-        ids = [[c * per_client + k for k in range(per_client)] for c in range(concurrency)]
-        await asyncio.gather(*(_client(port, model, i, max_tokens, records) for i in ids))
+
+def run_load(system: str, port: int, model: str, concurrency: int, traffic: Traffic) -> LoadResult:
+    """`concurrency` clients at once, each sending its requests one after another."""
+
+    async def main() -> list[list[StreamRecord]]:
+        clients = (_client(port, model, traffic, c) for c in range(concurrency))
+        return await asyncio.gather(*clients)
 
     started = time.perf_counter()
-    asyncio.run(main())
+    records = [r for client in asyncio.run(main()) for r in client]
     return summarise(system, concurrency, records, time.perf_counter() - started)

@@ -1,8 +1,9 @@
-"""The benchmark's outputs: a JSON file, a PNG chart and a printed table."""
+"""The benchmarks' outputs: a JSON file, and for `serve` its tables (Markdown) and chart (PNG)."""
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -11,43 +12,134 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+FORWARD = "forward step (ceiling)"
+PEERS = ("mlx_lm.server", "vllm-mlx")
+# (heading, row key, digits): the serve table's measured columns.
+COLUMNS = (
+    ("tok/s", "tokens_per_s", 1),
+    ("TTFT p50 ms", "ttft_p50_ms", 0),
+    ("TTFT p95 ms", "ttft_p95_ms", 0),
+    ("gap p50 ms", "gap_p50_ms", 0),
+    ("gap p99 ms", "gap_p99_ms", 0),
+    ("peak MB", "peak_mb", 0),
+    ("prompt tokens", "prompt_tokens", 0),
+    ("errors", "errors", 0),
+)
+WORKLOAD_TEXT = {
+    "short": "about 40 tokens of text each (plus the chat template)",
+    "medium": "about 600 tokens of text each",
+    "long": "about 2,000 tokens of text each",
+    "multiturn": "conversations: a 600-token document, then turns of 40 new tokens, each turn "
+    "resending the history",
+}
 
-def _fmt(value: float | None, digits: int = 1) -> str:
+
+def _fmt(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    head = "| system | c | tok/s | TTFT p50 ms | TTFT p95 ms | gap p50 ms | gap p99 ms | errors |"
-    lines = [head, "|" + " --- |" * 8]
-    for r in rows:
-        cells = [
-            r["system"],
-            str(r["concurrency"]),
-            _fmt(r["tokens_per_s"]),
-            _fmt(r.get("ttft_p50_ms"), 0),
-            _fmt(r.get("ttft_p95_ms"), 0),
-            _fmt(r.get("gap_p50_ms"), 0),
-            _fmt(r.get("gap_p99_ms"), 0),
-            str(r.get("errors", "-")),
-        ]
+def _joined(rows: list[dict[str, Any]], key: str, digits: int) -> str:
+    """One cell: the value of each repeat, in repeat order."""
+    return " / ".join(_fmt(r.get(key), digits) for r in rows)
+
+
+def _groups(rows: list[dict[str, Any]], workload: str) -> dict[tuple[int, str], list[Any]]:
+    found: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for r in sorted((r for r in rows if r["workload"] == workload), key=lambda r: r["repeat"]):
+        found.setdefault((r["concurrency"], r["system"]), []).append(r)
+    return dict(sorted(found.items(), key=lambda kv: kv[0][0]))
+
+
+def _table(rows: list[dict[str, Any]], workload: str) -> list[str]:
+    head = ["c", "system", *(h for h, _, _ in COLUMNS), "machine busy %"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for (c, system), mine in _groups(rows, workload).items():
+        cells = [str(c), system, *(_joined(mine, key, d) for _, key, d in COLUMNS)]
+        busy = [r.get("machine_busy") for r in mine]
+        cells.append(" / ".join(_fmt(b * 100 if b is not None else None, 0) for b in busy))
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return lines
 
 
-def chart(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    fig, (tput, ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for system in dict.fromkeys(r["system"] for r in rows):
-        mine = sorted((r for r in rows if r["system"] == system), key=lambda r: r["concurrency"])
-        xs = [r["concurrency"] for r in mine]
-        tput.plot(xs, [r["tokens_per_s"] for r in mine], marker="o", label=system)
-        if any(r.get("ttft_p50_ms") is not None for r in mine):
-            ttft.plot(xs, [r.get("ttft_p50_ms") for r in mine], marker="o", label=system)
-    tput.set(xscale="log", xlabel="concurrent streams", ylabel="generated tokens/s (all streams)")
-    ttft.set(xscale="log", xlabel="concurrent streams", ylabel="TTFT p50 (ms)")
-    for ax in (tput, ttft):
+def _ratio_lines(rows: list[dict[str, Any]], workload: str) -> list[str]:
+    """mlxq against the better peer and the forward step, per concurrency and repeat."""
+    by = {
+        (r["concurrency"], r["repeat"], r["system"]): r for r in rows if r["workload"] == workload
+    }
+    lines = []
+    for c, repeat, system in sorted(k for k in by if k[2].startswith("mlxq")):
+        mine = by[(c, repeat, system)]
+        peers = [by[(c, repeat, p)] for p in PEERS if (c, repeat, p) in by]
+        parts = [f"c={c} repeat {repeat}"]
+        if peers:
+            best = max(peers, key=lambda p: p["tokens_per_s"])
+            ratio = mine["tokens_per_s"] / best["tokens_per_s"]
+            parts.append(f"{system} / {best['system']} tok/s = {ratio:.2f}")
+            if mine["ttft_p50_ms"] is not None and best["ttft_p50_ms"] is not None:
+                ours, theirs = mine["ttft_p50_ms"] / 1e3, best["ttft_p50_ms"] / 1e3
+                parts.append(f"TTFT p50 {ours:.2f} s vs {theirs:.2f} s")
+        forward = by.get((c, repeat, FORWARD))
+        if forward:
+            parts.append(
+                f"mlxq / forward step = {mine['tokens_per_s'] / forward['tokens_per_s']:.2f}"
+            )
+        lines.append("- " + ", ".join(parts))
+    return lines
+
+
+def serve_markdown(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    busy = [r["machine_busy"] for r in rows if r.get("machine_busy") is not None]
+    load = [r["load1"] for r in rows if r.get("load1") is not None]
+    settings = result["settings"]
+    out = [
+        f"Run of {result['started']} - {result['finished']}: `{result['command']}`",
+        "",
+        f"Machine: {result['machine']['summary']}. Whole machine CPU busy during the runs: "
+        + (f"median {statistics.median(busy) * 100:.0f}%" if busy else "-")
+        + (f"; load average {min(load):.1f}-{max(load):.1f}" if load else "")
+        + ". Streamed chat, temperature 0, "
+        f"{settings.get('max_tokens')} new tokens a request; values of several repeats "
+        "are given in repeat order, separated by /. Peak MB: resident-set high-water mark of the "
+        "process holding the model (mlxq: its worker) during that run.",
+    ]
+    if result.get("not_installed"):
+        out += ["", "Not installed (skipped): " + ", ".join(result["not_installed"])]
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        out += ["", f"### {workload}: {WORKLOAD_TEXT.get(workload, '')}", ""]
+        out += _table(rows, workload)
+        out += ["", *_ratio_lines(rows, workload)]
+    if result.get("warnings"):
+        out += ["", "**Warnings: above the forward step (the ceiling is not one here)**", ""]
+        out += [f"- {w}" for w in result["warnings"]]
+    return "\n".join(out) + "\n"
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float:
+    return float(statistics.median(r[key] for r in rows))
+
+
+def serve_chart(result: dict[str, Any], path: Path) -> None:
+    rows = result["rows"]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 4), squeeze=False)
+    for ax, workload in zip(axes[0], workloads, strict=True):
+        groups = _groups(rows, workload)
+        for system in dict.fromkeys(s for _, s in groups):
+            mine = sorted((c, g) for (c, s), g in groups.items() if s == system)
+            ax.plot(
+                [c for c, _ in mine],
+                [_median(g, "tokens_per_s") for _, g in mine],
+                marker="o",
+                label=system,
+                linestyle="--" if system == FORWARD else "-",
+            )
+        ax.set(
+            xscale="log", xlabel="concurrent streams", ylabel="generated tokens/s", title=workload
+        )
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"bench serve, {result['started']} ({result['machine']['summary']})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,138 +1,266 @@
-"""The side-by-side benchmark: engine alone, mlx_lm.server (the peer) and mlxq, one run.
+"""The side-by-side benchmark: mlxq, mlx_lm.server, vllm-mlx and the baselines, in one run.
 
-For each concurrency level, every system gets the same streamed chat requests from the same
-client code (bench/load.py), one system at a time on this machine, the peer and mlxq back to
-back at each level, so their ratios are comparable even on a noisy machine. The engine alone
-and the bare forward step run in a subprocess with the same weights; the naive set-up (4-bit
-weights as shipped, no OpenBLAS) is measured the same way for the engine-setup ratio.
+A cell is a workload (bench/prompts.py: short, medium or long prompts, each request with its own
+text, or multi-turn conversations) at a concurrency. Every system is started once, warmed up by
+a real completion, and stays up (idle while the others run). For each repeat and cell, the
+systems take turns on the same requests, in an order rotated from cell to cell and repeat to
+repeat, so that none always runs first or last on a machine whose load drifts. The baselines
+(mlx-lm alone, the bare forward step at the cell's batch size and context) run in their own
+long-lived process (bench/baseline.py) and take their turn in the same rotation; a server
+faster than the forward step of its cell is reported as a warning, since the ceiling is then
+not one.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
+import os
+import shlex
+import signal
 import sys
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from bench import systems
-from bench.load import LoadResult, run_load
+from bench.baseline import Baseline, baseline
+from bench.load import Traffic, run_load
 from bench.machine import describe
-from bench.report import chart, table, write
-from worker.gguf.default_model import KEEP, ensure_default_model
-from worker.ops.cluster import environment
+from bench.prompts import WORKLOADS, TextMaker, Workload
+from bench.report import serve_chart, serve_markdown, write
+from worker.gguf.default_model import ensure_default_model
+
+ENGINE = "engine (mlx-lm BatchGenerator)"
+FORWARD = "forward step (ceiling)"
+SERVERS = ("mlxq", "mlx_lm.server", "vllm-mlx")
+TEMPLATE_TOKENS = 30  # the default model's chat template around one user message
 
 
-def engine_rows(model: Path, levels: list[int], max_tokens: int, blas: bool) -> dict[str, Any]:
-    env = environment(**(systems.blas_env() if blas else {}))
-    if not blas:
-        env.pop("LD_PRELOAD", None)
-    args = [sys.executable, "-m", "bench.engine_only", str(model), "--max-tokens", str(max_tokens)]
-    args += ["--concurrency", ",".join(map(str, levels))]
-    out = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return result
+@dataclass(frozen=True)
+class Cell:
+    workload: Workload
+    concurrency: int
+    requests: int  # per client: one-shot requests, or turns of one conversation
+    max_tokens: int
+
+    def context(self) -> int:
+        """Tokens in a sequence's KV cache halfway through its answer, on average."""
+        w = self.workload
+        tokens = TEMPLATE_TOKENS + w.first_tokens + self.max_tokens // 2
+        if w.next_tokens is not None:
+            tokens += (self.requests - 1) * (w.next_tokens + self.max_tokens) // 2
+        return tokens
 
 
-def _as_row(system: str, concurrency: int, tokens_per_s: float, **extra: Any) -> dict[str, Any]:
-    return {"system": system, "concurrency": concurrency, "tokens_per_s": tokens_per_s, **extra}
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
 
 
-def _drive(label: str, running: systems.Running, c: int, args: Any) -> dict[str, Any]:
-    cpu_before = systems.cpu_seconds(running.api_pids)
-    result: LoadResult = run_load(
-        label, running.port, running.model, c, args.per_client, args.max_tokens
-    )
-    api_cpu = systems.cpu_seconds(running.api_pids) - cpu_before
-    row = result.as_dict()
-    row["api_cpu_s_per_1k_tokens"] = 1000 * api_cpu / result.tokens if result.tokens else None
+def cells(args: Any) -> list[Cell]:
+    skip = set(args.skip.split(",")) if args.skip else set()
+    found = []
+    for name in args.workloads.split(","):
+        workload = WORKLOADS[name]
+        if workload.conversational:
+            levels, requests = _ints(args.multiturn_concurrency), args.turns
+        else:
+            levels, requests = _ints(args.concurrency), args.per_client
+        found += [
+            Cell(workload, c, requests, args.max_tokens)
+            for c in levels
+            if f"{name}@{c}" not in skip
+        ]
+    return found
+
+
+def _machine_share(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run `measure`, adding how busy the whole machine was meanwhile (all processes)."""
+    busy, total = systems.machine_cpu_seconds()
+    started = time.perf_counter()
+    row = measure()
+    busy2, total2 = systems.machine_cpu_seconds()
+    row["machine_busy"] = (busy2 - busy) / (total2 - total) if total2 > total else None
+    row["load1"] = os.getloadavg()[0]
+    row["measured_s"] = time.perf_counter() - started
     return row
 
 
-def run(args: Any) -> dict[str, Any]:
-    levels = [int(c) for c in args.concurrency.split(",")]
-    model = ensure_default_model(args.models_dir)
-    rows: list[dict[str, Any]] = []
-    with tqdm(total=2 * len(levels) + 2, desc="benchmark", unit="run") as bar:
-        bar.set_postfix_str("engine alone")
-        engine = engine_rows(model, levels, args.max_tokens, blas=True)
-        for c in levels:
-            rows.append(
-                _as_row("engine (mlx-lm in-process)", c, engine[str(c)]["engine"]["tokens_per_s"])
-            )
-            rows.append(
-                _as_row("forward step (ceiling)", c, engine[str(c)]["forward"]["tokens_per_s"])
-            )
-        bar.update()
-        # Both stay up, idle while the other runs: at each level the peer and mlxq run back
-        # to back, so a machine that slows down during the run weighs on both alike.
-        with systems.peer(model) as peer, systems.mlxq(model, batch_size=max(levels)) as mlxq:
-            for c in levels:
-                for label, running in (("mlx_lm.server", peer), ("mlxq", mlxq)):
-                    bar.set_postfix_str(f"{label} c={c}")
-                    rows.append(_drive(label, running, c, args))
-                    bar.update()
-        bar.set_postfix_str("engine set-ups")
-        setups = engine_setups(args) if not args.skip_naive else {}
-        bar.update()
-    return {"machine": describe(), "settings": vars_of(args), "rows": rows, "engine_setups": setups}
+def _server_row(name: str, running: systems.Running, cell: Cell, traffic: Traffic) -> Any:
+    def measure() -> dict[str, Any]:
+        systems.reset_peak_memory(running.memory_pids)
+        row = run_load(name, running.port, running.model, cell.concurrency, traffic).as_dict()
+        row["peak_mb"] = systems.peak_memory_mb(running.memory_pids)
+        return row
+
+    return _machine_share(measure)
 
 
-def engine_setups(args: Any) -> dict[str, Any]:
-    """float32 + OpenBLAS vs the 4-bit weights as shipped with MLX's reference BLAS."""
-    levels = [1, 16]
-    fast = engine_rows(ensure_default_model(args.models_dir), levels, 16, blas=True)
-    naive = engine_rows(ensure_default_model(args.models_dir, KEEP), levels, 16, blas=False)
-    return {
-        str(c): {
-            "float32_openblas_tok_s": fast[str(c)]["engine"]["tokens_per_s"],
-            "naive_4bit_tok_s": naive[str(c)]["engine"]["tokens_per_s"],
+def _engine_row(base: Baseline, cell: Cell, traffic: Traffic) -> dict[str, Any]:
+    def measure() -> dict[str, Any]:
+        systems.reset_peak_memory([base.pid])
+        prompts = [
+            cell.workload.messages(traffic.texts, f"{traffic.seed}/{client}", turn, [])
+            for client in range(cell.concurrency)
+            for turn in range(cell.requests)
+        ]
+        answer = base.engine(prompts, cell.concurrency, cell.max_tokens)
+        return {
+            "system": ENGINE,
+            "tokens_per_s": answer["tokens_per_s"],
+            "peak_mb": systems.peak_memory_mb([base.pid]),
         }
-        for c in levels
+
+    return _machine_share(measure)
+
+
+def _forward_row(base: Baseline, cell: Cell) -> dict[str, Any]:
+    def measure() -> dict[str, Any]:
+        answer = base.forward(cell.concurrency, cell.context())
+        return {"system": FORWARD, **answer, "context": cell.context()}
+
+    return _machine_share(measure)
+
+
+class Systems:
+    """The systems of this run, started once; names of those not installed are kept apart."""
+
+    def __init__(self, stack: ExitStack, model: Path, args: Any) -> None:
+        self.servers: dict[str, systems.Running] = {}
+        self.base: Baseline | None = None
+        self.not_installed: list[str] = []
+        self.order: list[str] = []
+        for name in args.systems.split(","):
+            self._start(stack, name, model, args)
+        for setting in args.mlxq_tuned or []:
+            env = dict(pair.split("=", 1) for pair in setting.split(","))
+            label = f"mlxq [{setting}]"
+            self.servers[label] = stack.enter_context(systems.mlxq(model, settings=env))
+            self.order.append(label)
+
+    def _start(self, stack: ExitStack, name: str, model: Path, args: Any) -> None:
+        if name in ("engine", "forward"):
+            self.base = self.base or stack.enter_context(baseline(model))
+            self.order.append(ENGINE if name == "engine" else FORWARD)
+            return
+        if name == "mlxq":
+            running = stack.enter_context(systems.mlxq(model))
+        elif name == "mlx_lm.server":
+            running = stack.enter_context(systems.peer(model))
+        elif name == "vllm-mlx":
+            executable = systems.vllm_mlx_executable(args.vllm_mlx)
+            if executable is None:
+                self.not_installed.append(name)
+                return
+            running = stack.enter_context(systems.vllm_mlx(model, executable))
+        else:
+            raise SystemExit(
+                f"unknown system {name!r}: one of {', '.join(SERVERS)}, engine, forward"
+            )
+        self.servers[name] = running
+        self.order.append(name)
+
+    def measure(self, name: str, cell: Cell, traffic: Traffic) -> dict[str, Any] | None:
+        if name in self.servers:
+            row: dict[str, Any] = _server_row(name, self.servers[name], cell, traffic)
+            return row
+        assert self.base is not None
+        if name == FORWARD:
+            return _forward_row(self.base, cell)
+        if cell.workload.conversational:
+            return None  # mlx-lm alone keeps no conversation: no engine row for multi-turn
+        return _engine_row(self.base, cell, traffic)
+
+
+def ceiling_warnings(rows: list[dict[str, Any]]) -> list[str]:
+    """Rows faster than their cell's forward step: that ceiling is not one."""
+    warnings = []
+    for r in rows:
+        if r["system"] == FORWARD:
+            continue
+        ceiling = next(
+            (
+                f
+                for f in rows
+                if f["system"] == FORWARD
+                and (f["workload"], f["concurrency"], f["repeat"])
+                == (r["workload"], r["concurrency"], r["repeat"])
+            ),
+            None,
+        )
+        if ceiling is not None and r["tokens_per_s"] > ceiling["tokens_per_s"]:
+            warnings.append(
+                f"{r['workload']} c={r['concurrency']} repeat {r['repeat']}: {r['system']} "
+                f"{r['tokens_per_s']:.1f} tok/s above the forward step's "
+                f"{ceiling['tokens_per_s']:.1f}"
+            )
+    return warnings
+
+
+def run(args: Any, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Measure every cell; `save` gets the results so far after each one (a long run that is
+    stopped keeps what it measured)."""
+    model = ensure_default_model(args.models_dir)
+    texts = TextMaker(model)
+    grid = cells(args)
+    rows: list[dict[str, Any]] = []
+    started = time.time()
+    machine = describe()
+    with ExitStack() as stack:
+        running = Systems(stack, model, args)
+        names = running.order
+        total = args.repeats * len(grid) * len(names)
+        with tqdm(total=total, desc="serve", unit="run") as bar:
+            for repeat in range(args.repeats):
+                for i, cell in enumerate(grid):
+                    seed = f"{cell.workload.name}/c{cell.concurrency}/r{repeat}"
+                    traffic = Traffic(cell.workload, texts, seed, cell.requests, cell.max_tokens)
+                    shift = (repeat + i) % len(names)
+                    for position, name in enumerate(names[shift:] + names[:shift]):
+                        bar.set_postfix_str(f"{cell.workload.name} c={cell.concurrency} {name}")
+                        row = running.measure(name, cell, traffic)
+                        if row is not None:
+                            row |= {
+                                "system": name,
+                                "workload": cell.workload.name,
+                                "concurrency": cell.concurrency,
+                                "repeat": repeat,
+                                "position": position,
+                            }
+                            rows.append(row)
+                        bar.update()
+                    save(_result(args, machine, started, running.not_installed, rows))
+        return _result(args, machine, started, running.not_installed, rows)
+
+
+def _result(
+    args: Any, machine: Any, started: float, not_installed: list[str], rows: list[Any]
+) -> dict[str, Any]:
+    return {
+        "machine": machine,
+        "command": "python -m bench " + shlex.join(sys.argv[1:]),
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "settings": {k: str(v) for k, v in vars(args).items() if k != "func"},
+        "not_installed": not_installed,
+        "rows": rows,
+        "warnings": ceiling_warnings(rows),
     }
 
 
-def vars_of(args: Any) -> dict[str, Any]:
-    return {k: str(v) for k, v in vars(args).items() if k != "func"}
-
-
-def ratios(result: dict[str, Any]) -> list[str]:
-    by = {(r["system"], r["concurrency"]): r for r in result["rows"]}
-    lines = []
-    for (system, c), row in sorted(by.items(), key=lambda kv: kv[0][1]):
-        if system != "mlxq":
-            continue
-        peer = by.get(("mlx_lm.server", c))
-        engine = by.get(("engine (mlx-lm in-process)", c))
-        parts = [f"c={c}"]
-        if peer and peer["tokens_per_s"]:
-            parts.append(f"mlxq/peer tok/s = {row['tokens_per_s'] / peer['tokens_per_s']:.2f}")
-            if row["ttft_p50_ms"] is not None and peer["ttft_p50_ms"] is not None:
-                parts.append(
-                    f"TTFT p50 mlxq-peer = {row['ttft_p50_ms'] - peer['ttft_p50_ms']:+.0f} ms"
-                )
-        if engine and engine["tokens_per_s"]:
-            parts.append(f"mlxq/engine = {row['tokens_per_s'] / engine['tokens_per_s']:.2f}")
-        if row.get("api_cpu_s_per_1k_tokens") is not None:
-            parts.append(f"API CPU {row['api_cpu_s_per_1k_tokens']:.2f} s/1k tokens")
-        lines.append(", ".join(parts))
-    for c, s in result.get("engine_setups", {}).items():
-        gain = s["float32_openblas_tok_s"] / s["naive_4bit_tok_s"]
-        lines.append(f"c={c}: float32+OpenBLAS / naive 4-bit = {gain:.1f}x")
-    return lines
-
-
 def main(args: Any) -> None:
-    result = run(args)
     out = Path(args.out)
-    write(out, "serve", result)
-    chart(
-        result["rows"],
-        out / "serve.png",
-        f"mlxq vs mlx_lm.server vs engine ({result['machine']['summary']})",
-    )
-    text = table(result["rows"]) + "\n\n" + "\n".join(ratios(result))
-    (out / "serve.md").write_text(f"Machine: {result['machine']['summary']}\n\n{text}\n")
-    print(text)
+
+    def save(result: dict[str, Any]) -> None:
+        write(out, args.name, result)
+        serve_chart(result, out / f"{args.name}.png")
+        (out / f"{args.name}.md").write_text(serve_markdown(result))
+
+    # Stopped with SIGTERM (or Ctrl-C): unwind, so that every system started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    result = run(args, save)
+    save(result)
+    print(serve_markdown(result))

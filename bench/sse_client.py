@@ -26,6 +26,7 @@ class StreamRecord:
     chunk_times: list[float] = field(default_factory=list)
     chunk_texts: list[str] = field(default_factory=list)
     completion_tokens: int | None = None
+    prompt_tokens: int | None = None
     done_at: float | None = None
     error: str | None = None
 
@@ -113,6 +114,7 @@ def _take(line: bytes, record: StreamRecord) -> bool:
         raise RuntimeError(chunk["error"].get("message", "error event"))
     if chunk.get("usage"):
         record.completion_tokens = chunk["usage"]["completion_tokens"]
+        record.prompt_tokens = chunk["usage"].get("prompt_tokens")
     for choice in chunk.get("choices", []):
         text = (choice.get("delta") or {}).get("content")
         if text:

@@ -1,0 +1,110 @@
+"""What `bench serve` sends: prompts of a given length, each with its own text, and conversations.
+
+Real OpenAI-SDK traffic carries documents, histories and tool definitions: hundreds to thousands
+of prompt tokens. Each prompt here is made of words drawn from a seeded generator, so every
+request has its own text from its first word (no prefix shared between requests, beyond the chat
+template) and the same seed gives the same text on every run and for every system. Lengths are
+counted with the model's own tokenizer (tokenizer.json in the model directory).
+
+A workload is either one-shot requests of one length, or conversations: a first message carrying
+a document, then turns whose request resends the whole history (earlier user messages and the
+answers the server streamed back) plus a short new question.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+_WORD_TEXT = (
+    "river stone garden window market letter engine winter morning station harbour valley "
+    "copper silver orchard bridge lantern meadow forest island mountain village painter "
+    "teacher doctor farmer sailor baker writer student captain soldier merchant pilot "
+    "quietly slowly often rarely always never almost nearly carefully suddenly together "
+    "build carry follow gather listen measure notice open repair reach return share study "
+    "travel wander wonder answer borrow change choose explain finish forget imagine invite "
+    "green yellow purple bright narrow ancient modern gentle heavy hollow honest patient "
+    "silent simple strange sudden tender warm wild early late distant hidden open rough "
+    "the a of and to in on with for from under over between after before during against "
+    "because while although when where which that this those these every each some many "
+    "clock paper table bottle basket candle ladder mirror needle pocket rope saddle shovel "
+    "thread tunnel wagon wheel anchor blanket button compass feather hammer kettle ribbon "
+    "weather season harvest festival journey lesson promise question reason secret story "
+    "theory balance history language machine network pattern signal system number record "
+    "north south east west above below inside outside beyond across along around behind "
+    "seven twelve forty hundred thousand first second third half double single several "
+    "apple bread cheese honey lemon onion pepper rice salt sugar tea water wine butter "
+    "cloud fire frost light rain shadow smoke snow storm sun thunder wind wave tide moon"
+)
+WORDS = _WORD_TEXT.split()
+PUNCTUATION = (".", ".", ".", ",", ",", ";", "?")
+TAIL = "\n\nSummarise the text above in a few sentences."
+
+
+class TextMaker:
+    """Deterministic text of a given token length, measured with the model's tokenizer."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+
+    def text(self, seed: str, tokens: int) -> str:
+        """About `tokens` tokens of words (instruction included), the same for the same seed."""
+        rng = random.Random(zlib.crc32(seed.encode()))
+        body = _words(rng, tokens + 16)
+        budget = max(1, tokens - len(self.tokenizer.encode(TAIL).ids))
+        offsets = self.tokenizer.encode(body).offsets
+        if len(offsets) > budget:
+            body = body[: offsets[budget - 1][1]].rsplit(" ", 1)[0]
+        return body + TAIL
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text).ids)
+
+
+def _words(rng: random.Random, count: int) -> str:
+    out: list[str] = []
+    sentence = 0
+    for _ in range(count):
+        word = rng.choice(WORDS)
+        out.append(word.capitalize() if sentence == 0 else word)
+        sentence += 1
+        if sentence > rng.randint(6, 16):
+            out[-1] += rng.choice(PUNCTUATION)
+            sentence = 0
+    return " ".join(out)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One-shot requests of `first_tokens` (next_tokens None), or conversations whose first
+    message carries `first_tokens` and whose next turns add `next_tokens` each."""
+
+    name: str
+    first_tokens: int
+    next_tokens: int | None = None
+
+    @property
+    def conversational(self) -> bool:
+        return self.next_tokens is not None
+
+    def messages(
+        self, texts: TextMaker, seed: str, turn: int, history: list[dict[str, str]]
+    ) -> list[dict[str, Any]]:
+        """The messages of request `turn` (0-based) of one client; `history` holds the earlier
+        turns of its conversation (empty for one-shot workloads)."""
+        tokens = self.first_tokens if turn == 0 or self.next_tokens is None else self.next_tokens
+        ask = {"role": "user", "content": texts.text(f"{seed}/{turn}", tokens)}
+        return [*history, ask] if self.conversational else [ask]
+
+
+WORKLOADS = {
+    "short": Workload("short", 40),
+    "medium": Workload("medium", 600),
+    "long": Workload("long", 2000),
+    "multiturn": Workload("multiturn", 600, 40),
+}
