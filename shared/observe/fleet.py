@@ -37,16 +37,24 @@ class WorkerStats(BaseModel):
     tokens_per_s: float  # generated over the last minute
     generated_tokens: int  # since the worker started
     started_at: float
+    # Prompt tokens this worker looked up in its prefix cache, and found there, since it started.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
     @property
     def slots_used(self) -> int:
         return sum(self.running.values())
 
 
+def report_ttl_ms(heartbeat_s: float) -> int:
+    """A worker's report lives a little longer than the worker counts as alive, so a reader
+    never finds a live worker without one."""
+    return int((LIVE_FACTOR + 1) * heartbeat_s * 1000)
+
+
 def publish_stats(pipe: Any, keys: Keys, stats: WorkerStats, heartbeat_s: float) -> None:
-    """Queue the worker's report on `pipe`; it lives a little longer than the worker counts as
-    alive, so a reader never finds a live worker without one."""
-    ttl_ms = int((LIVE_FACTOR + 1) * heartbeat_s * 1000)
+    """Queue the worker's report on `pipe` (`report_ttl_ms`)."""
+    ttl_ms = report_ttl_ms(heartbeat_s)
     pipe.set(keys.worker_stats(stats.worker_id), stats.model_dump_json(), px=ttl_ms)
 
 

@@ -42,6 +42,7 @@ from shared.wire.events import DoneEvent, ErrorEvent, Event
 from worker.engine.batch import BatchEngine
 from worker.runtime.batch_lines import BatchLines
 from worker.runtime.loop import EngineLoop
+from worker.runtime.prefix_report import PrefixFigures
 from worker.runtime.publish import EventSink, Route
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class Runtime:
     job_timeout_s: float
     release: Script  # shared/queue/backlog.py RELEASE, registered on `redis`
     worker_id: str
+    figures: PrefixFigures | None = None  # this worker's prefix-cache figures (fleet view)
 
 
 _runtime: Runtime | None = None
@@ -123,6 +125,8 @@ def _report(
         ended_at=time.time(),
         error=outcome.error,
     )
+    if rt.figures is not None:
+        rt.figures.count(record.prompt_tokens, record.cached_tokens)
     log_event(job_log, "job", **record.log_fields())
     times = (record.enqueued_at, record.started_at, record.first_token_at, record.ended_at)
     usage = (record.prompt_tokens, record.completion_tokens)

@@ -25,6 +25,7 @@ from pathlib import Path
 from redis.exceptions import RedisError
 
 from shared.observe import tracing
+from shared.observe.fleet import report_ttl_ms
 from shared.queue import backlog
 from shared.queue.config import Settings
 from shared.queue.connection import connect, connect_blocking
@@ -43,6 +44,8 @@ from worker.runtime.drain import Drain
 from worker.runtime.fence import FencedSink
 from worker.runtime.heartbeat import beat, born, keep_beating, retire
 from worker.runtime.loop import EngineLoop
+from worker.runtime.placed_take import PlacedTake
+from worker.runtime.prefix_report import PrefixFigures, PrefixReport
 from worker.runtime.reaper import Reaper
 from worker.runtime.report import Reporter
 from worker.runtime.slots import LEAVE_S, SlotWorker, held, start_slots, stop_slots
@@ -69,13 +72,15 @@ def resolve_model(settings: Settings) -> tuple[str, str]:
     return settings.model, settings.model  # a hub id, on machines that reach the hub
 
 
-def build_engine(settings: Settings) -> tuple[str, BatchEngine, TokenizerSpec | None]:
-    """(served model name, engine, what the API needs to count its prompts): the configured
-    model, or the synthetic engine (which publishes no tokenizer)."""
+def build_engine(
+    settings: Settings,
+) -> tuple[str, BatchEngine, TokenizerSpec | None, PrefixCache | None]:
+    """(served model name, engine, what the API needs to count its prompts, its prefix cache):
+    the configured model, or the synthetic engine (no tokenizer published, no cache)."""
     if settings.engine == "synthetic":
         log.warning("SYNTHETIC engine: no model, tokens every %.3f s", settings.synthetic_step_s)
         synthetic = SyntheticEngine(settings.synthetic_step_s, settings.default_max_tokens)
-        return settings.model, synthetic, None
+        return settings.model, synthetic, None, None
     name, source = resolve_model(settings)
     log.info("loading %s from %s", name, source)
     started = time.perf_counter()
@@ -90,12 +95,12 @@ def build_engine(settings: Settings) -> tuple[str, BatchEngine, TokenizerSpec | 
     engine = engine_class(
         loaded, settings.batch_size, settings.default_max_tokens, settings.prefill_tokens, prefixes
     )
-    return name, engine, build_spec(loaded)
+    return name, engine, build_spec(loaded), prefixes
 
 
 def serve(settings: Settings) -> None:
     tracing.setup("mlxq-worker")
-    name, engine, spec = build_engine(settings)
+    name, engine, spec, prefixes = build_engine(settings)
     keys = Keys(settings.namespace)
     redis = connect(settings)
     if spec is not None:
@@ -113,8 +118,9 @@ def serve(settings: Settings) -> None:
     )
     loop = EngineLoop(engine, sink, keys, worker_id)
     release = redis.register_script(backlog.RELEASE)
+    figures = PrefixFigures()
     runtime = job_function.Runtime(
-        engine, loop, sink, redis, keys, float(settings.job_timeout_s), release, worker_id
+        engine, loop, sink, redis, keys, float(settings.job_timeout_s), release, worker_id, figures
     )
     job_function.bind(runtime)
 
@@ -150,10 +156,15 @@ def serve(settings: Settings) -> None:
     present = listen_for_cancels(blocking, keys, loop, worker_id, services)
     if not present.wait(PRESENCE_WAIT_S):
         log.warning("presence not confirmed yet (Redis slow?); serving anyway")
-    reporter = Reporter(loop, lambda: held(slots), keys, name, worker_id, settings.batch_size)
+    reporter = Reporter(
+        loop, lambda: held(slots), keys, name, worker_id, settings.batch_size, figures
+    )
+    advertised = PrefixReport(prefixes, keys, worker_id)
     # Known before it takes a job: then it can be reaped.
     _until_redis_answers(
-        lambda: beat(redis, keys, name, worker_id, reporter.stats(), settings.heartbeat_s)
+        lambda: beat(
+            redis, keys, name, worker_id, reporter.stats(), settings.heartbeat_s, advertised
+        )
     )
     keep_beating(
         redis,
@@ -164,11 +175,13 @@ def serve(settings: Settings) -> None:
         services,
         on_tombstone=lambda: die(EXIT_BURIED, buried),
         report=reporter.stats,
+        prefixes=advertised,
     )
     queues = keys.lanes(name)  # in the order slots take from them
     # Some slots take interactive jobs only, so a long batch never holds every slot.
     reserved = min(settings.interactive_slots, settings.batch_size - 1)
-    slots += start_slots(blocking, keys, queues, settings.batch_size, worker_id, reserved)
+    placed = PlacedTake.of(keys, name, worker_id, report_ttl_ms(settings.heartbeat_s))
+    slots += start_slots(blocking, keys, queues, settings.batch_size, placed, reserved)
     reaper.run(services)
     wedged = "the engine loop made no progress while holding jobs"
     Watchdog(loop, settings.watchdog_s, lambda: die(EXIT_WEDGED, wedged)).start(services)
