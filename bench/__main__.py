@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench import bulk, parity, relay, scale, serve
+from bench import bulk, parity, placement, relay, scale, serve
 from shared.queue.config import Settings
 
 
@@ -38,6 +38,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--lines", type=int, default=1000)
     b.add_argument("--max-tokens", type=int, default=16)
     b.set_defaults(func=bulk.main)
+    placement.add_parser(sub)
     return p
 
 
