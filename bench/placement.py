@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +70,17 @@ def _body(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
 
 
 def _figures(cluster: Cluster) -> dict[str, int]:
-    raw = cluster.redis().hgetall(cluster.keys.model_metrics(MODEL))
-    return {k.decode(): int(float(v)) for k, v in raw.items() if b":" not in k or b"success" in k}
+    raw: dict[bytes, bytes] = cluster.redis().hgetall(cluster.keys.model_metrics(MODEL))  # type: ignore[assignment]
+    fields = {k.decode(): v for k, v in raw.items()}
+    return {k: int(float(v)) for k, v in fields.items() if ":" not in k or "success" in k}
 
 
 def _finished(figures: dict[str, int]) -> int:
     return sum(v for k, v in figures.items() if k.startswith("request_success:"))
+
+
+def _at_least(cluster: Cluster, finished: int) -> bool:
+    return _finished(_figures(cluster)) >= finished
 
 
 def _turns(cluster: Cluster, args: Any) -> tuple[list[list[StreamRecord]], dict[str, int]]:
@@ -97,7 +103,7 @@ def _turns(cluster: Cluster, args: Any) -> tuple[list[list[StreamRecord]], dict[
         records = asyncio.run(load())
         by_turn.append(records)
         done = (turn + 1) * len(chats)  # the jobs' figures land just after their last event
-        wait_until(lambda d=done: _finished(_figures(cluster)) >= d, 30, "the jobs' figures")
+        wait_until(partial(_at_least, cluster, done), 30, "the jobs' figures")
         if turn == 0:
             after_first = _figures(cluster)
         for chat, record in zip(chats, records, strict=True):
