@@ -25,6 +25,8 @@ from shared.queue.jobs import LANES, Lane
 from shared.queue.keys import Keys
 from shared.queue.liveness import LIVE_FACTOR, alive
 
+PLACEMENT = ("followed", "overridden_busy", "overridden_wait")
+
 
 class WorkerStats(BaseModel):
     """What a worker reports of itself with each heartbeat."""
@@ -76,6 +78,9 @@ class ModelView(BaseModel):
     slots_total: int
     tokens_per_s: float
     lanes: list[LaneView]
+    # Prefix-aware placement since the fleet's figures began: followed, overridden_busy,
+    # overridden_wait (api/queue/placement.py).
+    placement: dict[str, int] = {}
 
 
 class FleetSnapshot(BaseModel):
@@ -127,11 +132,12 @@ def read_snapshot(
         for lane in LANES:
             pipe.llen(_queue_key(keys, model, lane))
             pipe.lindex(_queue_key(keys, model, lane), 0)
+        pipe.hmget(keys.model_metrics(model), [f"placement_{p}" for p in PLACEMENT])
     if recent:
         pipe.lrange(keys.recent_jobs(), 0, recent - 1)
     per_model = pipe.execute()
     recent_rows = per_model.pop() if recent else []
-    step = 1 + 2 * len(LANES)
+    step = 2 + 2 * len(LANES)
     beats = {
         _text(worker): float(score)
         for rows in per_model[::step]
@@ -139,8 +145,10 @@ def read_snapshot(
         if alive(float(score), 1, now, heartbeat_s)
     }
     workers = _live_workers(redis, keys, beats, now, heartbeat_s)
-    heads = [per_model[i + 1 : i + step] for i in range(0, len(per_model), step)]
+    heads = [per_model[i + 1 : i + step - 1] for i in range(0, len(per_model), step)]
     views = _model_views(redis, models, heads, workers, now)
+    for view, counts in zip(views, per_model[step - 1 :: step], strict=True):
+        view.placement = {p: int(c or 0) for p, c in zip(PLACEMENT, counts, strict=True)}
     return FleetSnapshot(
         taken_at=now, workers=workers, models=views, recent_jobs=_decode_jobs(recent_rows)
     )
