@@ -115,7 +115,11 @@ def _turns(cluster: Cluster, args: Any) -> tuple[list[list[StreamRecord]], dict[
 
 
 def run_level(workers: int, placement: bool, args: Any) -> Row:
-    env = {"MLXQ_PLACEMENT_WAIT_S": "2" if placement else "0"}
+    env = {
+        "MLXQ_PLACEMENT_WAIT_S": "2" if placement else "0",
+        # A shared, loaded machine can take over a minute for one prefill group of long prompts.
+        "MLXQ_WATCHDOG_S": "600",
+    }
     cluster = Cluster(namespace=f"benchplace{workers}", heartbeat_s=1.0, model=MODEL, env=env)
     try:
         cluster.start(workers)
