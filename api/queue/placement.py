@@ -8,8 +8,9 @@ its fair place; a placement record names the worker that may take it first and u
 (worker/runtime/placed_take.py). Why this shape: README, Architecture, "Placement".
 
 The hot-spot rule: affinity is followed only while the worker holding the prefix has a free slot
-and runs at most MAX_IMBALANCE more jobs than the least loaded live worker (slots in use from its
-last report, plus the jobs already placed on it and not yet taken). Otherwise, when another worker
+and runs at most MAX_IMBALANCE more jobs than the least loaded live worker (the jobs its slots
+hold now, its `{ns}:taking:{worker}` list, which is exact where a report is a heartbeat old, plus
+the jobs already placed on it and not yet taken). Otherwise, when another worker
 has a free slot, the job is not placed: any free slot takes it, as without placement. When no
 worker has one, the job is placed on the holder, since waiting for it costs no more than waiting
 for any other. Either way no job waits for its worker longer than the prefill
@@ -101,11 +102,14 @@ class Placement:
         for worker in workers:
             pipe.smismember(self._keys.prefix_blocks(worker), hashes)
             pipe.get(self._keys.worker_stats(worker))
+            pipe.llen(self._keys.taking(worker))
         (seconds, micros), records, *rows = pipe.execute()
         placed = Counter(bytes(r).decode().split("|", 1)[0] for r in records)
         candidates = [
-            _candidate(worker, held, report, placed[worker])
-            for worker, held, report in zip(workers, rows[::2], rows[1::2], strict=True)
+            _candidate(worker, held, report, taking + placed[worker])
+            for worker, held, report, taking in zip(
+                workers, rows[::3], rows[1::3], rows[2::3], strict=True
+            )
         ]
         return seconds + micros / 1e6, candidates
 
@@ -130,10 +134,10 @@ class Placement:
         pipe.hdel(self._keys.job_blocks(model), job_id)
 
 
-def _candidate(worker: str, held: list[Any], report: bytes | None, placed: int) -> Candidate:
+def _candidate(worker: str, held: list[Any], report: bytes | None, used: int) -> Candidate:
+    """`used`: the jobs the worker's slots hold, plus those placed on it and not yet taken."""
     matched = matched_blocks([bool(m) for m in held]) * BLOCK_TOKENS
     if report is None:  # no report yet: count it as full, so it gets only what it holds
-        return Candidate(worker, matched, 0, placed)
-    stats = WorkerStats.model_validate_json(report)
-    used = stats.slots_used + placed
-    return Candidate(worker, matched, stats.batch_size - used, used)
+        return Candidate(worker, matched, 0, used)
+    slots = WorkerStats.model_validate_json(report).batch_size
+    return Candidate(worker, matched, slots - used, used)
