@@ -13,6 +13,8 @@ from api.routes import (
     files,
     fleet,
     health,
+    message_batches,
+    messages,
     metrics,
     models,
     openapi,
@@ -33,6 +35,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     for blueprint in (chat.bp, completions.bp, models.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
     for blueprint in (responses.bp, files.bp, batches.bp, fleet.bp):
+        app.register_blueprint(blueprint)
+    for blueprint in (messages.bp, message_batches.bp):
         app.register_blueprint(blueprint)
     metrics.init_app(app, b)
     page.init_app(app)

@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Set up everything mlxq needs on this machine, idempotently: system packages where missing
-# (redis-server; OpenBLAS on Linux; chromium for the page's browser test), the virtualenv .venv with the project and its dev tools,
-# and the default model. Sourced or run by scripts/run.sh and scripts/test.sh.
+# Set up what mlxq needs on this machine, idempotently. `setup.sh` (as scripts/run.sh calls it):
+# what running needs: redis-server and OpenBLAS (Linux) where missing, the virtualenv .venv with
+# mlxq and its worker, and the default model. `setup.sh test` (as scripts/test.sh calls it) adds
+# what testing needs: the dev tools in .venv and chromium for the page's browser test.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+purpose=${1:-run}
+case "$purpose" in
+  run) extra=worker; checks="api, worker, shared, mlx_lm" ;;
+  test) extra=dev; checks="api, worker, shared, mlx_lm, pytest, playwright, hypothesis" ;;
+  *) echo "usage: scripts/setup.sh [run|test]" >&2; exit 2 ;;
+esac
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
 
@@ -27,7 +35,7 @@ fi
 
 has_chromium() { command -v chromium >/dev/null || command -v chromium-browser >/dev/null ||
   [ -x /Applications/Chromium.app/Contents/MacOS/Chromium ]; }
-if ! has_chromium; then
+if [ "$purpose" = test ] && ! has_chromium; then
   echo "setup: installing chromium (the web page's browser test drives it headless)"
   if [ "$(uname)" = Darwin ]; then brew install --cask chromium; else apt_install chromium ||
     echo "setup: could not install chromium; the browser test (tests/e2e/test_page.py) will fail"; fi
@@ -38,17 +46,26 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c "import api, worker, shared, mlx_lm, openai, pytest" >/dev/null 2>&1 ||
-   [ pyproject.toml -nt .venv/.installed ]; then
-  echo "setup: installing mlxq and its dependencies into .venv"
+# One stamp per purpose: what was installed, and from which pyproject.toml.
+stamp=.venv/.installed-$purpose
+if ! .venv/bin/python -c "import $checks" >/dev/null 2>&1 || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing mlxq[$extra] into .venv"
   log=$(mktemp)
   if ! { .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip &&
-         .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"; } >"$log" 2>&1; then
+         .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extra]"; } >"$log" 2>&1; then
     cat "$log" >&2
     exit 1
   fi
   rm -f "$log"
-  touch .venv/.installed
+  touch "$stamp"
+fi
+
+# instructor pins jiter below what this project's openai needs, so it cannot live in .venv: its
+# test (tests/e2e/test_instructor_partial.py) imports it from a folder of its own.
+if [ "$purpose" = test ] && [ ! -d .venv/apart/instructor ]; then
+  echo "setup: installing instructor apart (.venv/apart)"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --target .venv/apart \
+    "instructor>=1.17,<2" docstring-parser tenacity >/dev/null
 fi
 
 .venv/bin/mlxq prepare-model >/dev/null

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Set up, then lint, type-check and run every test (real Redis, real worker, real model).
+# Set up for testing (scripts/setup.sh test), then lint, type-check and run every test (real
+# Redis, real worker, real model).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh test
 echo "test: ruff format --check, ruff check, mypy"
 .venv/bin/ruff format --check .
 .venv/bin/ruff check .

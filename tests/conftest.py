@@ -5,13 +5,24 @@ the API under gunicorn, and the OpenAI SDK pointed at it, all started by the har
 The stack is started once per test session on free ports, under the namespace `mlxqtest`; the
 Redis at 127.0.0.1:6379 that a machine may run is never touched. A test of the in-process app
 (`app`, `http`) gets a namespace of its own, flushed before and after it.
+
+What is tested does not depend on the caller's shell: mlxq's settings (MLXQ_*, REDIS_URL) and
+tracing (OTEL_*) are taken out of the environment before anything starts, so the in-process
+apps and every process the harness spawns run on the defaults and on what a test sets, and the
+end-to-end processes run the real engine. Only where the machine keeps its models, and how fast
+its BLAS runs, pass through (`KEPT`). The header of the run names what was taken out.
+
+A skip must be rare and named: a skip fails the test unless its reason is one of `ALLOWED_SKIPS`
+(something a machine may lack, never something the code does); `-ra` prints each skip's reason
+in the summary.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import openai
@@ -22,18 +33,73 @@ from redis import Redis
 
 from api import create_app
 from shared.queue.config import Settings
-from tests.support import MODEL, flush_namespace
+from tests.support import MODEL, NEEDS_NETNS, REAL_ENGINE, flush_namespace
 from worker.ops.cluster import Cluster
 
 NAMESPACE = "mlxqtest"
 HEARTBEAT_S = 0.5
+# Where the machine keeps its models and the GGUF, and how its BLAS runs: locations and speed,
+# not behaviour.
+KEPT = {"MLXQ_MODELS_DIR", "MLXQ_DEFAULT_GGUF", "MLXQ_OPENBLAS", "MLXQ_BLAS_THREADS"}
+# The skips a run may have, by the start of their reason: what a machine may lack.
+ALLOWED_SKIPS = (NEEDS_NETNS,)
+_taken_out: list[str] = []
+
+
+def _changes_what_is_tested(name: str) -> bool:
+    mlxq = name.startswith("MLXQ_") or name == "REDIS_URL"
+    return (mlxq and name not in KEPT) or name.startswith("OTEL_")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name in sorted(os.environ):
+        if _changes_what_is_tested(name):
+            del os.environ[name]
+            _taken_out.append(name)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    names = ", ".join(_taken_out) or "none"
+    return f"mlxq settings taken out of the environment: {names}"
+
+
+def _refuse_unless_allowed(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """A skip that is not allowed (module docstring) is reported as a failure, with its reason."""
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    if not reason.startswith(ALLOWED_SKIPS):
+        report.outcome = "failed"
+        report.longrepr = f"a skip the test command does not allow: {reason}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    _refuse_unless_allowed(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """A whole module skipped (`importorskip`, `allow_module_level`) is held to the same rule."""
+    report = yield
+    _refuse_unless_allowed(report)
+    return report
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The session's cluster: Redis now; the worker and the API when a test first asks."""
     logs = tmp_path_factory.mktemp("logs")
-    cluster = Cluster(namespace=NAMESPACE, heartbeat_s=HEARTBEAT_S, model=MODEL, logs=logs)
+    cluster = Cluster(
+        namespace=NAMESPACE, heartbeat_s=HEARTBEAT_S, model=MODEL, env=REAL_ENGINE, logs=logs
+    )
     cluster.start_redis()
     yield cluster
     cluster.stop()

@@ -28,11 +28,19 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from werkzeug.test import TestResponse
 
+from shared.observe.fleet import read_snapshot
+from shared.observe.metrics import RECENT_JOBS, JobRecord
+from shared.queue.config import Settings
 from shared.queue.keys import Keys
 from shared.wire.events import encode_frame
 from worker.gguf.default_model import DEFAULT_MODEL_NAME
 
 MODEL = DEFAULT_MODEL_NAME
+# The end-to-end clusters' environment: the real engine, whatever the defaults become.
+REAL_ENGINE = {"MLXQ_ENGINE": "mlx"}
+# The one skip the test command allows (tests/conftest.py): a machine that cannot make network
+# namespaces cannot run tests/e2e/faults/test_remote_worker.py.
+NEEDS_NETNS = "needs network namespaces"
 STAND_IN = "stand-in.1"  # the worker id of `stand_in_worker`
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -209,6 +217,13 @@ def publish_as_worker(redis: Redis, keys: Keys, job_id: str, *events: bytes) -> 
     reply_to = rq_job(redis, job_id).args[0]["reply_to"]
     for data in events:
         redis.publish(keys.reply(reply_to), encode_frame([(job_id, data)]))
+
+
+def recent_jobs(redis: Redis, settings: Settings) -> list[JobRecord]:
+    """The jobs the fleet recorded last (shared/observe/metrics.py), newest first, as workers
+    recorded them when each ended: lane, times, tokens, finish reason."""
+    keys = Keys(settings.namespace)
+    return read_snapshot(redis, keys, settings.heartbeat_s, recent=RECENT_JOBS).recent_jobs
 
 
 def rq_queue(redis: Redis, name: str) -> Queue:

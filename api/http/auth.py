@@ -2,8 +2,8 @@
 that a server without keys listens on the loopback interface only.
 
 With keys configured (`MLXQ_API_KEYS`, comma-separated), every route but `PUBLIC_PATHS` (and
-the page's static files) needs
-`Authorization: Bearer <key>`; a missing or wrong key is a 401 `invalid_api_key`. The presented
+the page's static files) needs `Authorization: Bearer <key>` (or `x-api-key: <key>`, as
+Anthropic's SDK sends it); a missing or wrong key is a 401 `invalid_api_key`. The presented
 key is compared with every configured key in constant time (`hmac.compare_digest`, no early
 exit), and is never logged or echoed. The check is one `before_request` hook (`init_app`).
 
@@ -60,7 +60,7 @@ class ApiKeys:
 def _presented_key() -> str | None:
     header = request.headers.get("Authorization", "")
     if header[: len(_BEARER)].lower() != _BEARER:
-        return None
+        return request.headers.get("x-api-key", "").strip() or None
     return header[len(_BEARER) :].strip() or None
 
 
@@ -71,7 +71,7 @@ def _check_key(keys: ApiKeys) -> None:
     if presented is None:
         raise AuthenticationError(
             "You didn't provide an API key. Provide it in an Authorization header using Bearer "
-            "auth (i.e. Authorization: Bearer YOUR_KEY)."
+            "auth (i.e. Authorization: Bearer YOUR_KEY), or in an x-api-key header."
         )
     owner = keys.owner(presented)
     if owner is None:

@@ -1,4 +1,5 @@
-"""The one translation point from any failure to OpenAI's error body.
+"""The one translation point from any failure to OpenAI's error body (or, on the routes of
+Anthropic's Messages API, to Anthropic's: shared/wire/message_answers.py maps one onto the other).
 
 MLXQError carries its own status; pydantic's ValidationError becomes a 400 naming the first
 offending parameter; a RedisError is a 503; Werkzeug's HTTP errors (404, 405, 413, ...) keep
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, Response, current_app, jsonify
+from flask import Flask, Response, current_app, has_request_context, jsonify, request
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 from redis.exceptions import RedisError
@@ -24,11 +25,22 @@ from shared.wire.errors import (
     NotFoundError,
     PayloadTooLargeError,
 )
+from shared.wire.message_answers import anthropic_error
+from shared.wire.messages import MESSAGES_PATH
 
 log = logging.getLogger(__name__)
 
 
+def speaks_anthropic() -> bool:
+    """Whether the current request is to a route of Anthropic's Messages API."""
+    path = request.path if has_request_context() else ""
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+
+
 def error_response(status: int, detail: ErrorDetail) -> tuple[Response, int]:
+    if speaks_anthropic():
+        status, body = anthropic_error(status, detail)
+        return jsonify(body.model_dump(mode="json")), status
     return jsonify(ErrorBody(error=detail).model_dump(mode="json")), status
 
 

@@ -38,6 +38,12 @@ class ContextWindows:
         completion_budget(count, job.max_tokens, counter.context_length, where)
         return ids
 
+    def count(self, job: GenerationJob) -> int | None:
+        """The job's prompt tokens as its worker will count them; None if no worker published
+        a tokenizer the API can count with."""
+        counter = self._counter(job.model)
+        return None if counter is None else counter.count(job)
+
     def _counter(self, model: str) -> PromptCounter | None:
         key = self._keys.tokenizer(model)
         raw_digest = self._redis.hget(key, "digest")

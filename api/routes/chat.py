@@ -24,7 +24,6 @@ from shared.wire.completions import ChatCompletionRequest, FinishReason
 from shared.wire.events import ChoiceEndEvent, DoneEvent, TokenEvent
 from shared.wire.ids import new_id
 from shared.wire.logprobs import ChoiceLogprobs
-from shared.wire.tools import ToolCallDelta
 
 bp = Blueprint("chat", __name__)
 
@@ -52,7 +51,6 @@ def stream_chat(running: RunningJob, req: ChatCompletionRequest) -> Iterator[byt
         service_tier=req.service_tier,
     )
     ended: set[int] = set()
-    calls_sent: dict[int, int] = {}
 
     def chunk(index: int, delta: ChunkDelta, finish_reason: FinishReason | None = None) -> bytes:
         choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason)
@@ -74,13 +72,8 @@ def stream_chat(running: RunningJob, req: ChatCompletionRequest) -> Iterator[byt
         index = event.index or 0
         logprobs = None if event.logprobs is None else ChoiceLogprobs(content=event.logprobs)
         delta = ChunkDelta(content=event.text)
-        if event.tool_calls:
-            sent = calls_sent.get(index, 0)
-            delta.tool_calls = [
-                ToolCallDelta(index=sent + i, **call.model_dump())
-                for i, call in enumerate(event.tool_calls)
-            ]
-            calls_sent[index] = sent + len(event.tool_calls)
+        if event.call_deltas:  # the calls as they are written (their whole forms add nothing)
+            delta.tool_calls = event.call_deltas
             delta.content = event.text or None
         choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs)
         return head.model_copy(update={"choices": [choice]})

@@ -40,6 +40,19 @@ from shared.wire.completions import ChatCompletionRequest, CompletionRequest
 from shared.wire.errors import ErrorBody
 from shared.wire.files import FileDeleted, FileList, FileObject, FileUpload
 from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
+from shared.wire.message_answers import AnthropicErrorBody, Message, MessageStreamEvent
+from shared.wire.message_batches import (
+    DeletedMessageBatch,
+    MessageBatch,
+    MessageBatchCreate,
+    MessageBatchList,
+)
+from shared.wire.messages import (
+    ANTHROPIC_VERSION_PATTERN,
+    MessagesInput,
+    MessagesRequest,
+    TokenCount,
+)
 from shared.wire.response_events import ResponseStreamEvent
 from shared.wire.responses import ResponseDeleted, ResponseObject, ResponsesRequest
 
@@ -56,12 +69,16 @@ ERRORS = {
     429: "The model's queue is full (`queue_full`)",
     500: "The worker failed while generating",
     503: "Redis is unreachable (`backend_unavailable`)",
+    529: "Overloaded: the model's queue is full, or the job was not started by its deadline "
+    "(Anthropic's `overloaded_error`)",
 }
 GENERATION_ERRORS = (400, 401, 404, 405, 413, 415, 429, 500, 503)
 READ_ERRORS = (401, 404, 405, 503)
 # Stored resources: an id or query that is not well-formed is a 400.
 RESOURCE_ERRORS = (400, 401, 404, 405, 503)
 LIST_ERRORS = (400, 401, 405, 503)
+# Anthropic's Messages API: its error body, and 529 where OpenAI's routes answer 429.
+MESSAGE_ERRORS = (400, 401, 404, 405, 413, 415, 500, 503, 529)
 
 
 @dataclass(frozen=True)
@@ -78,6 +95,7 @@ class Route:
     form: type[BaseModel] | None = None  # a multipart/form-data request body
     binary: bool = False  # the answer is the raw bytes of a file
     text: str | None = None  # the answer is text of this media type
+    error_body: type[BaseModel] = ErrorBody  # Anthropic's on its routes
 
 
 MODEL_ID = Parameter.model_validate(
@@ -108,6 +126,9 @@ def _limit(maximum: int) -> Parameter:
     return _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": maximum})
 
 
+ANTHROPIC_VERSION = _param(
+    "anthropic-version", "header", {"type": "string", "pattern": ANTHROPIC_VERSION_PATTERN}
+)
 RESPONSE_ID, FILE_ID, BATCH_ID = _id("response_id"), _id("file_id"), _id("batch_id")
 RETRIEVE_RESPONSE = [
     RESPONSE_ID,
@@ -168,6 +189,32 @@ ROUTES = [
           parameters=[BATCH_ID]),
     Route("post", "/v1/batches/{batch_id}/cancel", "Cancel a batch", Batch,
           errors=RESOURCE_ERRORS, parameters=[BATCH_ID]),
+    Route("post", "/v1/messages", "Create a message (Anthropic's Messages API)", Message,
+          MessagesRequest, MessageStreamEvent, errors=MESSAGE_ERRORS,
+          parameters=[ANTHROPIC_VERSION], error_body=AnthropicErrorBody),
+    Route("post", "/v1/messages/count_tokens", "Count a message's input tokens", TokenCount,
+          MessagesInput, errors=(400, 401, 404, 405, 413, 415, 503),
+          parameters=[ANTHROPIC_VERSION], error_body=AnthropicErrorBody),
+    Route("post", "/v1/messages/batches", "Create a message batch (Anthropic's)", MessageBatch,
+          MessageBatchCreate, errors=(400, 401, 405, 413, 415, 503),
+          parameters=[ANTHROPIC_VERSION], error_body=AnthropicErrorBody),
+    Route("get", "/v1/messages/batches", "List message batches, newest first",
+          MessageBatchList, errors=LIST_ERRORS, error_body=AnthropicErrorBody,
+          parameters=[ANTHROPIC_VERSION, _param("after_id", "query", {"type": "string",
+                      "pattern": ID_PATTERN}), _limit(1000)]),
+    Route("get", "/v1/messages/batches/{batch_id}", "Retrieve a message batch", MessageBatch,
+          errors=RESOURCE_ERRORS, parameters=[ANTHROPIC_VERSION, BATCH_ID],
+          error_body=AnthropicErrorBody),
+    Route("post", "/v1/messages/batches/{batch_id}/cancel", "Cancel a message batch",
+          MessageBatch, errors=RESOURCE_ERRORS, parameters=[ANTHROPIC_VERSION, BATCH_ID],
+          error_body=AnthropicErrorBody),
+    Route("delete", "/v1/messages/batches/{batch_id}", "Delete an ended message batch",
+          DeletedMessageBatch, errors=RESOURCE_ERRORS, parameters=[ANTHROPIC_VERSION, BATCH_ID],
+          error_body=AnthropicErrorBody),
+    Route("get", "/v1/messages/batches/{batch_id}/results", "An ended message batch's results "
+          "(JSONL of IndividualResponse lines)", None, errors=RESOURCE_ERRORS,
+          parameters=[ANTHROPIC_VERSION, BATCH_ID], error_body=AnthropicErrorBody,
+          text="application/x-jsonl"),
 ]  # fmt: skip
 
 
@@ -175,14 +222,21 @@ def _json(schema: Schema) -> dict[str, MediaType]:
     return {"application/json": MediaType(media_type_schema=schema)}
 
 
-def _sse_event(chunk: type[BaseModel]) -> Schema:
+def _sse_event(chunk: type[BaseModel], error_body: type[BaseModel]) -> Schema:
     """One server-sent event of a stream: a chunk, an error object, or the closing [DONE]."""
     payload = Schema(
         contentMediaType="application/json",
         contentSchema=Schema(
-            anyOf=[PydanticSchema(schema_class=chunk), PydanticSchema(schema_class=ErrorBody)]
+            anyOf=[PydanticSchema(schema_class=chunk), PydanticSchema(schema_class=error_body)]
         ),
     )
+    if error_body is not ErrorBody:  # Anthropic's stream: named events, no [DONE]
+        return Schema(
+            type="object",
+            description="Each event of the stream (stream=true), named by its type",
+            required=["event", "data"],
+            properties={"event": Schema(type="string"), "data": payload},
+        )
     return Schema(
         type="object",
         description="Each event of the stream (stream=true); keepalive comments in between",
@@ -200,11 +254,14 @@ def _responses(route: Route) -> dict[str, OpenAPIResponse]:
     if route.text is not None:
         content = {route.text: MediaType(media_type_schema=Schema(type="string"))}
     if route.chunk is not None:
-        content["text/event-stream"] = MediaType(media_type_schema=_sse_event(route.chunk))
+        content["text/event-stream"] = MediaType(
+            media_type_schema=_sse_event(route.chunk, route.error_body)
+        )
     responses = {"200": OpenAPIResponse(description="OK", content=content)}
     for status in route.errors:
         responses[str(status)] = OpenAPIResponse(
-            description=ERRORS[status], content=_json(PydanticSchema(schema_class=ErrorBody))
+            description=ERRORS[status],
+            content=_json(PydanticSchema(schema_class=route.error_body)),
         )
     return responses
 

@@ -21,6 +21,7 @@ line in the error file, cancelled and expired lines included.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -47,6 +48,7 @@ from shared.wire.batches import (
 )
 from shared.wire.errors import InvalidRequestError, MLXQError, ModelNotFoundError, NotFoundError
 from shared.wire.ids import new_id
+from shared.wire.messages import MESSAGES_PATH
 
 # Moves a batch from one status to another only if it is still in the first one.
 _MOVE = """
@@ -92,7 +94,17 @@ class BatchStore:
             metadata=req.metadata,
             output_expires_after=req.output_expires_after,
         )
-        intake = take_in(self._files.content(owner, source.id), stored, self._is_served)
+        return self.start(owner, stored, self._files.content(owner, source.id))
+
+    def start(self, owner: str, stored: StoredBatch, content: bytes, refuse: bool = False) -> Batch:
+        """Take in the JSONL `content` and queue its lines. A batch whose file fails validation
+        is stored as `failed` with its errors, or with `refuse` raised as a 400 and not stored
+        (Anthropic's Message Batches)."""
+        now = stored.created_at
+        intake = take_in(content, stored, self._is_served)
+        if intake.errors and refuse:
+            first = intake.errors[0]
+            raise InvalidRequestError(first.message, param=first.param, code=first.code)
         for job in intake.jobs:
             job.owner = owner
         stored.models = sorted(intake.models)
@@ -168,7 +180,9 @@ class BatchStore:
             return self.view(owner, batch_id, settle=False)
         return Batch.of(stored, fields)
 
-    def listing(self, owner: str, query: BatchListQuery) -> BatchList:
+    def listing(self, owner: str, query: BatchListQuery, messages: bool = False) -> BatchList:
+        """The owner's batches of OpenAI's Batch API, or (`messages`) of Anthropic's."""
+
         def load(ids: list[str]) -> list[Batch | None]:
             found: list[Batch | None] = []
             for batch_id in ids:
@@ -178,7 +192,11 @@ class BatchStore:
                     found.append(None)
             return found
 
-        batches, more = page(self._redis, self._keys.batches(owner), query.after, query.limit, load)
+        def keep(batch: Batch) -> bool:
+            return (batch.endpoint == MESSAGES_PATH) == messages
+
+        key = self._keys.batches(owner)
+        batches, more = page(self._redis, key, query.after, query.limit, load, keep=keep)
         return BatchList(
             data=batches,
             first_id=batches[0].id if batches else None,
@@ -197,6 +215,25 @@ class BatchStore:
         if self._move(keys=[key], args=["in_progress", "cancelling", "cancelled", now]):
             self._stop_running_lines(stored)
         return self.view(owner, batch_id, settle=False)
+
+    def delete(self, owner: str, batch_id: str) -> Batch:
+        """Delete an ended batch, its output and error files; a running one is a 400."""
+        batch = self.view(owner, batch_id)
+        if batch.status not in FINAL:
+            raise InvalidRequestError(
+                f"Batch {batch_id} is {batch.status}: only a batch that has ended can be "
+                "deleted; cancel it first.",
+                param="batch_id",
+            )
+        for file_id in (batch.output_file_id, batch.error_file_id):
+            if file_id is not None:
+                with contextlib.suppress(NotFoundError):
+                    self._files.delete(owner, file_id)
+        pipe = self._redis.pipeline()
+        pipe.delete(self._keys.batch(batch_id))
+        pipe.zrem(self._keys.batches(owner), batch_id)
+        pipe.execute()
+        return batch
 
     def _stop_running_lines(self, stored: StoredBatch) -> None:
         """Cancel the lines workers are generating now; queued ones see the status and skip."""

@@ -58,11 +58,24 @@ class ChatInput:
     tools: list[dict[str, Any]] | None
 
 
+def knows_developer_role(chat_template: str | None) -> bool:
+    """Whether a chat template gives OpenAI's `developer` role a meaning of its own. A template
+    that never names it renders any role as a turn of that name (SmolLM2's would add its default
+    system prompt before a "developer" turn), so there a developer message is a system one."""
+    return chat_template is not None and "developer" in chat_template
+
+
 def chat_input(
-    messages: list[ChatMessage], tools: ToolUse | None, tools_in_template: bool
+    messages: list[ChatMessage],
+    tools: ToolUse | None,
+    tools_in_template: bool,
+    developer_role: bool,
 ) -> ChatInput:
     """A chat job's messages and tools as the template sees them; the API's counter and the
-    worker's engine both call this, so they render the same prompt."""
+    worker's engine both call this, so they render the same prompt. `developer_role`: the
+    template's own (`knows_developer_role`), else a developer message is rendered as system."""
+    if not developer_role:
+        messages = [_as_system(m) if m.role == "developer" else m for m in messages]
     if tools is not None and tools_in_template:
         return ChatInput(
             [_template_message(m) for m in messages],
@@ -72,6 +85,10 @@ def chat_input(
     if tools is not None:
         rendered.insert(0, {"role": "system", "content": fallback_system_prompt(tools.tools)})
     return ChatInput(rendered, None)
+
+
+def _as_system(m: ChatMessage) -> ChatMessage:
+    return m.model_copy(update={"role": "system"})
 
 
 def _template_message(m: ChatMessage) -> dict[str, Any]:
@@ -131,6 +148,7 @@ class PromptCounter:
         self._template = compile_chat_template(spec.chat_template) if spec.chat_template else None
         self._vars = spec.template_vars
         self._tools_in_template = spec.tools_in_template
+        self._developer_role = knows_developer_role(spec.chat_template)
 
     def count_text(self, prompt: str) -> int:
         return len(self._tokenizer.encode(prompt, add_special_tokens=True).ids)
@@ -159,9 +177,10 @@ class PromptCounter:
         """The prompt's token ids when the job has one prompt (a chat, or one text or token
         prompt), as the worker renders it; None for several prompts."""
         if job.messages is not None:
-            rendered = self.render_chat(
-                chat_input(job.messages, job.tools, self._tools_in_template)
+            chat = chat_input(
+                job.messages, job.tools, self._tools_in_template, self._developer_role
             )
+            rendered = self.render_chat(chat)
             return list(self._tokenizer.encode(rendered, add_special_tokens=False).ids)
         items = job.prompt_items()
         if len(items) != 1:
@@ -175,6 +194,9 @@ class PromptCounter:
         """The job's prompt tokens; for several prompts, the longest one's (the window holds
         each prompt with its own completion)."""
         if job.messages is not None:
-            return self.count_chat(chat_input(job.messages, job.tools, self._tools_in_template))
+            chat = chat_input(
+                job.messages, job.tools, self._tools_in_template, self._developer_role
+            )
+            return self.count_chat(chat)
         items = job.prompt_items()
         return max(self.count_text(i) if isinstance(i, str) else len(i) for i in items)

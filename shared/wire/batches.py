@@ -28,14 +28,21 @@ from shared.wire.errors import ErrorBody
 from shared.wire.events import DoneEvent
 from shared.wire.files import ExpiresAfter
 from shared.wire.ids import ID_PATTERN, new_id
+from shared.wire.message_answers import message
+from shared.wire.messages import MessagesRequest
 from shared.wire.response_state import Progress, render
 from shared.wire.responses import Metadata, ResponsesRequest, ResponseUsage, StoredResponse
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
-REQUEST_MODELS: dict[str, type[ChatCompletionRequest | CompletionRequest | ResponsesRequest]] = {
+OpenAIEndpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
+# A batch of Anthropic's Message Batches API (shared/wire/message_batches.py) runs its requests
+# as the lines of a batch on this endpoint.
+Endpoint = OpenAIEndpoint | Literal["/v1/messages"]
+LineRequest = ChatCompletionRequest | CompletionRequest | ResponsesRequest | MessagesRequest
+REQUEST_MODELS: dict[str, type[LineRequest]] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
     "/v1/responses": ResponsesRequest,
+    "/v1/messages": MessagesRequest,
 }
 BatchStatus = Literal[
     "validating",
@@ -66,7 +73,7 @@ class BatchCreateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input_file_id: Annotated[str, Field(pattern=ID_PATTERN)]
-    endpoint: Endpoint
+    endpoint: OpenAIEndpoint
     completion_window: Literal["24h"]
     metadata: Metadata | None = None
     output_expires_after: ExpiresAfter | None = None
@@ -246,11 +253,21 @@ def line_job_id(batch_id: str, index: int) -> str:
     return f"{line_job_prefix(batch_id)}{index}"
 
 
+def job_request(
+    request: LineRequest,
+) -> ChatCompletionRequest | CompletionRequest | ResponsesRequest:
+    """The request a line's job is made from (a message is a chat request inside)."""
+    return request.chat_request() if isinstance(request, MessagesRequest) else request
+
+
 def answer_body(
     endpoint: Endpoint, body: dict[str, Any], got: Transcripts, done: DoneEvent, created: int
 ) -> BaseModel:
     """The body the endpoint answers for this request, what the job produced and its end."""
     model = REQUEST_MODELS[endpoint].model_validate(body, strict=True)
+    if isinstance(model, MessagesRequest):
+        chat = model.chat_request()
+        return message(chat_completion(chat, new_id("msg_"), created, got, done), done)
     if isinstance(model, ChatCompletionRequest):
         return chat_completion(model, new_id("chatcmpl-"), created, got, done)
     if isinstance(model, CompletionRequest):

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from shared.wire.completions import FinishReason, Usage
 from shared.wire.errors import ErrorDetail, GenerationError, MLXQError
 from shared.wire.logprobs import TokenLogprob
-from shared.wire.tools import ToolCall
+from shared.wire.tools import ToolCall, ToolCallDelta
 
 
 class StartedEvent(BaseModel):
@@ -35,11 +35,15 @@ class StartedEvent(BaseModel):
 
 class TokenEvent(BaseModel):
     """Text the job may show now; with `logprobs`, an entry per token generated since the last
-    event (only jobs that asked for them carry any); with `tool_calls`, the calls it made."""
+    event (only jobs that asked for them carry any); with `call_deltas`, the pieces of tool
+    calls written since the last event (a call's first piece names it, the next ones carry its
+    arguments as written); with `tool_calls`, the calls completed, whole (their pieces came
+    first)."""
 
     type: Literal["token"] = "token"
     text: str
     logprobs: list[TokenLogprob] | None = None
+    call_deltas: list[ToolCallDelta] | None = None
     tool_calls: list[ToolCall] | None = None  # calls completed since the last event
     index: int | None = None  # the choice (n > 1); None is choice 0
 
@@ -56,6 +60,8 @@ class DoneEvent(BaseModel):
     type: Literal["done"] = "done"
     finish_reason: FinishReason
     usage: Usage
+    # The stop string that ended the job (finish_reason "stop"), for Anthropic's `stop_sequence`.
+    stop_sequence: str | None = None
 
 
 class ErrorEvent(BaseModel):

@@ -7,9 +7,11 @@ exactly as the original stream did:
 
     opening       response.created (+ response.queued for a background response)
     StartedEvent  response.in_progress, response.output_item.added, response.content_part.added
-    TokenEvent    response.output_text.delta; for each tool call it made, a function_call item
-                  (output_index 1, 2, ...): response.output_item.added,
-                  response.function_call_arguments.delta / .done, response.output_item.done
+    TokenEvent    response.output_text.delta (when it has text); for a tool call it began, a
+                  function_call item (output_index 1, 2, ...): response.output_item.added; for
+                  each piece of a call's arguments, response.function_call_arguments.delta; for
+                  a call it completed, response.function_call_arguments.done and
+                  response.output_item.done
     DoneEvent     response.output_text.done, response.content_part.done,
                   response.output_item.done, response.completed (or response.incomplete)
     ErrorEvent    response.failed
@@ -49,7 +51,7 @@ from shared.wire.responses import (
     ResponseStatus,
     StoredResponse,
 )
-from shared.wire.tools import ToolCall
+from shared.wire.tools import FunctionCall, ToolCall, ToolCallDelta
 
 
 class LifecycleEvent(BaseModel):
@@ -73,7 +75,8 @@ class OutputItemEvent(BaseModel):
 
 
 class ArgumentsEvent(BaseModel):
-    """A function call's arguments (mlxq sends each call whole: one delta, then done)."""
+    """A piece of a function call's arguments as they are written (`delta`), or all of them
+    once the call is complete (`arguments`)."""
 
     type: Literal["response.function_call_arguments.delta", "response.function_call_arguments.done"]
     item_id: str
@@ -143,6 +146,7 @@ class ResponseStream:
         self._item_id = stored.item_id()
         self.progress = Progress()
         self._seq = -1
+        self._call_item_ids: dict[int, str] = {}  # by call index: the items of calls begun
 
     def _next(self) -> int:
         self._seq += 1
@@ -165,11 +169,16 @@ class ResponseStream:
         match event:
             case StartedEvent():
                 return self._started()
-            case TokenEvent(text=text, tool_calls=calls):
-                delta = TextDeltaEvent(
-                    item_id=self._item_id, delta=text, sequence_number=self._next()
-                )
-                return [delta, *self._calls(calls or [])]
+            case TokenEvent(text=text, call_deltas=deltas, tool_calls=calls):
+                found: list[StreamEvent] = []
+                if text:
+                    found.append(
+                        TextDeltaEvent(
+                            item_id=self._item_id, delta=text, sequence_number=self._next()
+                        )
+                    )
+                found += [e for piece in deltas or [] for e in self._call_piece(piece)]
+                return found + self._calls(calls or [])
             case DoneEvent():
                 return self._done()
             case ErrorEvent():
@@ -179,27 +188,44 @@ class ResponseStream:
                 return [self._lifecycle("response.queued", "queued")]
         return []
 
+    def _call_piece(self, piece: ToolCallDelta) -> list[StreamEvent]:
+        """A piece of a call being written: a call's first one opens its function_call item
+        (after the message, at output_index 0), and each piece's arguments are a delta."""
+        index = 1 + piece.index
+        found: list[StreamEvent] = []
+        if piece.id is not None:
+            begun = FunctionCall(name=piece.function.name or "", arguments="")
+            call = ToolCall(id=piece.id, function=begun)
+            item = call_item(call, "in_progress")
+            self._call_item_ids[piece.index] = item.id or ""
+            found.append(
+                OutputItemEvent(
+                    type="response.output_item.added",
+                    output_index=index,
+                    item=item,
+                    sequence_number=self._next(),
+                )
+            )
+        if piece.function.arguments:
+            found.append(
+                ArgumentsEvent(
+                    type="response.function_call_arguments.delta",
+                    item_id=self._call_item_ids[piece.index],
+                    output_index=index,
+                    delta=piece.function.arguments,
+                    sequence_number=self._next(),
+                )
+            )
+        return found
+
     def _calls(self, calls: list[ToolCall]) -> list[StreamEvent]:
-        """Each call the model made: a function_call item after the message (output_index 0)."""
+        """Each call the model completed (its item and arguments were sent as it was written)."""
         found: list[StreamEvent] = []
         earlier = len(self.progress.calls) - len(calls)  # progress has taken these in already
         for j, call in enumerate(calls):
             index = 1 + earlier + j
             item = call_item(call, "completed")
             found += [
-                OutputItemEvent(
-                    type="response.output_item.added",
-                    output_index=index,
-                    item=call_item(call, "in_progress"),
-                    sequence_number=self._next(),
-                ),
-                ArgumentsEvent(
-                    type="response.function_call_arguments.delta",
-                    item_id=item.id or "",
-                    output_index=index,
-                    delta=call.function.arguments,
-                    sequence_number=self._next(),
-                ),
                 ArgumentsEvent(
                     type="response.function_call_arguments.done",
                     item_id=item.id or "",

@@ -1,5 +1,13 @@
 """The Responses API's items: input messages and their text parts, function calls (output items,
-and input items when passed back), their outputs, and function tools."""
+and input items when passed back), their outputs, and function tools.
+
+A client that goes on with a conversation passes the earlier output back as input (the OpenAI
+SDK's `input += response.output`, the Agents SDK's `to_input_list()`), so every field mlxq's own
+output items carry is accepted back where the SDK's input types allow it: a message's `id` and
+`status`, an `output_text` part's `annotations` and `logprobs`, a function call's `id` and
+`status`. None of them changes the prompt: they describe an earlier answer, not what to generate.
+Any other field is a 400 naming it.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +22,18 @@ from shared.wire.tools import ChatTool, FunctionCall, FunctionDefinition, Functi
 Text = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
 
 
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
 class InputText(BaseModel):
-    """A text part of an input message (`output_text` when an assistant turn is passed back)."""
+    """A text part of an input message (`output_text` when an assistant turn is passed back,
+    with the annotations and log probabilities it was output with)."""
 
     model_config = ConfigDict(extra="forbid")
     type: Annotated[str, Field(max_length=64)]
     text: Text = ""
     annotations: Annotated[list[Any], Field(max_length=MAX_CONTENT_PARTS)] | None = None
+    logprobs: Annotated[list[Any], Field(max_length=MAX_CONTENT_CHARS)] | None = None
 
     @model_validator(mode="after")
     def _text_only(self) -> InputText:
@@ -39,7 +52,7 @@ class InputMessage(BaseModel):
     content: Text | Annotated[list[InputText], Field(max_length=MAX_CONTENT_PARTS)]
     # An output item passed back as input keeps its id and status; neither changes the prompt.
     id: Annotated[str, Field(max_length=128)] | None = None
-    status: Annotated[str, Field(max_length=32)] | None = None
+    status: ItemStatus | None = None
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -56,7 +69,7 @@ class FunctionCallItem(BaseModel):
     call_id: Annotated[str, Field(max_length=128)]
     name: FunctionName
     arguments: Text
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    status: ItemStatus | None = None
 
 
 class FunctionCallOutput(BaseModel):
@@ -67,7 +80,7 @@ class FunctionCallOutput(BaseModel):
     id: Annotated[str, Field(max_length=128)] | None = None
     call_id: Annotated[str, Field(max_length=128)]
     output: Text
-    status: Annotated[str, Field(max_length=32)] | None = None
+    status: ItemStatus | None = None
 
 
 def _item_type(value: Any) -> str | None:
@@ -120,12 +133,13 @@ class NamedFunction(BaseModel):
 
 
 def add_call(messages: list[ChatMessage], item: FunctionCallItem) -> None:
-    """An earlier call joins the assistant turn it was part of (consecutive calls are one)."""
+    """An earlier call joins the assistant turn it was part of: the calls right after an
+    assistant message (a response's output: its message item, then its calls) are that turn's."""
     call = ToolCall(
         id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments)
     )
     last = messages[-1] if messages else None
-    if last is not None and last.role == "assistant" and last.tool_calls:
-        last.tool_calls.append(call)
+    if last is not None and last.role == "assistant":
+        last.tool_calls = [*(last.tool_calls or []), call]
     else:
         messages.append(ChatMessage(role="assistant", tool_calls=[call]))

@@ -140,7 +140,7 @@ def derive(
 
 
 def call_item(call: ToolCall, status: Literal["in_progress", "completed"]) -> FunctionCallItem:
-    """A call the model made, as the Responses API's function_call output item."""
+    """A call the model made (or is making), as the Responses API's function_call output item."""
     return FunctionCallItem(
         id="fc_" + call.id.removeprefix("call_"),
         call_id=call.id,

@@ -21,7 +21,13 @@ import json
 from typing import Annotated, Any, Literal
 
 from llguidance import LLMatcher
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from shared.wire.grammar import grammar_for_schema
 
@@ -74,10 +80,26 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
-class ToolCallDelta(ToolCall):
-    """A whole call in a stream chunk; `index` orders the calls of one choice."""
+class FunctionCallDelta(BaseModel):
+    name: str | None = None  # only in a call's first piece
+    arguments: str = ""
+
+
+class ToolCallDelta(BaseModel):
+    """A piece of a call as it streams (chat's `delta.tool_calls`): the first piece of a call
+    carries its id, type and name, the next ones more of its arguments text; `index` numbers
+    the calls of one choice. Fields left None are omitted, as OpenAI does."""
 
     index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+    @model_serializer(mode="wrap")
+    def _omit_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        data["function"] = {k: v for k, v in data["function"].items() if v is not None}
+        return {k: v for k, v in data.items() if v is not None}
 
 
 class ToolUse(BaseModel):

@@ -1,23 +1,26 @@
 """Malformed and oversized input of every kind: a 4xx with OpenAI's error body, nothing logged at
-ERROR, nothing queued. Runs the Flask app in-process on the real Redis; the bodies name the real
-model, so anything that got past validation would be queued for it.
+ERROR, nothing queued. Runs the Flask app in-process on the real Redis with a stand-in worker
+for the real model (tests/support.py): the API counts that model as served, and the bodies name
+it, so a request that got past validation would be queued in one of its lanes.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
 from redis import Redis
+from redis.client import PubSub
 from werkzeug.test import TestResponse
 
-from shared.queue.config import Settings
 from shared.queue.keys import Keys
 from shared.wire.completions import MAX_CONTENT_CHARS, MAX_MESSAGES, MAX_STOP_CHARS, MAX_TOKENS
 from tests.support import MODEL, assert_openai_error, rq_queue
+from worker.ops.cluster import wait_until
 
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
@@ -28,13 +31,42 @@ DEEP = 100_000
 
 @pytest.fixture(autouse=True)
 def nothing_logged_at_error_and_nothing_queued(
-    caplog: pytest.LogCaptureFixture, app_settings: Settings, redis: Redis
+    caplog: pytest.LogCaptureFixture, redis: Redis, stand_in: tuple[Keys, PubSub]
 ) -> Any:
-    queue = rq_queue(redis, Keys(app_settings.namespace).queue(MODEL))
+    keys, _ = stand_in
     with caplog.at_level(logging.WARNING):
         yield
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert queue.count == 0
+    assert traces_of_jobs(redis, keys) == set()
+
+
+def traces_of_jobs(redis: Redis, keys: Keys) -> set[str]:
+    """What the namespace holds beyond the stand-in worker's own keys. A request that was queued
+    leaves some even after it gave up and was withdrawn (its cancel flag); a queued one, its
+    lane's queue and the backlog's keys."""
+    stand_in = {keys.workers(MODEL), keys.models()}
+    held = {key.decode() for key in redis.scan_iter(f"{keys.ns}:*")}
+    held |= {name for name in keys.lanes(MODEL) if rq_queue(redis, name).count}
+    return held - stand_in
+
+
+def test_a_valid_request_is_queued_here(
+    impatient_http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
+) -> None:
+    """What makes "nothing queued" above mean something: a valid body is admitted and waits in
+    the interactive lane, and leaves its traces after it gave up (503) and was withdrawn."""
+    keys, _ = stand_in
+    queue = rq_queue(redis, keys.queue(MODEL))
+    replies: list[TestResponse] = []
+    body = {"model": MODEL, "messages": HI, "max_tokens": 1}
+    asking = threading.Thread(target=lambda: replies.append(impatient_http.post(CHAT, json=body)))
+    asking.start()
+    wait_until(lambda: queue.count == 1, 5, "the valid request to be queued")
+    asking.join(timeout=10)
+    assert replies[0].status_code == 503 and queue.count == 0
+    traces = traces_of_jobs(redis, keys)
+    assert traces
+    redis.delete(*traces)  # the check after each test is for the hostile bodies
 
 
 def post_raw(http: FlaskClient, body: bytes | str, path: str = CHAT, **kw: Any) -> TestResponse:

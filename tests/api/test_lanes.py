@@ -1,7 +1,8 @@
-"""The three lanes of a model (shared/queue/jobs.py), on the session's real Redis with a stand-in
-worker: a request a client waits on goes to the interactive queue, one with OpenAI's
-`service_tier: flex` and a background response to the background queue, and a worker's slots
-take from the queues in that order, batch lines last (shared/queue/keys.py `lanes`)."""
+"""The three lanes of a model (shared/queue/jobs.py), on the session's real Redis: with a stand-in
+worker, a request a client waits on goes to the interactive queue, one with OpenAI's
+`service_tier: flex` and a background response to the background queue; a worker's slots, as
+the worker makes them (worker/runtime/slots.py `make_slots`), take from the queues in that
+order, batch lines last, and its reserved slots take interactive jobs only."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from flask.testing import FlaskClient
 from redis import Redis
 from redis.client import PubSub
 
+from shared.queue.config import Settings
+from shared.queue.jobs import JOB_FUNCTION
 from shared.queue.keys import Keys
 from tests.support import CHAT, MODEL, rq_queue
 from worker.ops.cluster import wait_until
+from worker.runtime.slots import make_slots
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -45,10 +49,32 @@ def test_a_background_response_waits_in_the_background_lane(
     assert depths(redis, keys) == [0, 1, 0]
 
 
-def test_slots_take_interactive_then_background_then_batch(stand_in: tuple[Keys, PubSub]) -> None:
-    keys, _ = stand_in
-    assert keys.lanes(MODEL) == [
-        keys.queue(MODEL),
-        keys.background_queue(MODEL),
-        keys.batch_queue(MODEL),
-    ]
+def test_slots_take_interactive_then_background_then_batch(
+    redis: Redis, app_settings: Settings
+) -> None:
+    keys = Keys(app_settings.namespace)
+    for lane in ("batch", "background", "interactive"):  # queued lowest first
+        rq_queue(redis, keys.lane(MODEL, lane)).enqueue_call(JOB_FUNCTION, args=({},))
+    _, bulk = make_slots(redis, keys, MODEL, f"{keys.ns}.1", count=2, interactive=1)
+    taken = [bulk.dequeue_job_and_maintain_ttl(None) for _ in range(3)]
+    assert [queue.name for _, queue in taken] == keys.lanes(MODEL)
+
+
+def test_the_reserved_slots_take_interactive_jobs_only(
+    redis: Redis, app_settings: Settings
+) -> None:
+    keys = Keys(app_settings.namespace)
+    batch = rq_queue(redis, keys.batch_queue(MODEL))
+    batch.enqueue_call(JOB_FUNCTION, args=({},))
+    reserved, bulk = make_slots(redis, keys, MODEL, f"{keys.ns}.1", count=2, interactive=1)
+    assert reserved._take() is None  # one wait for an interactive job, TAKE_WAIT_S
+    assert batch.count == 1
+    interactive = rq_queue(redis, keys.queue(MODEL)).enqueue_call(JOB_FUNCTION, args=({},))
+    assert reserved.dequeue_job_and_maintain_ttl(None)[0].id == interactive.id
+    assert bulk.dequeue_job_and_maintain_ttl(None)[1].name == batch.name
+
+
+def test_at_least_one_slot_takes_bulk_jobs(redis: Redis, app_settings: Settings) -> None:
+    keys = Keys(app_settings.namespace)
+    slots = make_slots(redis, keys, MODEL, f"{keys.ns}.1", count=2, interactive=5)
+    assert [len(slot.queues) for slot in slots] == [1, 3]

@@ -30,8 +30,11 @@ from worker.ops.cluster import wait_until
 
 
 @pytest.fixture
-def relay(redis: Redis, app_settings: Settings) -> EventRelay:
-    return EventRelay(redis, Keys(app_settings.namespace).reply("api-test"))
+def relay(redis_url: str, app_settings: Settings) -> EventRelay:
+    """A relay whose connections carry the test namespace as their name (CLIENT SETNAME), so
+    that a test drops its connection and no other on the session's Redis."""
+    own = Redis.from_url(redis_url, client_name=app_settings.namespace)
+    return EventRelay(own, Keys(app_settings.namespace).reply("api-test"))
 
 
 def test_events_published_once_subscribe_returns_all_arrive_in_order(
@@ -63,10 +66,12 @@ def test_one_frame_reaches_each_of_its_jobs_and_skips_jobs_nobody_waits_on(
 
 
 def test_a_dropped_redis_connection_ends_every_open_subscription_with_an_error(
-    relay: EventRelay, redis: Redis
+    relay: EventRelay, redis: Redis, app_settings: Settings
 ) -> None:
     subs = [relay.subscribe(f"job-{i}") for i in range(3)]
-    redis.client_kill_filter(_type="pubsub")
+    pubsubs = redis.client_list(_type="pubsub")
+    (own,) = [c["id"] for c in pubsubs if c["name"] == app_settings.namespace]
+    redis.client_kill_filter(_id=own)
     for sub in subs:
         (message,) = sub.next_messages(5)
         event = decode_event(message)

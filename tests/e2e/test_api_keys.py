@@ -7,6 +7,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 
@@ -52,6 +53,23 @@ def test_the_sdk_works_with_a_key_and_gets_401_without(
     assert caught.value.code == "invalid_api_key"
     with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
         assert response.status == 200  # public
+
+
+def test_the_anthropic_sdk_authenticates_with_x_api_key(
+    keyed_api: tuple[str, Path], worker_process: subprocess.Popen[bytes]
+) -> None:
+    url, _ = keyed_api
+    ask: list[anthropic.types.MessageParam] = [{"role": "user", "content": "Hello"}]
+    keyed = anthropic.Anthropic(base_url=url, api_key=KEYS[0], max_retries=0, timeout=60)
+    reply = keyed.messages.create(model=MODEL, max_tokens=2, messages=ask)
+    assert reply.usage.output_tokens == 2
+    wrong = anthropic.Anthropic(base_url=url, api_key="sk-not-a-key", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as caught:
+        wrong.messages.create(model=MODEL, max_tokens=2, messages=ask)
+    assert caught.value.body == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "Incorrect API key provided."},
+    }
 
 
 def test_keys_never_reach_the_logs(keyed_api: tuple[str, Path]) -> None:

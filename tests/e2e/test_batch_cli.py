@@ -9,8 +9,8 @@ from pathlib import Path
 
 import openai
 
-from tests.support import MODEL
-from worker.ops.cluster import ROOT
+from tests.support import MODEL, wait_batch
+from worker.ops.cluster import ROOT, wait_until
 
 CHAT = "/v1/chat/completions"
 
@@ -27,7 +27,7 @@ def mlxq(api_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def write_requests(path: Path, n: int) -> None:
+def write_requests(path: Path, n: int, say: str = "Say {i}.", max_tokens: int = 6) -> None:
     lines = [
         {
             "custom_id": f"cli-{i}",
@@ -35,8 +35,8 @@ def write_requests(path: Path, n: int) -> None:
             "url": CHAT,
             "body": {
                 "model": MODEL,
-                "messages": [{"role": "user", "content": f"Say {i}."}],
-                "max_tokens": 6,
+                "messages": [{"role": "user", "content": say.format(i=i)}],
+                "max_tokens": max_tokens,
             },
         }
         for i in range(n)
@@ -75,11 +75,18 @@ def test_cancel_a_running_batch_and_errors_are_reported(
     api_url: str, client: openai.OpenAI, tmp_path: Path
 ) -> None:
     requests = tmp_path / "in.jsonl"
-    write_requests(requests, 30)
+    write_requests(requests, 30, "Write a long story about the number {i}.", max_tokens=300)
     submitted = mlxq(api_url, "submit", str(requests))
+    assert submitted.returncode == 0, submitted.stderr
     batch_id = submitted.stdout.splitlines()[0]
+    wait_until(lambda: "in_progress" in mlxq(api_url, "status", batch_id).stdout, 30, "running")
     cancelled = mlxq(api_url, "cancel", batch_id)
     assert cancelled.returncode == 0
-    assert f"batch {batch_id}: cancel" in cancelled.stdout
+    assert f"batch {batch_id}: cancel" in cancelled.stdout  # cancelling, or cancelled already
+    assert wait_batch(client, batch_id, timeout_s=60).status == "cancelled"
+    status = mlxq(api_url, "status", batch_id)
+    assert status.returncode == 0 and f"batch {batch_id}: cancelled" in status.stdout
+    done = client.batches.retrieve(batch_id).request_counts
+    assert done is not None and done.completed < 30  # it stopped before the end
     missing = mlxq(api_url, "status", "batch_nope")
     assert missing.returncode == 2 and "404" in missing.stderr

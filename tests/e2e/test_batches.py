@@ -8,10 +8,21 @@ import time
 import openai
 from redis import Redis
 
+from shared.observe.fleet import read_snapshot
+from shared.observe.metrics import JobRecord
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
 from shared.wire.batches import StoredBatch
-from tests.support import CHAT, MODEL, chat_line, lines_of, start_batch, wait_batch
+from tests.support import (
+    CHAT,
+    MODEL,
+    chat_line,
+    lines_of,
+    recent_jobs,
+    start_batch,
+    wait_batch,
+)
+from worker.ops.cluster import wait_until
 
 
 def test_files_round_trip(client: openai.OpenAI) -> None:
@@ -176,23 +187,43 @@ def test_a_batch_past_its_window_expires_with_its_unfinished_lines(
     assert len(out) + len(errors) == 8
 
 
-def test_interactive_requests_do_not_wait_behind_a_batch(client: openai.OpenAI) -> None:
+def test_interactive_requests_do_not_wait_behind_a_batch(
+    client: openai.OpenAI, settings: Settings, redis: Redis
+) -> None:
+    keys = Keys(settings.namespace)
     lines = [
         chat_line(f"b{i}", "Write a long story about a dog.", max_tokens=120) for i in range(24)
     ]
     batch = start_batch(client, lines)
-    time.sleep(1.0)  # the batch holds every bulk slot, with lines queued behind them
-    started = time.monotonic()
+    (worker,) = read_snapshot(redis, keys, settings.heartbeat_s).workers
+    bulk_slots = worker.batch_size - settings.interactive_slots
+
+    def holds_every_bulk_slot() -> bool:
+        (model,) = read_snapshot(redis, keys, settings.heartbeat_s).models
+        (lane,) = [lane for lane in model.lanes if lane.lane == "batch"]
+        return lane.running >= bulk_slots and lane.waiting > 0
+
+    wait_until(holds_every_bulk_slot, 60, "the batch to hold every bulk slot, lines waiting")
     stream = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, stream=True
     )
     first = next(iter(stream))
-    ttft = time.monotonic() - started
     list(stream)
     assert first.choices[0].delta.role == "assistant"
-    progress = client.batches.retrieve(batch.id)
-    assert progress.status == "in_progress"
-    assert progress.request_counts is not None and progress.request_counts.completed < 24
-    assert ttft < 10.0  # it takes a reserved slot at once; a line takes far longer
     client.batches.cancel(batch.id)
     assert wait_batch(client, batch.id, timeout_s=30).status == "cancelled"
+
+    # It started before any line running when it was queued had ended: it took a reserved
+    # slot, where behind the batch it would have started only as one of them ended.
+    def recorded() -> tuple[JobRecord, list[JobRecord]] | None:
+        jobs = recent_jobs(redis, settings)
+        asked = [j for j in jobs if j.job_id == first.id]
+        if not asked:
+            return None
+        queued = asked[0].enqueued_at
+        running = [j for j in jobs if j.lane == "batch" and j.started_at < queued < j.ended_at]
+        return (asked[0], running) if len(running) >= bulk_slots else None
+
+    wait_until(recorded, 10, "the records of the request and of the lines running meanwhile")
+    asked, running = recorded() or (None, [])
+    assert asked is not None and asked.started_at < min(j.ended_at for j in running)

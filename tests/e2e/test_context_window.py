@@ -78,3 +78,19 @@ def test_text_completion_prompt_counts_too(client: openai.OpenAI) -> None:
     assert f"({prompt} in the prompt, {CONTEXT - prompt + 1} in the completion)" in str(
         caught.value
     )
+
+
+def test_a_developer_message_is_the_system_message_of_a_model_without_that_role(
+    client: openai.OpenAI,
+) -> None:
+    def chat(role: str) -> list[dict[str, str]]:
+        return [{"role": role, "content": "Answer briefly."}, FRANCE[0]]
+
+    prompt = prompt_tokens(client, messages=chat("developer"))
+    assert prompt == prompt_tokens(client, messages=chat("system"))
+    assert prompt < prompt_tokens(client, messages=chat("user"))  # no default system prompt
+    with pytest.raises(openai.BadRequestError) as caught:  # the API counts it the same way
+        client.chat.completions.create(model=MODEL, messages=chat("developer"), max_tokens=CONTEXT)
+    assert f"({prompt} in the messages, {CONTEXT} in the completion)" in str(caught.value)
+    answer = client.responses.create(model=MODEL, input=chat("developer"), max_output_tokens=1)  # type: ignore[arg-type]
+    assert answer.usage is not None and answer.usage.input_tokens == prompt

@@ -40,7 +40,9 @@ def _chromium() -> str:
         found = shutil.which(name) or (name if Path(name).is_file() else None)
         if found:
             return found
-    raise AssertionError("chromium is required (scripts/setup.sh installs it)")
+    raise AssertionError(
+        "chromium is required (`scripts/setup.sh test`, which the test command runs, installs it)"
+    )
 
 
 @pytest.fixture(scope="module")

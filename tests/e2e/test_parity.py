@@ -4,8 +4,8 @@ probabilities and the sampling parameters, streamed and not, on every queue path
 from __future__ import annotations
 
 import json
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jsonschema
@@ -124,31 +124,19 @@ def test_batch_lines_carry_response_format_and_logprobs(client: openai.OpenAI) -
 
 
 def test_a_constrained_sequence_shares_the_batch_with_plain_ones(client: openai.OpenAI) -> None:
-    arrivals: dict[str, list[float]] = {}
 
-    def run(name: str, **extra: Any) -> None:
+    def run(extra: dict[str, Any]) -> list[float]:
         stream = client.chat.completions.create(
             model=MODEL, messages=PERSON, temperature=0, max_tokens=40, stream=True, **extra
         )
-        arrivals[name] = [
-            time.monotonic() for c in stream if c.choices and c.choices[0].delta.content
-        ]
+        return [time.monotonic() for c in stream if c.choices and c.choices[0].delta.content]
 
-    threads = [
-        threading.Thread(
-            target=run, args=("constrained",), kwargs={"response_format": PERSON_FORMAT}
-        ),
-        threading.Thread(target=run, args=("plain1",)),
-        threading.Thread(target=run, args=("plain2",)),
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    constrained = arrivals["constrained"]
-    for name in ("plain1", "plain2"):
+    with ThreadPoolExecutor(3) as pool:  # an error in any request is raised here
+        constrained, *plain = pool.map(run, [{"response_format": PERSON_FORMAT}, {}, {}])
+    assert constrained and all(plain)
+    for arrivals in plain:
         # Tokens of each stream arrive while the other is still producing: one running batch.
-        assert constrained[0] < arrivals[name][-1] and arrivals[name][0] < constrained[-1]
+        assert constrained[0] < arrivals[-1] and arrivals[0] < constrained[-1]
 
 
 def test_chat_logprobs_name_decoded_tokens_with_bytes_and_alternatives(
@@ -280,17 +268,13 @@ def test_the_same_seed_gives_the_same_output_in_the_batch(client: openai.OpenAI)
         presence_penalty=0.5,
         extra_body={"min_p": 0.05, "top_k": 50},
     )
-    texts: list[str] = []
 
-    def run() -> None:
-        texts.append(client.chat.completions.create(**args).choices[0].message.content or "")
+    def run(_: int) -> str:
+        return client.chat.completions.create(**args).choices[0].message.content or ""
 
-    threads = [threading.Thread(target=run) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(set(texts)) == 1
+    with ThreadPoolExecutor(3) as pool:
+        texts = list(pool.map(run, range(3)))  # an error in any request is raised here
+    assert len(texts) == 3 and texts[0] and len(set(texts)) == 1
 
 
 def test_service_tier_is_echoed(client: openai.OpenAI) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import time
 import urllib.request
 
 import openai
 import pytest
+from redis import Redis
 
-from tests.support import MODEL, finished, poll
+from shared.observe.metrics import JobRecord
+from shared.queue.config import Settings
+from tests.support import MODEL, finished, poll, recent_jobs
+from worker.ops.cluster import wait_until
 
 FRANCE = "What is the capital of France?"
 STORY = "Write a long story about a dragon who learns to bake bread."
@@ -114,7 +117,9 @@ def test_resuming_while_it_runs_follows_it_live(client: openai.OpenAI) -> None:
     assert deltas == final.output_text
 
 
-def test_cancel_while_running_stops_it_and_stays_cancelled(client: openai.OpenAI) -> None:
+def test_cancel_while_running_stops_it_and_stays_cancelled(
+    client: openai.OpenAI, settings: Settings, redis: Redis
+) -> None:
     started = client.responses.create(
         model=MODEL, input=STORY, temperature=0.7, max_output_tokens=2000, background=True
     )
@@ -122,7 +127,14 @@ def test_cancel_while_running_stops_it_and_stays_cancelled(client: openai.OpenAI
     cancelled = client.responses.cancel(started.id)
     assert cancelled.status == "cancelled"
     text = cancelled.output_text
-    time.sleep(1.0)
+
+    def ended() -> JobRecord | None:  # the worker's record of the job, once it has ended it
+        return next((j for j in recent_jobs(redis, settings) if j.job_id == started.id), None)
+
+    # Ended by the cancel: at once, where its 2,000 tokens would take minutes.
+    wait_until(ended, 30, "the worker to end the cancelled job")
+    record = ended()
+    assert record is not None and record.finish_reason == "cancelled"
     later = client.responses.retrieve(started.id)
     assert later.status == "cancelled"
     assert len(later.output_text) <= len(text) + 200  # at most a step or two landed after

@@ -165,7 +165,7 @@ def test_metrics_and_fleet_need_the_key_and_the_page_does_not(settings: Settings
     assert http.get("/v1/fleet", headers=auth).status_code == 200
     page = http.get("/")
     assert page.status_code == 200
-    assert http.get("/static/app.js").status_code == 200
+    assert http.get("/static/js/main.js").status_code == 200
     csp = page.headers["Content-Security-Policy"]
     assert "script-src 'self';" in csp and "unsafe-inline" not in csp
     assert page.headers["X-Content-Type-Options"] == "nosniff"

@@ -9,6 +9,7 @@ from shared.wire.events import DoneEvent, ErrorEvent, Event, StartedEvent, Token
 from shared.wire.response_events import ResponseStream
 from shared.wire.response_state import JobView, Progress, derive
 from shared.wire.responses import ResponsesRequest, StoredResponse
+from shared.wire.tools import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta
 
 USAGE = Usage(prompt_tokens=5, completion_tokens=3, total_tokens=8)
 EVENTS: list[Event] = [
@@ -80,3 +81,30 @@ def test_derive_prefers_cancelled_then_events_then_the_queue() -> None:
     error = ErrorEvent(status=400, error=ErrorDetail(message="too long", type="x", code="c"))
     failed = derive(record, Progress.of([error]), False, None)
     assert failed.status == "failed" and failed.error is not None and failed.error.code == "c"
+
+
+def test_a_call_streams_as_an_item_whose_arguments_arrive_in_pieces() -> None:
+    call = ToolCall(id="call_7", function=FunctionCall(name="add", arguments='{"a": 1}'))
+    named = FunctionCallDelta(name="add", arguments="")
+    pieces = [
+        TokenEvent(text="", call_deltas=[ToolCallDelta(index=0, id="call_7", function=named)]),
+        *(
+            TokenEvent(text="", call_deltas=[ToolCallDelta(index=0, function=more)])
+            for more in (FunctionCallDelta(arguments='{"a"'), FunctionCallDelta(arguments=": 1}"))
+        ),
+        TokenEvent(text="", tool_calls=[call]),
+    ]
+    done = DoneEvent(finish_reason="tool_calls", usage=USAGE)
+    events = all_events(stored(background=False), [StartedEvent(prompt_tokens=5), *pieces, done])
+    calls = [e for e in events if e.get("output_index") == 1]
+    assert [e["type"] for e in calls] == [
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ]
+    assert {e["item_id"] for e in calls[1:4]} == {calls[0]["item"]["id"]}  # type: ignore[index]
+    assert "".join(str(e["delta"]) for e in calls[1:3]) == calls[3]["arguments"] == '{"a": 1}'
+    assert calls[-1]["item"]["arguments"] == '{"a": 1}'  # type: ignore[index]
+    assert not any(e["type"] == "response.output_text.delta" for e in events)

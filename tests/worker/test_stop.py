@@ -46,6 +46,13 @@ def test_text_before_a_stop_string_is_cut_exactly_there() -> None:
     assert matcher.matched
 
 
+def test_the_matcher_names_the_stop_string_that_matched_first_in_the_text() -> None:
+    matcher = StopStringMatcher(("four", "##", "three"))
+    assert feed_all(matcher, ["one two", " three##", "# four"]) == "one two "
+    assert matcher.matched_stop == "three"
+    assert StopStringMatcher(("x",)).matched_stop is None
+
+
 def test_held_back_prefix_is_released_when_it_stops_matching() -> None:
     matcher = StopStringMatcher(("STOP",))
     assert matcher.feed("go ST") == "go "

@@ -21,7 +21,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 
 from shared.queue.jobs import GenerationJob
 from shared.wire.logprobs import TokenLogprob
-from shared.wire.tools import ToolCall
+from shared.wire.tools import ToolCall, ToolCallDelta
 from worker.engine.decode import use_decode_batch
 from worker.engine.detokenize import TextDecoder
 from worker.engine.logprobs import LogprobRecorder, prompt_logprobs
@@ -30,7 +30,7 @@ from worker.engine.prefill import size_prefill_group
 from worker.engine.prefix_cache import PrefixCache, Reuse, level, prefill
 from worker.engine.prepare import PreparedJob, Preparer
 from worker.engine.stop import StopStringMatcher
-from worker.engine.tool_calls import ToolCallScanner
+from worker.engine.tool_calls import Scanned, ToolCallScanner
 
 
 @dataclass
@@ -74,9 +74,11 @@ class StepOutput:
     cached_tokens: int = 0
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None
+    call_deltas: list[ToolCallDelta] | None = None
     tool_calls: list[ToolCall] | None = None
     index: int = 0
     choices_left: int = 0
+    stop_sequence: str | None = None  # the stop string that ended the choice, if one did
 
     @property
     def ends_job(self) -> bool:
@@ -294,9 +296,10 @@ class Engine:
         elif finish_reason is not None:
             text += seq.matcher.feed(seq.decoder.finish()) + seq.matcher.flush()
             finish_reason = "stop" if seq.matcher.matched else finish_reason
-        calls = None
+        deltas = calls = None
         if seq.calls is not None:
-            text, calls = self._scan(seq.calls, text, finish_reason is not None)
+            scanned = self._scan(seq.calls, text, finish_reason is not None)
+            text, deltas, calls = scanned.text, scanned.deltas or None, scanned.calls or None
             if seq.calls.made and finish_reason == "stop":
                 finish_reason = "tool_calls"
         left = len(job.uids) - (finish_reason is not None)
@@ -308,18 +311,22 @@ class Engine:
             completion_tokens=job.completion_tokens,
             cached_tokens=job.cached_tokens,
             logprobs=logprobs,
+            call_deltas=deltas,
             tool_calls=calls,
             index=seq.index,
             choices_left=left,
+            stop_sequence=seq.matcher.matched_stop if finish_reason == "stop" else None,
         )
 
     @staticmethod
-    def _scan(scanner: ToolCallScanner, text: str, last: bool) -> tuple[str, list[ToolCall] | None]:
-        shown, calls = scanner.feed(text)
+    def _scan(scanner: ToolCallScanner, text: str, last: bool) -> Scanned:
+        got = scanner.feed(text)
         if last:
-            rest, more = scanner.finish()
-            shown, calls = shown + rest, calls + more
-        return shown, calls or None
+            rest = scanner.finish()
+            got.text += rest.text
+            got.deltas += rest.deltas
+            got.calls += rest.calls
+        return got
 
     def remove(self, job_ids: list[str]) -> None:
         self._pending = [p for p in self._pending if p.job_id not in job_ids]

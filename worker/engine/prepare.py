@@ -16,7 +16,7 @@ from mlx_lm.sample_utils import LogitsProcessor
 
 from shared.queue.context_window import completion_budget
 from shared.queue.jobs import GenerationJob
-from shared.queue.prompt_tokens import ChatInput, chat_input
+from shared.queue.prompt_tokens import ChatInput, chat_input, knows_developer_role
 from shared.wire.errors import InvalidRequestError
 from worker.engine.grammar import Grammars
 from worker.engine.logprobs import LogprobRecorder
@@ -66,12 +66,16 @@ class Preparer:
         self._with_history = with_history  # only a prefix cache uses the history's length
         self._grammars = Grammars(loaded.tokenizer._tokenizer, loaded.stop_ids, loaded.vocab_size)
         self._tool_format = ToolFormat.of(loaded.tokenizer)
+        template = getattr(loaded.tokenizer._tokenizer, "chat_template", None)
+        self._developer_role = knows_developer_role(template if isinstance(template, str) else None)
 
     def prepare(self, job: GenerationJob) -> PreparedJob:
         """Tokenize the job and fix its limits; raises an InvalidRequestError if it cannot run."""
         chat = None
         if job.messages is not None:
-            chat = chat_input(job.messages, job.tools, self._tool_format.in_template)
+            chat = chat_input(
+                job.messages, job.tools, self._tool_format.in_template, self._developer_role
+            )
         prompts = self._tokenize(job, chat)
         where = "messages" if job.messages is not None else "prompt"
         window = self._loaded.context_length

@@ -46,16 +46,21 @@ class StopStringMatcher:
 
     stops: tuple[str, ...]
     _held: str = field(default="", init=False)
-    matched: bool = field(default=False, init=False)
+    # The stop string that ended the sequence (Anthropic's API reports it as `stop_sequence`).
+    matched_stop: str | None = field(default=None, init=False)
+
+    @property
+    def matched(self) -> bool:
+        return self.matched_stop is not None
 
     def feed(self, text: str) -> str:
         """Take new text; return what may be shown now. After a match, `matched` is True."""
         if not self.stops:
             return text
         held = self._held + text
-        cut = self._first_match(held)
-        if cut is not None:
-            self.matched = True
+        match = self._first_match(held)
+        if match is not None:
+            cut, self.matched_stop = match
             self._held = ""
             return held[:cut]
         keep = self._longest_partial_suffix(held)
@@ -67,9 +72,10 @@ class StopStringMatcher:
         held, self._held = self._held, ""
         return held
 
-    def _first_match(self, text: str) -> int | None:
-        found = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        return min(found) if found else None
+    def _first_match(self, text: str) -> tuple[int, str] | None:
+        """Where the earliest stop string starts, and which (the first listed, on a tie)."""
+        found = [(at, stop) for stop in self.stops if (at := text.find(stop)) >= 0]
+        return min(found, key=lambda match: match[0]) if found else None
 
     def _longest_partial_suffix(self, text: str) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of some stop string."""

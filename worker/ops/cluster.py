@@ -78,7 +78,10 @@ def rss_mb(pid: int) -> float:
 
 
 def environment(**settings: str) -> dict[str, str]:
-    """This process's environment plus mlxq settings given as VARIABLE=value."""
+    """This process's environment plus mlxq settings given as VARIABLE=value.
+
+    The caller's MLXQ_* variables pass through, as `mlxq run` and the benchmarks want; the
+    tests take them out of their own environment first (tests/conftest.py)."""
     return {**os.environ, **settings}
 
 

@@ -166,10 +166,11 @@ class EngineLoop:
             if admission.first_token_at is None:
                 admission.first_token_at = now
             route = admission.route
-            if out.text or out.logprobs or out.tool_calls:
+            if out.text or out.logprobs or out.call_deltas or out.tool_calls:
                 token = TokenEvent(
                     text=out.text,
                     logprobs=out.logprobs,
+                    call_deltas=out.call_deltas,
                     tool_calls=out.tool_calls,
                     index=out.index or None,
                 )
@@ -226,7 +227,9 @@ def _final(out: StepOutput) -> DoneEvent | ErrorEvent:
         total_tokens=out.prompt_tokens + out.completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=out.cached_tokens),
     )
-    return DoneEvent(finish_reason=_reason(out.finish_reason), usage=usage)
+    return DoneEvent(
+        finish_reason=_reason(out.finish_reason), usage=usage, stop_sequence=out.stop_sequence
+    )
 
 
 def _reason(engine_reason: str | None) -> FinishReason:

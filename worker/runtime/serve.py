@@ -25,7 +25,6 @@ from pathlib import Path
 from redis.exceptions import RedisError
 
 from shared.observe import tracing
-from shared.observe.fleet import report_ttl_ms
 from shared.queue import backlog
 from shared.queue.config import Settings
 from shared.queue.connection import connect, connect_blocking
@@ -44,11 +43,10 @@ from worker.runtime.drain import Drain
 from worker.runtime.fence import FencedSink
 from worker.runtime.heartbeat import beat, born, keep_beating, retire
 from worker.runtime.loop import EngineLoop
-from worker.runtime.placed_take import PlacedTake
 from worker.runtime.prefix_report import PrefixFigures, PrefixReport
 from worker.runtime.reaper import Reaper
 from worker.runtime.report import Reporter
-from worker.runtime.slots import LEAVE_S, SlotWorker, held, start_slots, stop_slots
+from worker.runtime.slots import LEAVE_S, SlotWorker, held, make_slots, start_slots, stop_slots
 from worker.runtime.tokenizer_spec import build_spec, publish_spec
 from worker.runtime.watchdog import Watchdog
 
@@ -177,11 +175,9 @@ def serve(settings: Settings) -> None:
         report=reporter.stats,
         prefixes=advertised,
     )
-    queues = keys.lanes(name)  # in the order slots take from them
-    # Some slots take interactive jobs only, so a long batch never holds every slot.
-    reserved = min(settings.interactive_slots, settings.batch_size - 1)
-    placed = PlacedTake.of(keys, name, worker_id, report_ttl_ms(settings.heartbeat_s))
-    slots += start_slots(blocking, keys, queues, settings.batch_size, placed, reserved)
+    size, interactive = settings.batch_size, settings.interactive_slots
+    made = make_slots(blocking, keys, name, worker_id, size, interactive, settings.heartbeat_s)
+    slots += start_slots(made)
     reaper.run(services)
     wedged = "the engine loop made no progress while holding jobs"
     Watchdog(loop, settings.watchdog_s, lambda: die(EXIT_WEDGED, wedged)).start(services)

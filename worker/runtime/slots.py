@@ -37,6 +37,7 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import WorkerStatus
 
+from shared.observe.fleet import report_ttl_ms
 from shared.queue.keys import Keys
 from shared.queue.liveness import slot_name
 from worker.runtime.fixed_job import FixedJob, refusal
@@ -168,7 +169,7 @@ class SlotWorker(SimpleWorker):
 
     def _placed(self) -> PlacedTake:
         if self.placed is None:
-            raise RuntimeError("a slot takes jobs only once start_slots has set it up")
+            raise RuntimeError("a slot takes jobs only once make_slots has set it up")
         return self.placed
 
     def _put_back(self, queue: Queue, job_id: str) -> None:
@@ -179,18 +180,25 @@ class SlotWorker(SimpleWorker):
         self.current_job_id = None
 
 
-def start_slots(
+def make_slots(
     redis: Redis,
     keys: Keys,
-    queue_names: list[str],
+    model: str,
+    worker_id: str,
     count: int,
-    placed: PlacedTake,
-    reserved: int = 0,
+    interactive: int,
+    heartbeat_s: float = 2.0,
 ) -> list[SlotWorker]:
-    """Start `count` slots; each takes from the first non-empty queue of `queue_names`, except
-    the first `reserved`, which take from the first queue (interactive jobs) only."""
-    worker_id = placed.worker_id
-    queues = [Queue(name, connection=redis, serializer=JSONSerializer) for name in queue_names]
+    """`count` slots of a worker serving `model`; each takes from the first non-empty lane in
+    priority order (`Keys.lanes`: interactive, background, batch), except the first
+    `interactive` (at most count - 1), which take interactive jobs only, so that a long batch
+    never holds every slot. Taking a job adds its prompt's blocks to the worker's set, which
+    lives as long as its report (`heartbeat_s`: worker/runtime/placed_take.py)."""
+    reserved = min(interactive, count - 1)
+    placed = PlacedTake.of(keys, model, worker_id, report_ttl_ms(heartbeat_s))
+    queues = [
+        Queue(name, connection=redis, serializer=JSONSerializer) for name in keys.lanes(model)
+    ]
     slots = [
         _slot(redis, queues[:1] if i < reserved else queues, slot_name(worker_id, i))
         for i in range(count)
@@ -198,6 +206,12 @@ def start_slots(
     for slot in slots:
         slot.taking_key = keys.taking(worker_id)
         slot.placed = placed
+    return slots
+
+
+def start_slots(slots: list[SlotWorker]) -> list[SlotWorker]:
+    """Run each slot's RQ loop in a thread of its own."""
+    for slot in slots:
         slot.thread = threading.Thread(target=_work, args=(slot,), name=slot.name, daemon=True)
         slot.thread.start()
     return slots

@@ -16,7 +16,12 @@ from typing import Any
 from redis import Redis
 
 from shared.queue.keys import Keys
-from shared.queue.prompt_tokens import PromptCounter, TokenizerSpec, chat_input
+from shared.queue.prompt_tokens import (
+    PromptCounter,
+    TokenizerSpec,
+    chat_input,
+    knows_developer_role,
+)
 from shared.wire.completions import ChatMessage
 from shared.wire.tools import ChatTool, FunctionCall, FunctionDefinition, ToolCall, ToolUse
 from worker.engine.model import LoadedModel
@@ -92,7 +97,8 @@ def _first_mismatch(spec: TokenizerSpec, wrapper: Any) -> str | None:
             return None
         for messages in PROBE_CHATS:
             for tools in (None, PROBE_TOOLS):
-                chat = chat_input(messages, tools, spec.tools_in_template)
+                developer = knows_developer_role(spec.chat_template)
+                chat = chat_input(messages, tools, spec.tools_in_template, developer)
                 rendered = wrapper.apply_chat_template(
                     chat.messages, tools=chat.tools, add_generation_prompt=True
                 )

@@ -15,7 +15,7 @@ from redis import Redis
 from rq.job import Job
 
 from shared.queue.liveness import worker_of
-from tests.support import MODEL, rq_job, rq_queue
+from tests.support import MODEL, REAL_ENGINE, rq_job, rq_queue
 from worker.ops.cluster import Cluster, Worker
 
 HEARTBEAT_S = 0.5
@@ -42,7 +42,8 @@ def start_cluster(
         """`redis`: the Cluster's Redis fields (port, redis_args, url), where they matter."""
         logs = tmp_path_factory.mktemp(name)
         namespace = namespace or name.replace("_", "")
-        cluster = Cluster(namespace, heartbeat_s, env=env or {}, logs=logs, **(redis or {}))
+        env = {**REAL_ENGINE, **(env or {})}
+        cluster = Cluster(namespace, heartbeat_s, env=env, logs=logs, **(redis or {}))
         started.append(cluster)
         return cluster.start(workers, **worker_env)
 

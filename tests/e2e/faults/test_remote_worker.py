@@ -30,7 +30,7 @@ import pytest
 from shared.queue.liveness import LIVE_FACTOR
 from shared.wire.events import DoneEvent, RequeuedEvent, decode_event
 from tests.e2e.faults.conftest import holder
-from tests.support import CHAT, MODEL, Stream, chat_body, rq_job
+from tests.support import CHAT, MODEL, NEEDS_NETNS, Stream, chat_body, rq_job
 from worker.ops.cluster import ROOT, Cluster, Worker, free_port, wait_until
 from worker.runtime.serve import EXIT_BURIED
 
@@ -53,13 +53,13 @@ class Link:
 @pytest.fixture(scope="module")
 def link() -> Iterator[Link]:
     if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2's `ip`")
+        pytest.skip(f"{NEEDS_NETNS}: root and iproute2's `ip`")
     tag = f"mq{os.getpid() % 100000}"
     link = Link(f"{tag}ns", f"{tag}h")
     try:
         subprocess.run(["ip", "netns", "add", link.namespace], check=True, capture_output=True)
     except subprocess.CalledProcessError as err:
-        pytest.skip(f"cannot make a network namespace here: {err.stderr.decode().strip()}")
+        pytest.skip(f"{NEEDS_NETNS}: `ip netns add` failed: {err.stderr.decode().strip()}")
     try:
         inside = f"{tag}n"
         link.ip("link", "add", link.host_side, "type", "veth", "peer", "name", inside)
@@ -151,6 +151,9 @@ def _requests_until(cluster: Cluster, stop: threading.Event) -> list[int]:
     return statuses
 
 
+# Its waits add up to more than the suite's 300 s (the bulk job alone may take 300 s again on a
+# busy machine), so it has a timeout of its own.
+@pytest.mark.timeout(900)
 def test_when_its_link_goes_down_it_drops_out_and_loses_nothing(
     cluster: Cluster, link: Link
 ) -> None:

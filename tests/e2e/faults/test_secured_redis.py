@@ -1,7 +1,8 @@
 """Redis as a real fleet runs it: reached over TLS (`rediss://`, a certificate made here by the
 test's own CA) as an ACL user with a password, the default user switched off. The API and a
-worker given only that URL serve a streamed request; without the password, or without TLS, a
-client is refused."""
+worker given only that URL serve a streamed request; an API given the URL without the password,
+or without TLS, answers 503 in OpenAI's error shape, and its answers never repeat the
+password."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from redis import Redis
-from redis.exceptions import AuthenticationError, ConnectionError, ResponseError
 
-from tests.support import Stream, chat_body
+from api import create_app
+from shared.queue.config import Settings
+from tests.e2e.faults.conftest import HEARTBEAT_S
+from tests.support import CHAT, Stream, assert_openai_error, chat_body
 from worker.ops.cluster import Cluster, free_port
 
 USER, PASSWORD = "mlxq", "s3cret-for-the-test"
@@ -56,10 +58,17 @@ def test_the_api_and_a_worker_serve_over_tls_as_an_acl_user(cluster: Cluster) ->
     assert stream.status == 200 and frames[-1] == "[DONE]" and len(frames) > 3
 
 
-def test_without_the_password_or_without_tls_redis_refuses(cluster: Cluster) -> None:
-    tls_only = cluster.redis_url.replace(f"{USER}:{PASSWORD}@", "")
-    with pytest.raises((AuthenticationError, ResponseError)):
-        Redis.from_url(tls_only, socket_timeout=2).ping()
-    plain = f"redis://{USER}:{PASSWORD}@127.0.0.1:{cluster.port}/0"
-    with pytest.raises(ConnectionError):
-        Redis.from_url(plain, socket_timeout=2, socket_connect_timeout=2).ping()
+@pytest.mark.parametrize("missing", ["password", "tls"])
+def test_an_api_given_the_url_without_the_password_or_tls_answers_503_naming_no_secret(
+    cluster: Cluster, missing: str
+) -> None:
+    if missing == "password":
+        url = cluster.redis_url.replace(f"{USER}:{PASSWORD}@", "")
+    else:
+        url = f"redis://{USER}:{PASSWORD}@127.0.0.1:{cluster.port}/0"
+    settings = Settings(redis_url=url, namespace=cluster.namespace, heartbeat_s=HEARTBEAT_S)
+    http = create_app(settings).test_client()
+    for reply in (http.get("/health"), http.post(CHAT, json=chat_body(max_tokens=2))):
+        assert_openai_error(reply, 503)
+        assert reply.get_json()["error"]["code"] == "backend_unavailable"
+        assert PASSWORD not in reply.get_data(as_text=True)
