@@ -5,11 +5,13 @@ from __future__ import annotations
 from flask import Flask
 
 from api.http import auth, errors
+from api.queue import rate_limits
 from api.queue.broker import Broker
 from api.routes import (
     batches,
     chat,
     completions,
+    embeddings,
     files,
     fleet,
     health,
@@ -21,6 +23,7 @@ from api.routes import (
     page,
     responses,
 )
+from api.stores import replicas
 from shared.queue.config import Settings
 
 
@@ -32,9 +35,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     b.init_app(app)
     errors.init_app(app)
     auth.init_app(app, settings)
+    rate_limits.init_app(app, b)
+    replicas.init_app(app, b)
     for blueprint in (chat.bp, completions.bp, models.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
-    for blueprint in (responses.bp, files.bp, batches.bp, fleet.bp):
+    for blueprint in (responses.bp, files.bp, batches.bp, fleet.bp, embeddings.bp):
         app.register_blueprint(blueprint)
     for blueprint in (messages.bp, message_batches.bp):
         app.register_blueprint(blueprint)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench import bulk, parity, placement, relay, scale, serve
+from bench import bulk, embed, parity, placement, relay, scale, serve
 from shared.queue.config import Settings
 
 
@@ -38,6 +38,11 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--lines", type=int, default=1000)
     b.add_argument("--max-tokens", type=int, default=16)
     b.set_defaults(func=bulk.main)
+    e = sub.add_parser("embed", help="embeddings: sentences/s through mlxq vs the bare forward")
+    e.add_argument("--batch-sizes", default="1,8,32,64")
+    e.add_argument("--sentences", type=int, default=256, help="sentences per measurement")
+    e.add_argument("--rounds", type=int, default=3, help="runs per figure; the best is kept")
+    e.set_defaults(func=embed.main)
     placement.add_parser(sub)
     return p
 

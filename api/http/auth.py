@@ -7,6 +7,9 @@ Anthropic's SDK sends it); a missing or wrong key is a 401 `invalid_api_key`. Th
 key is compared with every configured key in constant time (`hmac.compare_digest`, no early
 exit), and is never logged or echoed. The check is one `before_request` hook (`init_app`).
 
+A key may carry limits (`sk-key:rpm=60:tpm=40000`, shared/queue/config.py): `key_limits()`
+gives them to the rate limiter (api/queue/rate_limits.py).
+
 Each key is its own owner: `owner_id()` is a truncated SHA-256 of the key (128 bits, hex, so
 safe inside Redis keys and not reversible to the key). Stored resources (responses, batches,
 files) are stamped with it when created, listed filtered by it, and read through
@@ -23,7 +26,7 @@ from collections.abc import Iterable
 
 from flask import Flask, g, request
 
-from shared.queue.config import Settings
+from shared.queue.config import ApiKey, KeyLimits, Settings
 from shared.wire.errors import AuthenticationError, NotFoundError
 
 ANONYMOUS = "anonymous"
@@ -40,21 +43,24 @@ def owner_of_key(key: str) -> str:
 
 
 class ApiKeys:
-    """The configured keys; `owner` finds the owner of a presented key in constant time."""
+    """The configured keys; `owner` finds the owner of a presented key, and its limits, in
+    constant time."""
 
-    def __init__(self, keys: Iterable[str]):
-        self._keys = [(key.encode(), owner_of_key(key)) for key in keys]
+    def __init__(self, keys: Iterable[ApiKey]):
+        secrets = [(key.key.get_secret_value(), key.limits) for key in keys]
+        self._keys = [(secret.encode(), owner_of_key(secret)) for secret, _ in secrets]
+        self._limits = {owner_of_key(secret): limits for secret, limits in secrets}
 
     def __bool__(self) -> bool:
         return bool(self._keys)
 
-    def owner(self, presented: str) -> str | None:
+    def owner(self, presented: str) -> tuple[str, KeyLimits] | None:
         given = presented.encode("utf-8", "surrogateescape")
         found = None
         for key, owner in self._keys:  # every key compared, whichever matches
             if hmac.compare_digest(key, given):
                 found = owner
-        return found
+        return None if found is None else (found, self._limits[found])
 
 
 def _presented_key() -> str | None:
@@ -73,14 +79,14 @@ def _check_key(keys: ApiKeys) -> None:
             "You didn't provide an API key. Provide it in an Authorization header using Bearer "
             "auth (i.e. Authorization: Bearer YOUR_KEY), or in an x-api-key header."
         )
-    owner = keys.owner(presented)
-    if owner is None:
+    found = keys.owner(presented)
+    if found is None:
         raise AuthenticationError("Incorrect API key provided.")
-    g.mlxq_owner = owner
+    g.mlxq_owner, g.mlxq_limits = found
 
 
 def init_app(app: Flask, settings: Settings) -> None:
-    keys = ApiKeys(key.get_secret_value() for key in settings.api_keys)
+    keys = ApiKeys(settings.api_keys)
     if keys:
         app.before_request(lambda: _check_key(keys))
 
@@ -89,6 +95,12 @@ def owner_id() -> str:
     """The current request's owner id (safe to use inside Redis keys)."""
     owner: str = g.get("mlxq_owner", ANONYMOUS)
     return owner
+
+
+def key_limits() -> KeyLimits | None:
+    """The current request's key's requests and tokens per minute; None: no limits."""
+    limits: KeyLimits | None = g.get("mlxq_limits")
+    return limits if limits else None
 
 
 def is_owner(owner: str | None, caller: str) -> bool:

@@ -27,7 +27,14 @@ from shared.queue import backlog, fair_order
 from shared.queue.backlog import Verdict
 from shared.queue.config import Settings
 from shared.queue.connection import connect, connect_blocking, redis_errors_as_503
-from shared.queue.jobs import JOB_FUNCTION, GenerationJob, JobLimits, Lane
+from shared.queue.jobs import (
+    JOB_FUNCTION,
+    GenerationJob,
+    JobLimits,
+    Lane,
+    QueuedJob,
+    job_function,
+)
 from shared.queue.keys import Keys
 from shared.queue.liveness import horizon, live_workers
 from shared.wire.errors import ModelNotFoundError, QueueFullError
@@ -108,12 +115,15 @@ class Broker:
             on_run_limit=self.settings.run_limit_action,
         )
 
-    def submit(self, job: GenerationJob) -> Subscription:
+    def submit(self, job: QueuedJob) -> Subscription:
         """Check, accept, subscribe, then enqueue, so that no event of the job can be missed.
         The job's events come on this process's reply channel (api/queue/relay.py).
 
         Admission refuses a model no live worker serves, then a full queue (`accept`)."""
-        tokens = self._call(lambda: self.windows.check(job))  # before the job is queued
+        tokens: list[int] | None = None  # an embedding job has no prompt to check or place
+        if isinstance(job, GenerationJob):  # before the job is queued
+            generation = job
+            tokens = self._call(lambda: self.windows.check(generation))
         job = job.model_copy(update={"reply_to": self.api_id})
         queue = self.queue(job.model, job.lane)
         self.accept(job, queue)
@@ -131,7 +141,7 @@ class Broker:
         self.watch.add(job.job_id, job.model, sub)
         return sub
 
-    def accept(self, job: GenerationJob, queue: Queue) -> None:
+    def accept(self, job: QueuedJob, queue: Queue) -> None:
         """Refuse at once what cannot be served soon: no live worker (404), a full queue (429)."""
         self.require_model(job.model)
         keys = [queue.key, self.keys.backlog(job.model), self.keys.backlog_tokens(job.model)]
@@ -156,9 +166,10 @@ class Broker:
                 retry_after_s=retry_after,
             )
 
-    def _prefer(self, job: GenerationJob, tokens: list[int] | None) -> None:
-        """Place the job on the worker holding its prefix, if any (api/queue/placement.py)."""
-        if tokens is None or not self.placement.enabled:
+    def _prefer(self, job: QueuedJob, tokens: list[int] | None) -> None:
+        """Place a generation job on the worker holding its prefix, if any
+        (api/queue/placement.py); an embedding job (no tokens) is never placed."""
+        if tokens is None or not isinstance(job, GenerationJob) or not self.placement.enabled:
             return
         workers = self._live_workers([job.model])[job.model]
         self._call(lambda: self.placement.place(job, tokens, workers))
@@ -168,8 +179,8 @@ class Broker:
         (idempotent)."""
         keys = [self.keys.backlog(model), self.keys.backlog_tokens(model)]
         keys += [self.keys.order(model), self.keys.round(model)]
-        self._release(keys=keys, args=[job_id, "withdrawn"])
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.redis.pipeline(transaction=False)  # one round trip, as before placement
+        self._release(keys=keys, args=[job_id, "withdrawn"], client=pipe)
         self.placement.forget(pipe, job_id, model)
         pipe.execute()
 
@@ -182,7 +193,7 @@ class Broker:
             self._call(lambda: queue.remove(job_id))  # noqa: B023 (called at once)
         self._call(lambda: self.release(job_id, model))
 
-    def _job_options(self, job: GenerationJob) -> dict[str, Any]:
+    def _job_options(self, job: QueuedJob) -> dict[str, Any]:
         """What RQ gets for every generation job: the one function, the payload, the TTLs."""
         return {
             "args": (job.model_dump(mode="json"),),
@@ -192,9 +203,9 @@ class Broker:
             "failure_ttl": self.settings.result_ttl_s,
         }
 
-    def _enqueue(self, queue: Queue, job: GenerationJob) -> None:
+    def _enqueue(self, queue: Queue, job: QueuedJob) -> None:
         """RQ appends the job; then it moves to its fair place (shared/queue/fair_order.py)."""
-        queue.enqueue_call(JOB_FUNCTION, **self._job_options(job))
+        queue.enqueue_call(job_function(job), **self._job_options(job))
         keys = [queue.key, self.keys.order(job.model)]
         keys += [self.keys.rounds(job.model), self.keys.round(job.model)]
         self._place(keys=keys, args=[job.job_id, job.share or "anonymous", job.priority])

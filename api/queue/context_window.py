@@ -29,7 +29,7 @@ class ContextWindows:
     def check(self, job: GenerationJob) -> list[int] | None:
         """Refuse a prompt that does not fit; return its token ids when the job has one prompt
         and the API can count it (placement hashes them: api/queue/placement.py)."""
-        counter = self._counter(job.model)
+        counter = self.counter(job.model)
         if counter is None:
             return None
         ids = counter.ids(job)
@@ -41,10 +41,11 @@ class ContextWindows:
     def count(self, job: GenerationJob) -> int | None:
         """The job's prompt tokens as its worker will count them; None if no worker published
         a tokenizer the API can count with."""
-        counter = self._counter(job.model)
+        counter = self.counter(job.model)
         return None if counter is None else counter.count(job)
 
-    def _counter(self, model: str) -> PromptCounter | None:
+    def counter(self, model: str) -> PromptCounter | None:
+        """The model's prompt counter, as its workers published it; None: none published."""
         key = self._keys.tokenizer(model)
         raw_digest = self._redis.hget(key, "digest")
         if raw_digest is None:

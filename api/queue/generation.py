@@ -21,10 +21,11 @@ from opentelemetry.trace import Span
 from api.http.auth import owner_id
 from api.http.sse import DONE, KEEPALIVE, frame
 from api.queue.broker import Broker
+from api.queue.rate_limits import admit
 from api.queue.relay import Subscription
 from shared.observe import tracing
 from shared.observe.logs import log_event
-from shared.queue.jobs import GenerationJob
+from shared.queue.jobs import QueuedJob
 from shared.wire.answers import Transcripts
 from shared.wire.errors import (
     BackendUnavailableError,
@@ -36,6 +37,7 @@ from shared.wire.errors import (
 from shared.wire.events import (
     ChoiceEndEvent,
     DoneEvent,
+    EmbeddingEvent,
     ErrorEvent,
     Event,
     EventDecodeError,
@@ -53,7 +55,7 @@ START_GRACE_S = 1.0
 
 
 # What a job's stream carries to its reader: its output, then its end.
-Relayed = TokenEvent | ChoiceEndEvent | DoneEvent
+Relayed = TokenEvent | ChoiceEndEvent | EmbeddingEvent | DoneEvent
 
 
 @dataclass
@@ -63,7 +65,7 @@ class Keepalive:
 
 @dataclass
 class RunningJob:
-    job: GenerationJob
+    job: QueuedJob
     started: StartedEvent
     sub: Subscription
     broker: Broker
@@ -101,7 +103,7 @@ class RunningJob:
             self.first_token_at = time.time()
         batch: list[Relayed] = []
         for event in events:
-            if isinstance(event, TokenEvent | ChoiceEndEvent | DoneEvent):
+            if isinstance(event, TokenEvent | ChoiceEndEvent | EmbeddingEvent | DoneEvent):
                 batch.append(event)
                 if isinstance(event, DoneEvent):
                     self.finished, self.done = True, event
@@ -147,7 +149,8 @@ class RunningJob:
         )
 
 
-def start(broker: Broker, job: GenerationJob) -> RunningJob:
+def start(broker: Broker, job: QueuedJob) -> RunningJob:
+    admit(job)  # the caller's rate limits (api/queue/rate_limits.py)
     job = job.model_copy(update={"limits": broker.interactive_limits()})
     submitted_at = time.time()
     span = tracing.request_span(job)
@@ -160,7 +163,7 @@ def start(broker: Broker, job: GenerationJob) -> RunningJob:
     return running
 
 
-def _started(broker: Broker, job: GenerationJob) -> RunningJob:
+def _started(broker: Broker, job: QueuedJob) -> RunningJob:
     """Submit the job and wait for its worker's first event."""
     sub = broker.submit(job)
     limit_s = broker.settings.queue_timeout_s
@@ -188,7 +191,7 @@ def _started(broker: Broker, job: GenerationJob) -> RunningJob:
     )
 
 
-def _withdraw_quietly(broker: Broker, job: GenerationJob) -> None:
+def _withdraw_quietly(broker: Broker, job: QueuedJob) -> None:
     with contextlib.suppress(BackendUnavailableError):
         broker.withdraw(job.job_id, job.model)
 
@@ -242,7 +245,7 @@ def collect(running: RunningJob) -> Collected:
             for event in batch if isinstance(batch, list) else ():
                 if isinstance(event, TokenEvent | ChoiceEndEvent):
                     got.add(event)
-                else:
+                elif isinstance(event, DoneEvent):
                     return Collected(got, event)
     finally:
         running.close()
@@ -286,5 +289,5 @@ def _frames(
             yield token_frame(event)
         elif isinstance(event, DoneEvent):
             yield from done_frames(event)
-        elif end_frame is not None:
+        elif isinstance(event, ChoiceEndEvent) and end_frame is not None:
             yield end_frame(event)

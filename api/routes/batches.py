@@ -10,6 +10,7 @@ from api.http.validation import parse_body
 from api.queue.broker import broker
 from api.routes.files import store as file_store
 from api.stores.batches import BatchStore
+from api.stores.idempotency import idempotent
 from api.stores.listing import parse_query
 from shared.wire.batches import BatchCreateRequest, BatchListQuery
 
@@ -25,6 +26,7 @@ def _json(model: BaseModel) -> Response:
 
 
 @bp.post("/v1/batches")
+@idempotent
 def create_batch() -> Response:
     return _json(store().create(owner_id(), parse_body(BatchCreateRequest)))
 

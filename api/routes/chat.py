@@ -12,6 +12,7 @@ from api.http.sse import frame, sse_response, token_framer
 from api.http.validation import parse_body
 from api.queue.broker import broker
 from api.queue.generation import RunningJob, collect, start, stream_frames
+from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from shared.queue.jobs import job_for
 from shared.wire.answers import (
     ChatChunkChoice,
@@ -29,8 +30,11 @@ bp = Blueprint("chat", __name__)
 
 
 @bp.post("/v1/chat/completions")
+@idempotent
 def create_chat_completion() -> Response:
     req = parse_body(ChatCompletionRequest)
+    if req.stream:
+        refuse_key(STREAMED)
     running = start(broker(), job_for(new_id("chatcmpl-"), req, owner_id()))
     if req.stream:
         return sse_response(stream_chat(running, req))

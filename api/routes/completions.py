@@ -12,6 +12,7 @@ from api.http.sse import frame, sse_response, token_framer
 from api.http.validation import parse_body
 from api.queue.broker import broker
 from api.queue.generation import RunningJob, collect, start, stream_frames
+from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from shared.queue.jobs import job_for
 from shared.wire.answers import Completion, TextChoice, text_completion
 from shared.wire.completions import CompletionRequest, FinishReason
@@ -23,8 +24,11 @@ bp = Blueprint("completions", __name__)
 
 
 @bp.post("/v1/completions")
+@idempotent
 def create_completion() -> Response:
     req = parse_body(CompletionRequest)
+    if req.stream:
+        refuse_key(STREAMED)
     running = start(broker(), job_for(new_id("cmpl-"), req, owner_id()))
     if req.stream:
         return sse_response(stream_completion(running, req))

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ValidationError
 from api.http.auth import owner_id
 from api.queue.broker import broker
 from api.stores.files import FileStore
+from api.stores.idempotency import idempotent
 from api.stores.listing import parse_query
 from shared.wire.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedParameterError
 from shared.wire.files import ExpiresAfter, FileListQuery
@@ -29,10 +30,17 @@ def _json(model: BaseModel, status: int = 200) -> Response:
     return Response(model.model_dump_json(), status=status, mimetype="application/json")
 
 
+@bp.before_request
+def _upload_cap() -> None:
+    """An upload may be larger than other bodies: its cap is set before anything reads it."""
+    if request.endpoint == "files.create_file":
+        request.max_content_length = broker().settings.max_file_bytes + FORM_OVERHEAD_BYTES
+
+
 @bp.post("/v1/files")
+@idempotent
 def create_file() -> Response:
     cap = broker().settings.max_file_bytes
-    request.max_content_length = cap + FORM_OVERHEAD_BYTES
     upload = request.files.get("file")
     if upload is None:
         raise InvalidRequestError("Missing the 'file' form field.", param="file")

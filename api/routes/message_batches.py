@@ -16,6 +16,7 @@ from api.queue.broker import broker
 from api.routes.files import store as file_store
 from api.routes.messages import check_version
 from api.stores.batches import FINAL, BatchStore
+from api.stores.idempotency import idempotent
 from api.stores.listing import parse_query
 from shared.wire.batches import (
     COMPLETION_WINDOW_S,
@@ -77,6 +78,7 @@ def _view(batch: Batch) -> MessageBatch:
 
 
 @bp.post("/v1/messages/batches")
+@idempotent
 def create_message_batch() -> Response:
     req = parse_body(MessageBatchCreate)
     now = int(time.time())

@@ -20,6 +20,7 @@ from api.http.sse import named_frame, sse_response, token_framer
 from api.http.validation import parse_body
 from api.queue.broker import broker
 from api.queue.generation import Keepalive, Relayed, RunningJob, collect, start
+from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from shared.queue.jobs import job_for
 from shared.wire.answers import chat_completion
 from shared.wire.completions import ChatCompletionRequest
@@ -62,8 +63,11 @@ def _json(body: str) -> Response:
 
 
 @bp.post("/v1/messages")
+@idempotent
 def create_message() -> Response:
     req = parse_body(MessagesRequest)
+    if req.stream:
+        refuse_key(STREAMED)
     chat = req.chat_request()
     running = start(broker(), job_for(new_id("msg_"), chat, owner_id()))
     if req.stream:

@@ -37,6 +37,7 @@ from shared.wire.answers import ChatCompletion, ChatCompletionChunk, Completion
 from shared.wire.batches import Batch, BatchCreateRequest, BatchList
 from shared.wire.catalog import Health, ModelCard, ModelList
 from shared.wire.completions import ChatCompletionRequest, CompletionRequest
+from shared.wire.embeddings import EmbeddingList, EmbeddingRequest
 from shared.wire.errors import ErrorBody
 from shared.wire.files import FileDeleted, FileList, FileObject, FileUpload
 from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
@@ -146,6 +147,8 @@ ROUTES = [
           ChatCompletionRequest, ChatCompletionChunk, errors=GENERATION_ERRORS),
     Route("post", "/v1/completions", "Create a text completion", Completion,
           CompletionRequest, Completion, errors=GENERATION_ERRORS),
+    Route("post", "/v1/embeddings", "Create embeddings", EmbeddingList, EmbeddingRequest,
+          errors=GENERATION_ERRORS),
     Route("get", "/v1/models", "List the models live workers serve", ModelList),
     Route("get", "/v1/models/{model_id}", "Retrieve a model", ModelCard, parameters=[MODEL_ID]),
     Route("get", "/health", "Liveness: Redis answers; the live models", Health,

@@ -18,6 +18,8 @@ from api.http.sse import KEEPALIVE, event_frame, sse_response
 from api.http.validation import parse_body
 from api.queue.broker import broker
 from api.queue.generation import Keepalive, RunningJob, collect, start
+from api.queue.rate_limits import admit
+from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from api.stores.listing import parse_query
 from api.stores.responses import ResponseStore
 from shared.queue.jobs import job_for
@@ -46,8 +48,11 @@ def _json(body: str) -> Response:
 
 
 @bp.post("/v1/responses")
+@idempotent
 def create_response() -> Response:
     req = parse_body(ResponsesRequest)
+    if req.stream:
+        refuse_key(STREAMED)
     stored = StoredResponse(
         id=new_id("resp_"),
         created_at=int(time.time()),
@@ -61,6 +66,7 @@ def create_response() -> Response:
     if req.background:
         b = broker()
         b.require_model(req.model)
+        admit(job)
         responses.create(owner_id(), stored)
         b.submit_bulk([job])
         if req.stream:

@@ -20,7 +20,7 @@ from typing import Any
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from shared.queue.jobs import GenerationJob
+from shared.queue.jobs import EmbeddingJob, QueuedJob
 from shared.wire.events import DoneEvent
 
 SYSTEM = "mlxq"
@@ -44,23 +44,27 @@ def setup(service: str) -> None:
     trace.set_tracer_provider(provider)
 
 
-def _operation(job: GenerationJob) -> str:
+def _operation(job: QueuedJob) -> str:
+    if isinstance(job, EmbeddingJob):
+        return "embeddings"
     return "chat" if job.messages is not None else "text_completion"
 
 
-def _request_attributes(job: GenerationJob) -> dict[str, Any]:
+def _request_attributes(job: QueuedJob) -> dict[str, Any]:
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": _operation(job),
         "gen_ai.system": SYSTEM,
         "gen_ai.request.model": job.model,
-        "gen_ai.request.temperature": job.sampling.temperature,
     }
+    if isinstance(job, EmbeddingJob):
+        return attributes
+    attributes["gen_ai.request.temperature"] = job.sampling.temperature
     if job.max_tokens is not None:
         attributes["gen_ai.request.max_tokens"] = job.max_tokens
     return attributes
 
 
-def request_span(job: GenerationJob) -> Span | None:
+def request_span(job: QueuedJob) -> Span | None:
     """The API's span for a request, its context put in the job; None when tracing is off."""
     if not enabled():
         return None
@@ -95,7 +99,7 @@ def end_request(
 
 
 def job_spans(
-    job: GenerationJob,
+    job: QueuedJob,
     times: tuple[float, float, float | None, float],
     usage: tuple[int, int],
     finish_reason: str,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from shared.queue.jobs import GenerationJob
+from shared.queue.jobs import EmbeddingJob, QueuedJob
 
 
 class Verdict(IntEnum):
@@ -70,8 +70,10 @@ return 1
 _PER_MESSAGE = 4
 
 
-def estimate_tokens(job: GenerationJob) -> int:
+def estimate_tokens(job: QueuedJob) -> int:
     """A prompt-token estimate for the token cap."""
+    if isinstance(job, EmbeddingJob):
+        return sum(_bytes_to_tokens(i) if isinstance(i, str) else len(i) for i in job.inputs)
     if job.messages is not None:
         texts = [m.text() for m in job.messages]
         return sum(_bytes_to_tokens(t) + _PER_MESSAGE for t in texts)

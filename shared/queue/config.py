@@ -6,15 +6,55 @@ down explicitly; tests construct one directly. The README's configuration table 
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def _default_models_dir() -> Path:
     return Path.home() / ".cache" / "mlxq" / "models"
+
+
+def _default_redis_dir() -> Path:
+    data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data_home) / "mlxq" / "redis"
+
+
+# A limit at the end of an MLXQ_API_KEYS entry: `sk-key:rpm=60:tpm=40000`.
+_KEY_LIMIT = re.compile(r":(rpm|tpm)=([0-9]+)$")
+
+
+class KeyLimits(BaseModel):
+    """Requests and tokens per minute of one API key (api/queue/rate_limits.py); None: none."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1)
+
+    def __bool__(self) -> bool:
+        return self.rpm is not None or self.tpm is not None
+
+
+class ApiKey(BaseModel):
+    """One entry of MLXQ_API_KEYS: a key, and its limits after it (`:rpm=N`, `:tpm=N`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: SecretStr
+    limits: KeyLimits = KeyLimits()
+
+    @classmethod
+    def parse(cls, entry: str) -> ApiKey:
+        key, limits = entry, {}
+        while (found := _KEY_LIMIT.search(key)) is not None:
+            limits[found.group(1)] = int(found.group(2))
+            key = key[: found.start()]
+        return cls(key=SecretStr(key), limits=KeyLimits.model_validate(limits))
 
 
 class Settings(BaseSettings):
@@ -26,17 +66,25 @@ class Settings(BaseSettings):
         default="redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("REDIS_URL", "MLXQ_REDIS_URL"),
     )
+    # `mlxq run` only: where the Redis it starts (when none answers at REDIS_URL) keeps its
+    # append-only file.
+    redis_dir: Path = Field(default_factory=_default_redis_dir)
     namespace: str = Field(default="mlxq", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     models_dir: Path = Field(default_factory=_default_models_dir)
     # What a worker serves: a model directory, a name under models_dir, or a hub id.
     model: str = "SmolLM2-135M-Instruct"
     # `mlxq run` only: the models to serve, one worker process each (comma-separated in
-    # MLXQ_MODELS); none: MLXQ_MODEL alone.
+    # MLXQ_MODELS); none: MLXQ_MODEL and MLXQ_EMBEDDING_MODEL.
     models: Annotated[tuple[str, ...], NoDecode] = ()
+    # `mlxq run` only, without MLXQ_MODELS: the embedding model served beside MLXQ_MODEL
+    # (worker/engine/default_embedder.py); empty: none.
+    embedding_model: str = "all-MiniLM-L6-v2"
     # "mlx" runs the model; "synthetic" emits timestamp tokens (relay benchmarks only).
     engine: Literal["mlx", "synthetic"] = "mlx"
     synthetic_step_s: float = Field(default=0.05, gt=0)
     batch_size: int = Field(default=16, ge=1, le=1024)
+    # An embedding worker: inputs encoded together in one forward, from any of its jobs.
+    embed_batch: int = Field(default=64, ge=1, le=2048)
     # Prompt tokens one step prefills at most (worker/engine/prefill.py).
     prefill_tokens: int = Field(default=4096, ge=1)
     # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.
@@ -68,6 +116,10 @@ class Settings(BaseSettings):
     result_ttl_s: int = Field(default=600, ge=1)
     default_max_tokens: int = Field(default=4096, ge=1)
     redis_timeout_s: float = Field(default=1.5, gt=0)
+    # With replicas behind Sentinel: a creating POST is answered once this many replicas hold
+    # its writes, waiting at most redis_wait_ms (api/stores/replicas.py); 0: answer at once.
+    redis_wait_replicas: int = Field(default=0, ge=0)
+    redis_wait_ms: int = Field(default=200, ge=1)
     # Every open stream or busy slot may hold a connection at once.
     redis_max_connections: int = Field(default=2048, ge=16)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
@@ -87,22 +139,28 @@ class Settings(BaseSettings):
     # Logs (shared/observe/logs.py): text or JSON lines, and the level.
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
-    # API keys (comma-separated in MLXQ_API_KEYS); none: no auth, and loopback only
-    # (api/http/auth.py).
-    api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
+    # API keys (comma-separated in MLXQ_API_KEYS, each maybe with its limits:
+    # `key:rpm=60:tpm=40000`); none: no auth, and loopback only (api/http/auth.py).
+    api_keys: Annotated[tuple[ApiKey, ...], NoDecode] = ()
 
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper_level(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("api_keys", "models", mode="before")
+    @field_validator("models", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
             return tuple(item.strip() for item in value.split(",") if item.strip())
         return value
 
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _parse_keys(cls, value: Any) -> Any:
+        entries = cls._split_commas(value)
+        return tuple(ApiKey.parse(v) if isinstance(v, str) else v for v in entries)
+
     def served_models(self) -> list[str]:
-        """What `mlxq run` serves: MLXQ_MODELS, or else MLXQ_MODEL."""
-        return list(self.models) or [self.model]
+        """What `mlxq run` serves: MLXQ_MODELS, or else MLXQ_MODEL and MLXQ_EMBEDDING_MODEL."""
+        return list(self.models) or [self.model, *filter(None, [self.embedding_model])]

@@ -6,6 +6,11 @@ function the worker runs (`JOB_FUNCTION`). Exactly one of `messages` (chat) and 
 its own: an interactive request gives up after seconds, a batch line may wait for hours. A stored
 response sets `replay_ttl_s` (its event log is its record); a batch line sets `batch_line`
 (the worker records its answer in the batch).
+
+An embedding job (`EmbeddingJob`) is a job model of its own, run by a job function of its own
+(`EMBEDDING_JOB_FUNCTION`) on a worker that serves an embedding model: a generation job carries
+nothing of it. It has the same place in the queue (lane, fair share, priority, reply channel,
+limits) and its inputs, already split into a list.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pydantic import BaseModel, Field, model_validator
 from shared.queue import fair_order
 from shared.wire.batches import BatchLine
 from shared.wire.completions import ChatCompletionRequest, ChatMessage, CompletionRequest
+from shared.wire.embeddings import MAX_INPUTS, EmbeddingRequest
 from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
 from shared.wire.responses import ResponsesRequest
 from shared.wire.sampling import SamplingParams
@@ -28,6 +34,7 @@ Lane = Literal["interactive", "background", "batch"]
 LANES: tuple[Lane, ...] = ("interactive", "background", "batch")
 
 JOB_FUNCTION = "worker.runtime.job_function.run_generation"
+EMBEDDING_JOB_FUNCTION = "worker.runtime.embedding_job.run_embedding"
 
 
 class JobLimits(BaseModel):
@@ -99,6 +106,48 @@ class GenerationJob(BaseModel):
 
     def choices(self) -> int:
         return self.n * max(1, len(self.prompt_items()))
+
+
+class EmbeddingJob(BaseModel):
+    """A request's inputs to embed, one vector each; its other fields mean what a
+    GenerationJob's mean."""
+
+    job_id: Annotated[str, Field(pattern=ID_PATTERN)]
+    model: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
+    inputs: Annotated[list[str | list[int]], Field(min_length=1, max_length=MAX_INPUTS)]
+    limits: JobLimits = JobLimits()
+    owner: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
+    share: str | None = None
+    priority: int = 0
+    lane: Lane = "interactive"
+    reply_to: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
+    trace: str | None = None
+
+    @property
+    def replayed(self) -> bool:
+        """Never: only a client waiting on the request reads its vectors."""
+        return False
+
+
+# Whatever a model's queue carries, with the job function that runs it.
+QueuedJob = GenerationJob | EmbeddingJob
+
+
+def job_function(job: QueuedJob) -> str:
+    return EMBEDDING_JOB_FUNCTION if isinstance(job, EmbeddingJob) else JOB_FUNCTION
+
+
+def embedding_job_for(job_id: str, req: EmbeddingRequest, owner: str | None) -> EmbeddingJob:
+    """The embedding job that answers a validated embeddings request."""
+    share = fair_order.share(owner, req.user, keyed=owner not in (None, "anonymous"))
+    return EmbeddingJob(
+        job_id=job_id,
+        model=req.model,
+        inputs=req.inputs(),
+        owner=owner,
+        share=share,
+        priority=req.priority,
+    )
 
 
 class JobOutcome(BaseModel):

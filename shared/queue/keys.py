@@ -62,6 +62,13 @@ Layout under the namespace `ns` (default "mlxq"):
     {ns}:batch:{id}:results     hash  line index -> its output or error line; the first write wins
     {ns}:batch:{id}:finalizing  string  held by the API process that writes the output files
     {ns}:batches:{owner}        zset  the owner's batch ids -> created_at
+    {ns}:ratelimit:{owner}      hash  an API key's rate-limit buckets (api/queue/rate_limits.py):
+                                requests and tokens left, and when (Redis ms); TTL 60 s
+    {ns}:written:{api_id}       string  written by an API process right before WAIT, so that the
+                                WAIT covers every earlier write (api/stores/replicas.py)
+    {ns}:idempotency:{owner}:{digest}  string  an Idempotency-Key of the owner (its SHA-256): the
+                                request it came with and, once answered, the answer
+                                (api/stores/idempotency.py); TTL 24 h
 
 Nothing from a request reaches a key unchecked: every part that can come from outside (a model
 name, an id) must match `MODEL_NAME_PATTERN` or `ID_PATTERN` (no spaces, no glob characters, no
@@ -229,3 +236,12 @@ class Keys:
 
     def batches(self, owner: str) -> str:
         return f"{self.ns}:batches:{_id(owner)}"
+
+    def idempotency(self, owner: str, key_digest: str) -> str:
+        return f"{self.ns}:idempotency:{_id(owner)}:{_id(key_digest)}"
+
+    def rate_limit(self, owner: str) -> str:
+        return f"{self.ns}:ratelimit:{_id(owner)}"
+
+    def written(self, api_id: str) -> str:
+        return f"{self.ns}:written:{_id(api_id)}"

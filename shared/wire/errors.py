@@ -126,6 +126,50 @@ class PayloadTooLargeError(MLXQError):
     code = "request_too_large"
 
 
+class IdempotencyKeyInUseError(MLXQError):
+    """The first request with this Idempotency-Key has not been answered yet; retry (409)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "idempotency_key_in_use"
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after_s: int = 1):
+        super().__init__(message, param=param)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class IdempotencyKeyReusedError(MLXQError):
+    """The Idempotency-Key was first sent with another request (422)."""
+
+    status = 422
+    type = "invalid_request_error"
+    code = "idempotency_key_reused"
+
+
+class RateLimitError(MLXQError):
+    """The API key is over its requests or tokens per minute (429). `retry_after_ms` None: the
+    request alone is over the limit and no wait helps (the OpenAI SDK is told not to retry)."""
+
+    status = 429
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, kind: str, retry_after_ms: int | None):
+        super().__init__(message)
+        self.type = kind  # "requests" or "tokens", as OpenAI names them
+        self.retry_after_ms = retry_after_ms
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_ms is None:
+            return {"x-should-retry": "false"}
+        return {
+            "Retry-After": str(max(1, -(-self.retry_after_ms // 1000))),
+            "retry-after-ms": str(self.retry_after_ms),
+        }
+
+
 class QueueFullError(MLXQError):
     """The model's queue is over its cap of jobs or of prompt tokens; retry later (429)."""
 

@@ -2,7 +2,8 @@
 
 A job's channel carries, in order: one `StartedEvent` (the prompt is tokenized and admitted),
 `TokenEvent`s (and, for a job with several choices, a `ChoiceEndEvent` as each ends), then
-exactly one final event, `DoneEvent` or `ErrorEvent`. A job refused before
+exactly one final event, `DoneEvent` or `ErrorEvent`. An embedding job carries `EmbeddingEvent`s
+(one vector each, any order) where a generation job carries tokens. A job refused before
 it starts sends only an `ErrorEvent`. A bulk job whose worker died is retried from scratch: its
 replay log is reset to one `RequeuedEvent` and the sequence above starts over (readers drop what
 they had of the lost attempt). `encode_event` and `decode_event` are the only places
@@ -56,6 +57,14 @@ class ChoiceEndEvent(BaseModel):
     finish_reason: FinishReason
 
 
+class EmbeddingEvent(BaseModel):
+    """The vector of an embedding job's input number `index`: base64 of little-endian float32."""
+
+    type: Literal["embedding"] = "embedding"
+    index: int
+    data: str
+
+
 class DoneEvent(BaseModel):
     type: Literal["done"] = "done"
     finish_reason: FinishReason
@@ -82,7 +91,13 @@ class RequeuedEvent(BaseModel):
 
 
 Event = Annotated[
-    StartedEvent | TokenEvent | ChoiceEndEvent | DoneEvent | ErrorEvent | RequeuedEvent,
+    StartedEvent
+    | TokenEvent
+    | ChoiceEndEvent
+    | EmbeddingEvent
+    | DoneEvent
+    | ErrorEvent
+    | RequeuedEvent,
     Field(discriminator="type"),
 ]
 _EVENT = TypeAdapter[Event](Event)

@@ -11,7 +11,7 @@ from redis import Redis
 
 from api import create_app
 from api.http.auth import ANONYMOUS, ApiKeys, OpenBindError, check_bind, owner_id, require_owner
-from shared.queue.config import Settings
+from shared.queue.config import KeyLimits, Settings
 from shared.queue.keys import is_valid_id
 from tests.support import assert_openai_error
 
@@ -116,10 +116,13 @@ def test_without_keys_every_caller_is_anonymous(app: Flask) -> None:
 
 
 def test_owner_ids_are_per_key_fixed_and_safe_in_redis_keys() -> None:
-    keys = ApiKeys(KEYS)
-    first, second = keys.owner(KEYS[0]), keys.owner(KEYS[1])
-    assert first is not None and second is not None and first != second
-    assert first == ApiKeys(reversed(KEYS)).owner(KEYS[0])
+    configured = Settings(api_keys=",".join(KEYS)).api_keys
+    keys = ApiKeys(configured)
+    found, other = keys.owner(KEYS[0]), keys.owner(KEYS[1])
+    assert found is not None and other is not None
+    first, second = found[0], other[0]
+    assert first != second
+    assert (first, KeyLimits()) == ApiKeys(reversed(configured)).owner(KEYS[0])
     assert re.fullmatch("[0-9a-f]{32}", first) and is_valid_id(first)
     assert KEYS[0] not in first
     assert keys.owner("sk-") is None and not ApiKeys([])
@@ -154,3 +157,13 @@ def test_keys_are_secret_in_settings() -> None:
     settings = Settings(api_keys="sk-a-secret, sk-b-secret")
     assert len(settings.api_keys) == 2
     assert "secret" not in repr(settings) and "secret" not in str(settings.model_dump())
+
+
+def test_a_key_entry_may_end_in_its_limits_and_a_key_may_hold_colons() -> None:
+    settings = Settings(api_keys="sk-a:rpm=60:tpm=40000, sk-b:tpm=9, sk:c")
+    limits = [(key.key.get_secret_value(), key.limits) for key in settings.api_keys]
+    assert limits == [
+        ("sk-a", KeyLimits(rpm=60, tpm=40000)),
+        ("sk-b", KeyLimits(tpm=9)),
+        ("sk:c", KeyLimits()),
+    ]

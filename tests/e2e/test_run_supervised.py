@@ -66,6 +66,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env = dict(
         os.environ,
         REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
+        MLXQ_REDIS_DIR=str(folder / "redis"),
         MLXQ_NAMESPACE="mlxqrun",
         MLXQ_MODELS_DIR=str(models),
         MLXQ_MODELS=f"{MODEL},{SECOND},{MISSING}",

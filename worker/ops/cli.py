@@ -37,9 +37,11 @@ def _import_gguf(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _prepare(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.engine.default_embedder import ensure_default_embedder
     from worker.gguf.default_model import ensure_default_model
 
     print(ensure_default_model(settings.models_dir))
+    print(ensure_default_embedder(settings.models_dir))
     return 0
 
 
@@ -94,9 +96,13 @@ def _seconds(text: str) -> float:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mlxq", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", help="Redis (if none), the API and a worker with the default model")
+    sub.add_parser(
+        "run", help="Redis (if none), the API and a worker for each default model (chat, embedding)"
+    )
     sub.add_parser("worker", help="serve MLXQ_MODEL from the queue at REDIS_URL")
-    sub.add_parser("prepare-model", help="download and import the default model")
+    sub.add_parser(
+        "prepare-model", help="download and import the default models (chat and embedding)"
+    )
     imp = sub.add_parser("import-gguf", help="import a llama-architecture GGUF file")
     imp.add_argument("file", help="the .gguf file")
     imp.add_argument("--name", help="model name under MLXQ_MODELS_DIR (default: file stem)")

@@ -25,6 +25,7 @@ from pathlib import Path
 from redis import Redis
 from redis.exceptions import RedisError
 
+from shared.queue.connection import client_for
 from shared.queue.keys import Keys
 from worker.gguf.default_model import DEFAULT_MODEL_NAME
 
@@ -50,7 +51,7 @@ def wait_until(check: Callable[[], object], timeout_s: float, what: str) -> None
 
 def redis_answers(url: str) -> bool:
     try:
-        return bool(Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5).ping())
+        return bool(client_for(url, socket_connect_timeout=0.5, socket_timeout=0.5).ping())
     except (RedisError, OSError):
         return False
 
@@ -93,12 +94,12 @@ def spawn(args: list[str], env: dict[str, str], log: Path | None = None) -> subp
         return subprocess.Popen(args, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
 
-def start_redis(
-    port: int, data_dir: Path | None = None, extra: list[str] | None = None, url: str = ""
-) -> subprocess.Popen[bytes]:
-    """A redis-server on 127.0.0.1:`port`: in memory only, or with an append-only file in
-    `data_dir` so that its data survives a restart, as a real queue's would. `extra` arguments
-    come last (a password, TLS, more addresses); `url` is how to reach it then."""
+def redis_command(
+    port: int, data_dir: Path | None = None, extra: list[str] | None = None
+) -> list[str]:
+    """The redis-server command for 127.0.0.1:`port`: in memory only, or with an append-only
+    file in `data_dir`, fsynced every second, so that its data survives a crash or a restart.
+    `extra` arguments come last (a password, TLS, more addresses)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server not found: run scripts/setup.sh or install Redis.")
@@ -107,13 +108,55 @@ def start_redis(
         args += ["--appendonly", "no"]
     else:
         data_dir.mkdir(parents=True, exist_ok=True)
-        args += ["--appendonly", "yes", "--dir", str(data_dir)]
-    args += extra or []
+        args += ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data_dir)]
+    return args + (extra or [])
+
+
+def start_redis(
+    port: int, data_dir: Path | None = None, extra: list[str] | None = None, url: str = ""
+) -> subprocess.Popen[bytes]:
+    """A redis-server (`redis_command`); `url` is how to reach it."""
+    args = redis_command(port, data_dir, extra)
     url = url or f"redis://127.0.0.1:{port}/0"
     # Its own session: a Ctrl-C meant for the caller must not stop Redis under draining workers.
     server = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_until(lambda: redis_answers(url), 10, f"Redis on {port}")
+    except TimeoutError:
+        stop(server)
+        raise
+    return server
+
+
+def start_sentinel(
+    port: int, primary_port: int, service: str, folder: Path, down_after_ms: int = 1000
+) -> subprocess.Popen[bytes]:
+    """A Redis Sentinel on 127.0.0.1:`port` watching the primary at 127.0.0.1:`primary_port` as
+    `service` (a quorum of 2: three of them make a failover group). It rewrites its config file
+    in `folder` as it learns the replicas and the other Sentinels."""
+    folder.mkdir(parents=True, exist_ok=True)
+    conf = folder / "sentinel.conf"
+    conf.write_text(
+        "\n".join(
+            [
+                f"port {port}",
+                "bind 127.0.0.1",
+                f'dir "{folder}"',
+                f"sentinel monitor {service} 127.0.0.1 {primary_port} 2",
+                f"sentinel down-after-milliseconds {service} {down_after_ms}",
+                f"sentinel failover-timeout {service} 10000",
+                f"sentinel parallel-syncs {service} 1",
+            ]
+        )
+        + "\n"
+    )
+    binary = redis_command(port)[0]
+    server = subprocess.Popen(
+        [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, start_new_session=True
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        wait_until(lambda: redis_answers(url), 10, f"Sentinel on {port}")
     except TimeoutError:
         stop(server)
         raise
@@ -173,6 +216,7 @@ class Cluster:
     redis_proc: subprocess.Popen[bytes] | None = None
     api_proc: subprocess.Popen[bytes] | None = None
     api_url: str = ""
+    more_apis: list[subprocess.Popen[bytes]] = field(default_factory=list)
     workers: list[Worker] = field(default_factory=list)
 
     @property
@@ -184,7 +228,7 @@ class Cluster:
         return Keys(self.namespace)
 
     def redis(self) -> Redis:
-        return Redis.from_url(self.redis_url, socket_timeout=2, socket_connect_timeout=1)
+        return client_for(self.redis_url, socket_timeout=2, socket_connect_timeout=1)
 
     def environment(self, **extra: str) -> dict[str, str]:
         own = {
@@ -212,12 +256,18 @@ class Cluster:
     # The API
 
     def start_api(self, **env: str) -> str:
+        """The API on a free port; returns its URL. The first is `api_proc` and `api_url`; a
+        second one (processes that must agree through Redis) is stopped with the cluster."""
         port = free_port()
         proc_env = self.environment(MLXQ_API_BIND=f"127.0.0.1:{port}", **env)
-        self.api_proc = spawn(API, proc_env, self._log("api.log"))
-        self.api_url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: http_answers(f"{self.api_url}/health"), 30, "the API")
-        return self.api_url
+        proc = spawn(API, proc_env, self._log("api.log"))
+        url = f"http://127.0.0.1:{port}"
+        if self.api_proc is None:
+            self.api_proc, self.api_url = proc, url
+        else:
+            self.more_apis.append(proc)
+        wait_until(lambda: http_answers(f"{url}/health"), 30, "the API")
+        return url
 
     def api_worker_pids(self) -> list[int]:
         """The gunicorn worker processes (children of the arbiter) that serve requests."""
@@ -238,7 +288,8 @@ class Cluster:
         def registered() -> bool:
             if worker.proc.poll() is not None:
                 raise RuntimeError(f"worker {worker.worker_id} exited: {worker.proc.returncode}")
-            return self.redis().zscore(self.keys.workers(self.model), worker.worker_id) is not None
+            model = worker.env.get("MLXQ_MODEL", self.model)  # a worker may serve another
+            return self.redis().zscore(self.keys.workers(model), worker.worker_id) is not None
 
         wait_until(registered, timeout_s, f"worker {worker.worker_id}")
 
@@ -264,7 +315,7 @@ class Cluster:
 
     def stop(self) -> None:
         procs = [w.proc for w in self.workers]
-        procs += [p for p in (self.api_proc,) if p is not None]
+        procs += [p for p in (self.api_proc, *self.more_apis) if p is not None]
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -272,5 +323,6 @@ class Cluster:
             reap(proc)
         self.workers.clear()
         self.api_proc = None
+        self.more_apis.clear()
         if self.redis_proc is not None and self.redis_proc.poll() is None:
             self.stop_redis(signal.SIGKILL)

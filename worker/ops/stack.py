@@ -1,18 +1,24 @@
 """`mlxq run`: the whole stack on one machine, kept up by a process supervisor.
 
-Redis: the one at REDIS_URL if it answers, else a private redis-server started here (local
-URLs only). Then the default model is prepared, and supervisord (the `supervisor` package) runs
-the Procfile's processes: the API under gunicorn, and one worker per model of MLXQ_MODELS (or
-one for MLXQ_MODEL). A process that exits for any reason is restarted, each restart logged by
-supervisord once ("exited: ... not expected", then "spawned: ..."); one that keeps exiting before
-it has been up `STARTSECS` is retried with a growing back-off (1 s, 2 s, 3 s...) and given up on
-after `STARTRETRIES` tries ("gave up: ... FATAL"), while the rest keep serving. Ctrl-C (or
-SIGTERM) stops everything, workers draining their jobs first.
+Redis: the one at REDIS_URL if it answers, else a redis-server of its own (local URLs only),
+supervised like the rest and persistent: an append-only file in MLXQ_REDIS_DIR, fsynced every
+second, so a crash, a kill or a reboot loses at most the last second of writes. Then the default
+models are prepared, and supervisord (the `supervisor` package) runs that Redis first and the
+Procfile's processes: the API under gunicorn, and one worker per model of MLXQ_MODELS (or one
+for MLXQ_MODEL and one for the embedding model MLXQ_EMBEDDING_MODEL); the API and the workers
+wait for Redis, or reconnect to it, by themselves.
+
+A process that exits for any reason is restarted, each restart logged by supervisord once
+("exited: ... not expected", then "spawned: ..."); one that keeps exiting before it has been up
+`STARTSECS` is retried with a growing back-off (1 s, 2 s, 3 s...) and given up on after
+`STARTRETRIES` tries ("gave up: ... FATAL"), while the rest keep serving. Ctrl-C (or SIGTERM)
+stops everything, workers draining their jobs first and Redis last.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,12 +28,15 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from shared.queue.config import Settings
+from worker.engine.default_embedder import DEFAULT_EMBEDDER_NAME, ensure_default_embedder
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
-from worker.ops.cluster import ROOT, redis_answers, start_redis, stop
+from worker.ops.cluster import ROOT, redis_answers, redis_command, stop
 
 PROCFILE = ROOT / "Procfile"
 # A process counts as started once it has stayed up this long (a worker loads its model first).
-STARTSECS = {"web": 3, "worker": 20}
+STARTSECS = {"redis": 1, "web": 3, "worker": 20}
+# supervisord starts lower numbers first and stops them last: Redis outlives draining workers.
+PRIORITY = {"redis": 1}
 STARTRETRIES = 3
 # SIGTERM, then this long for a worker to drain (MLXQ_DRAIN_TIMEOUT_S) before SIGKILL.
 STOPWAITSECS = 45
@@ -35,33 +44,32 @@ STOPWAITSECS = 45
 
 @dataclass(frozen=True)
 class Program:
-    """One supervised process: a Procfile entry, for one model in the case of a worker."""
+    """One supervised process: a Procfile entry (for one model in the case of a worker), or
+    the stack's own Redis."""
 
     name: str
-    kind: str  # the Procfile name: web or worker
+    kind: str  # the Procfile name (web or worker), or redis
     command: str
     env: dict[str, str]
 
 
-def start_local_redis(url: str) -> subprocess.Popen[bytes]:
-    """A throwaway redis-server on the URL's port, if the URL is local."""
+def local_redis(settings: Settings) -> Program:
+    """A persistent redis-server on the port of REDIS_URL, if the URL is local."""
+    url = settings.redis_url
     parsed = urlparse(url)
     if parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
         raise SystemExit(f"Redis at {url} does not answer, and it is not local to start it here.")
-    return start_redis(parsed.port or 6379)
+    command = redis_command(parsed.port or 6379, settings.redis_dir)
+    return Program("redis", "redis", shlex.join(command), {})
 
 
 def run_stack(settings: Settings) -> int:
-    redis_server = (
-        None if redis_answers(settings.redis_url) else start_local_redis(settings.redis_url)
-    )
-    try:
-        if DEFAULT_MODEL_NAME in settings.served_models():
-            ensure_default_model(settings.models_dir)
-        return supervise(programs(PROCFILE.read_text(), settings.served_models()))
-    finally:
-        if redis_server is not None:
-            stop(redis_server)
+    own_redis = [] if redis_answers(settings.redis_url) else [local_redis(settings)]
+    if DEFAULT_MODEL_NAME in settings.served_models():
+        ensure_default_model(settings.models_dir)
+    if DEFAULT_EMBEDDER_NAME in settings.served_models():
+        ensure_default_embedder(settings.models_dir)
+    return supervise(own_redis + programs(PROCFILE.read_text(), settings.served_models()))
 
 
 def programs(procfile: str, models: list[str]) -> list[Program]:
@@ -91,15 +99,17 @@ def config(programs: list[Program], folder: Path) -> str:
         f"pidfile={folder / 'supervisord.pid'}",
         "loglevel=info",
     ]
+    # supervisord expands %(name)s in its values: a literal % is written %%.
     for p in programs:
         lines += [
             "",
             f"[program:{p.name}]",
-            f"command={p.command}",
+            f"command={p.command.replace('%', '%%')}",
             f"directory={ROOT}",
             "autorestart=true",
             f"startsecs={STARTSECS.get(p.kind, 3)}",
             f"startretries={STARTRETRIES}",
+            f"priority={PRIORITY.get(p.kind, 999)}",
             "stopsignal=TERM",
             f"stopwaitsecs={STOPWAITSECS}",
             "stopasgroup=true",
@@ -108,7 +118,6 @@ def config(programs: list[Program], folder: Path) -> str:
             "stdout_logfile_maxbytes=0",
         ]
         if p.env:
-            # supervisord expands %(name)s in its values: a literal % is written %%.
             pairs = (f'{k}="{v.replace("%", "%%")}"' for k, v in p.env.items())
             lines.append("environment=" + ",".join(pairs))
     return "\n".join(lines) + "\n"

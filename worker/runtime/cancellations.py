@@ -15,7 +15,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from shared.queue.keys import Keys
-from worker.runtime.loop import EngineLoop
+from worker.runtime.loop import DrivenLoop
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ RETRY_S = 0.25
 
 
 def listen_for_cancels(
-    redis: Redis, keys: Keys, loop: EngineLoop, worker_id: str, stop: threading.Event
+    redis: Redis, keys: Keys, loop: DrivenLoop, worker_id: str, stop: threading.Event
 ) -> threading.Event:
     """Start the listener; the returned event is set once the worker's presence is visible."""
     present = threading.Event()
@@ -44,7 +44,7 @@ def listen_for_cancels(
 def _listen(
     redis: Redis,
     keys: Keys,
-    loop: EngineLoop,
+    loop: DrivenLoop,
     worker_id: str,
     stop: threading.Event,
     present: threading.Event,

@@ -19,14 +19,14 @@ import threading
 import time
 from types import FrameType
 
-from worker.runtime.loop import EngineLoop
+from worker.runtime.loop import DrivenLoop
 from worker.runtime.slots import SlotWorker, slots_idle, stop_slots
 
 log = logging.getLogger(__name__)
 
 
 class Drain:
-    def __init__(self, slots: list[SlotWorker], loop: EngineLoop, timeout_s: float):
+    def __init__(self, slots: list[SlotWorker], loop: DrivenLoop, timeout_s: float):
         self._slots = slots
         self._loop = loop
         self._timeout_s = timeout_s

@@ -3,11 +3,12 @@
 RQ's own `Job` resolves `func_name` with `import_attribute`, and its callbacks the same way,
 so whoever can write a job into Redis could make a stock RQ worker import and call anything.
 A slot (worker/runtime/slots.py) runs `FixedJob`s instead, and refuses a job before doing anything
-with
-it unless its data decodes as JSON (RQ's JSON serializer: nothing is unpickled), it names
-`shared.queue.jobs.JOB_FUNCTION`, it has no instance, one dict argument and no keyword arguments,
-and it carries no callbacks. Even then the function is this module's own reference to
-`run_generation`, never a name looked up at run time. Webhooks in a job record are ignored.
+with it unless its data decodes as JSON (RQ's JSON serializer: nothing is unpickled), it names
+`shared.queue.jobs.JOB_FUNCTION` or `EMBEDDING_JOB_FUNCTION`, it has no instance, one dict
+argument and no keyword arguments, and it carries no callbacks. Even then the function is this
+module's own reference to `run_generation` or `run_embedding` (or a refusal, for a job of the
+kind its worker does not serve), never a name looked up at run time. Webhooks in a job record
+are ignored.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from rq.exceptions import DeserializationError
 from rq.job import Job
 
-from shared.queue.jobs import JOB_FUNCTION
+from shared.queue.jobs import EMBEDDING_JOB_FUNCTION, JOB_FUNCTION
 
 
 class RefusedJobError(Exception):
@@ -31,7 +32,7 @@ def refusal(job: Job) -> str | None:
         func_name, instance, args, kwargs = job.func_name, job.instance, job.args, job.kwargs
     except DeserializationError:
         return "its data is not JSON"
-    if func_name != JOB_FUNCTION:
+    if func_name not in (JOB_FUNCTION, EMBEDDING_JOB_FUNCTION):
         return f"it names the function {str(func_name)[:100]!r}, not {JOB_FUNCTION!r}"
     one_object = isinstance(args, list | tuple) and len(args) == 1 and isinstance(args[0], dict)
     if instance is not None or kwargs != {} or not one_object:
@@ -42,15 +43,21 @@ def refusal(job: Job) -> str | None:
 
 
 class FixedJob(Job):
-    """An RQ job that can only ever call `worker.runtime.job_function.run_generation`."""
+    """An RQ job that can only ever call mlxq's two job functions (or refuse the job)."""
 
     @property
     def func(self) -> Callable[..., Any]:
         reason = refusal(self)
         if reason is not None:
             raise RefusedJobError(f"job {self.id} refused: {reason}")
+        from worker.runtime import embedding_job
         from worker.runtime.job_function import run_generation
 
+        embeds = embedding_job.serves_embeddings()
+        if self.func_name == EMBEDDING_JOB_FUNCTION:
+            return embedding_job.run_embedding
+        if embeds:
+            return embedding_job.refuse("an embedding model; send it to /v1/embeddings")
         return run_generation
 
     @property

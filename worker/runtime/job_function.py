@@ -28,7 +28,7 @@ from rq.job import Job
 from shared.observe import tracing
 from shared.observe.logs import log_event
 from shared.observe.metrics import JobRecord, record_job
-from shared.queue.jobs import GenerationJob, JobOutcome
+from shared.queue.jobs import GenerationJob, JobOutcome, QueuedJob
 from shared.queue.keys import Keys, is_valid_id
 from shared.wire.completions import Usage
 from shared.wire.errors import (
@@ -77,6 +77,10 @@ def bind(runtime: Runtime) -> None:
     _runtime = runtime
 
 
+def bound() -> Runtime | None:
+    return _runtime
+
+
 def run_generation(payload: dict[str, Any]) -> dict[str, Any]:
     if _runtime is None:
         raise RuntimeError("run_generation runs only inside an mlxq worker process")
@@ -87,7 +91,7 @@ def run_generation(payload: dict[str, Any]) -> dict[str, Any]:
     try:
         job = _parse(job_id, payload)
     except MLXQError as err:  # not a job: nobody reads it back, so no replay log
-        route = Route.of(rt.keys, job_id, _reply_to(payload), replayed=False)
+        route = Route.of(rt.keys, job_id, reply_to(payload), replayed=False)
         _publish(rt, route, ErrorEvent.from_error(err))
         return _failed(err).model_dump()
     route = Route.of(rt.keys, job_id, job.reply_to, job.replayed)
@@ -106,14 +110,27 @@ def run_generation(payload: dict[str, Any]) -> dict[str, Any]:
 def _report(
     rt: Runtime, current: Job, job: GenerationJob, outcome: JobOutcome, started_at: float
 ) -> None:
+    if rt.figures is not None:  # a generation job's prefix-cache figures (prefix_report.py)
+        rt.figures.count(outcome.prompt_tokens, outcome.cached_tokens)
+    report(rt.redis, rt.keys, rt.worker_id, current, job, outcome, started_at)
+
+
+def report(
+    redis: Redis,
+    keys: Keys,
+    worker_id: str,
+    current: Job,
+    job: QueuedJob,
+    outcome: JobOutcome,
+    started_at: float,
+) -> None:
     """Add the ended job to the fleet's figures; a Redis hiccup costs the figures, not the job."""
-    model = job.model
     enqueued = current.enqueued_at
     record = JobRecord(
         job_id=current.id,
-        model=model,
+        model=job.model,
         lane=job.lane,
-        worker=rt.worker_id,
+        worker=worker_id,
         owner=job.owner,
         finish_reason=outcome.finish_reason,
         prompt_tokens=outcome.prompt_tokens,
@@ -125,14 +142,12 @@ def _report(
         ended_at=time.time(),
         error=outcome.error,
     )
-    if rt.figures is not None:
-        rt.figures.count(record.prompt_tokens, record.cached_tokens)
     log_event(job_log, "job", **record.log_fields())
     times = (record.enqueued_at, record.started_at, record.first_token_at, record.ended_at)
     usage = (record.prompt_tokens, record.completion_tokens)
     tracing.job_spans(job, times, usage, record.finish_reason)
-    pipe = rt.redis.pipeline(transaction=False)
-    record_job(pipe, rt.keys, record)
+    pipe = redis.pipeline(transaction=False)
+    record_job(pipe, keys, record)
     try:
         pipe.execute()
     except RedisError as err:
@@ -164,7 +179,7 @@ def _parse(job_id: str, payload: dict[str, Any]) -> GenerationJob:
     return job
 
 
-def _reply_to(payload: dict[str, Any]) -> str | None:
+def reply_to(payload: dict[str, Any]) -> str | None:
     """Where a malformed job's error goes: the API process it names, if that is an id at all."""
     reply_to = payload.get("reply_to")
     return reply_to if isinstance(reply_to, str) and is_valid_id(reply_to) else None
@@ -179,7 +194,7 @@ def _run(rt: Runtime, job: GenerationJob, route: Route) -> JobOutcome:
 
 
 def _generate(rt: Runtime, job: GenerationJob, route: Route) -> JobOutcome:
-    if _taken(rt, job):
+    if taken(rt.redis, rt.keys, rt.release, job):
         return JobOutcome(finish_reason="cancelled", prompt_tokens=0, completion_tokens=0)
     deadline = job.limits.queue_deadline
     if deadline is not None and time.time() > deadline:
@@ -201,15 +216,25 @@ def _generate(rt: Runtime, job: GenerationJob, route: Route) -> JobOutcome:
     return _end_at_limit(rt, route, job, outcome, limit_s)
 
 
-def _taken(rt: Runtime, job: GenerationJob) -> bool:
+def taken(redis: Redis, keys: Keys, release: Script, job: QueuedJob) -> bool:
     """Take the job out of its model's backlog; True if it was cancelled while queued."""
-    pipe = rt.redis.pipeline(transaction=False)
-    backlog = [rt.keys.backlog(job.model), rt.keys.backlog_tokens(job.model)]
-    backlog += [rt.keys.order(job.model), rt.keys.round(job.model)]
-    rt.release(keys=backlog, args=[job.job_id, "taken"], client=pipe)
-    pipe.exists(rt.keys.cancelled(job.job_id))
+    pipe = redis.pipeline(transaction=False)
+    release(keys=_backlog(keys, job.model), args=[job.job_id, "taken"], client=pipe)
+    pipe.exists(keys.cancelled(job.job_id))
     _, cancelled = pipe.execute()
     return bool(cancelled)
+
+
+def release_backlog(redis: Redis, keys: Keys, release: Script, model: str, job_id: str) -> None:
+    """Take a job that will not run out of its model's backlog (a wrong or unreadable job)."""
+    try:
+        release(keys=_backlog(keys, model), args=[job_id, "taken"], client=redis)
+    except (MLXQError, RedisError) as err:  # a model name no key can hold: nothing to release
+        log.warning("could not release job %s from the backlog of %r: %s", job_id, model, err)
+
+
+def _backlog(keys: Keys, model: str) -> list[str]:
+    return [keys.backlog(model), keys.backlog_tokens(model), keys.order(model), keys.round(model)]
 
 
 def _end_at_limit(

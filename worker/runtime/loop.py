@@ -20,6 +20,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from shared.queue.jobs import JobOutcome
 from shared.queue.keys import Keys
@@ -42,6 +43,22 @@ log = logging.getLogger(__name__)
 # An idle loop that got a job waits for more while they keep coming this close together.
 GATHER_GAP_S = 0.004
 GATHER_MAX_S = 0.04
+A = TypeVar("A")
+
+
+class DrivenLoop(Protocol):
+    """What the rest of a worker (slots' drain, watchdog, heartbeat, cancel listener) sees of
+    its engine loop, the generation one or the embedding one."""
+
+    turns: int
+    generated: int
+
+    @property
+    def busy(self) -> bool: ...
+
+    def cancel(self, job_id: str) -> None: ...
+
+    def run(self, stop: threading.Event) -> None: ...
 
 
 @dataclass
@@ -98,7 +115,7 @@ class EngineLoop:
             self._retire(outputs)
 
     def _admit(self, block: bool) -> None:
-        admitted = self._gather() if block else self._drain()
+        admitted = gather(self._inbox, block)
         with self._lock:
             for a in admitted:
                 self._waiting.pop(a.prepared.job_id, None)
@@ -113,33 +130,6 @@ class EngineLoop:
 
     def _started(self, a: Admission) -> StartedEvent:
         return StartedEvent(prompt_tokens=a.prepared.prompt_tokens, worker=self._worker_id)
-
-    def _drain(self) -> list[Admission]:
-        admitted: list[Admission] = []
-        try:
-            while True:
-                admitted.append(self._inbox.get_nowait())
-        except queue.Empty:
-            return admitted
-
-    def _gather(self) -> list[Admission]:
-        """Wait for work; then for the jobs arriving right behind it.
-
-        Requests that come together reach the idle loop a few milliseconds apart (each slot
-        thread has its own Redis round trips); one prefill for all of them costs about what
-        a prefill for one costs, so they are admitted together.
-        """
-        try:
-            admitted = [self._inbox.get(timeout=0.2)]
-        except queue.Empty:
-            return []
-        until = time.monotonic() + GATHER_MAX_S
-        while (left := until - time.monotonic()) > 0:
-            try:
-                admitted.append(self._inbox.get(timeout=min(GATHER_GAP_S, left)))
-            except queue.Empty:
-                break
-        return admitted
 
     def _step(self) -> list[StepOutput]:
         try:
@@ -215,6 +205,34 @@ class EngineLoop:
 
 def _error_message(out: StepOutput) -> str | None:
     return None if out.error is None else f"generation failed: {out.error}"
+
+
+def gather(inbox: queue.SimpleQueue[A], block: bool) -> list[A]:
+    """What waits in `inbox`; when `block`, wait for work first, then for the work arriving
+    right behind it.
+
+    Requests that come together reach the idle loop a few milliseconds apart (each slot
+    thread has its own Redis round trips); one prefill (or forward) for all of them costs about
+    what one for one costs, so they are admitted together.
+    """
+    admitted: list[A] = []
+    if block:
+        try:
+            admitted.append(inbox.get(timeout=0.2))
+        except queue.Empty:
+            return []
+        until = time.monotonic() + GATHER_MAX_S
+        while (left := until - time.monotonic()) > 0:
+            try:
+                admitted.append(inbox.get(timeout=min(GATHER_GAP_S, left)))
+            except queue.Empty:
+                break
+        return admitted
+    try:
+        while True:
+            admitted.append(inbox.get_nowait())
+    except queue.Empty:
+        return admitted
 
 
 def _final(out: StepOutput) -> DoneEvent | ErrorEvent:

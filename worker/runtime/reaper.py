@@ -56,7 +56,12 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker as RQWorker
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
-from shared.queue.jobs import GenerationJob
+from shared.queue.jobs import (
+    EMBEDDING_JOB_FUNCTION,
+    EmbeddingJob,
+    GenerationJob,
+    QueuedJob,
+)
 from shared.queue.keys import Keys
 from shared.queue.liveness import LIVE_FACTOR, alive, worker_of
 from shared.wire.errors import WorkerLostError
@@ -340,10 +345,10 @@ class Reaper:
 
     def _route(self, job_id: str, job: Job | None) -> Route:
         """Where the job's events go (worker/runtime/publish.py), from its RQ record."""
-        generation = _generation(job) if job is not None else None
-        if generation is None:
+        queued = _queued(job) if job is not None else None
+        if queued is None:
             return Route.of(self._keys, job_id, None, replayed=False)
-        return Route.of(self._keys, job_id, generation.reply_to, generation.replayed)
+        return Route.of(self._keys, job_id, queued.reply_to, queued.replayed)
 
     def _bury(self, worker: str) -> None:
         pipe = self._redis.pipeline(transaction=False)
@@ -365,6 +370,16 @@ class Reaper:
                 for queue in self._queues:
                     pipe.srem(WORKERS_BY_QUEUE_KEY % queue.name, key)
                 pipe.delete(key)
+
+
+def _queued(job: Job) -> QueuedJob | None:
+    """The job RQ's record carries, generation or embedding, if it is one."""
+    if job.func_name == EMBEDDING_JOB_FUNCTION:
+        try:
+            return EmbeddingJob.model_validate(job.args[0])
+        except (ValidationError, IndexError, TypeError):
+            return None
+    return _generation(job)
 
 
 def _generation(job: Job) -> GenerationJob | None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from shared.observe.fleet import WorkerStats
 from shared.queue.jobs import LANES, Lane
 from shared.queue.keys import Keys
-from worker.runtime.loop import EngineLoop
+from worker.runtime.loop import DrivenLoop
 from worker.runtime.prefix_report import PrefixFigures
 
 WINDOW_S = 60.0
@@ -25,7 +25,7 @@ WINDOW_S = 60.0
 class Reporter:
     def __init__(
         self,
-        loop: EngineLoop,
+        loop: DrivenLoop,
         held: Callable[[], dict[str, str]],
         keys: Keys,
         model: str,

@@ -32,17 +32,25 @@ from shared.queue.keys import Keys
 from shared.queue.liveness import LIVE_FACTOR
 from shared.queue.prompt_tokens import TokenizerSpec
 from worker.engine.batch import BatchEngine, Engine
+from worker.engine.default_embedder import (
+    DEFAULT_EMBEDDER_NAME,
+    ensure_default_embedder,
+    is_embedder_dir,
+)
+from worker.engine.embedding import EmbeddingEngine, warm_up
+from worker.engine.encoder import load_encoder
 from worker.engine.faults import FaultyEngine
 from worker.engine.model import load_model
 from worker.engine.prefix_cache import PrefixCache
 from worker.engine.synthetic import SyntheticEngine
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
-from worker.runtime import job_function
+from worker.runtime import embedding_job, job_function
 from worker.runtime.cancellations import listen_for_cancels
 from worker.runtime.drain import Drain
+from worker.runtime.embedding_loop import EmbeddingLoop
 from worker.runtime.fence import FencedSink
 from worker.runtime.heartbeat import beat, born, keep_beating, retire
-from worker.runtime.loop import EngineLoop
+from worker.runtime.loop import DrivenLoop, EngineLoop
 from worker.runtime.prefix_report import PrefixFigures, PrefixReport
 from worker.runtime.reaper import Reaper
 from worker.runtime.report import Reporter
@@ -67,14 +75,17 @@ def resolve_model(settings: Settings) -> tuple[str, str]:
         return settings.model, str(named)
     if settings.model == DEFAULT_MODEL_NAME:
         return settings.model, str(ensure_default_model(settings.models_dir))
+    if settings.model == DEFAULT_EMBEDDER_NAME:
+        return settings.model, str(ensure_default_embedder(settings.models_dir))
     return settings.model, settings.model  # a hub id, on machines that reach the hub
 
 
 def build_engine(
     settings: Settings,
-) -> tuple[str, BatchEngine, TokenizerSpec | None, PrefixCache | None]:
+) -> tuple[str, BatchEngine | EmbeddingEngine, TokenizerSpec | None, PrefixCache | None]:
     """(served model name, engine, what the API needs to count its prompts, its prefix cache):
-    the configured model, or the synthetic engine (no tokenizer published, no cache)."""
+    the configured model (an embedding engine for a sentence-transformers directory: no prefix
+    cache), or the synthetic engine (no tokenizer published, no cache)."""
     if settings.engine == "synthetic":
         log.warning("SYNTHETIC engine: no model, tokens every %.3f s", settings.synthetic_step_s)
         synthetic = SyntheticEngine(settings.synthetic_step_s, settings.default_max_tokens)
@@ -82,6 +93,11 @@ def build_engine(
     name, source = resolve_model(settings)
     log.info("loading %s from %s", name, source)
     started = time.perf_counter()
+    if is_embedder_dir(Path(source)):
+        embedder = EmbeddingEngine(load_encoder(Path(source)), settings.embed_batch)
+        warm_up(embedder)
+        log.info("loaded embedding model %s in %.1f s", name, time.perf_counter() - started)
+        return name, embedder, None, None
     loaded = load_model(source)
     log.info("loaded %s in %.1f s", name, time.perf_counter() - started)
     prefixes = (
@@ -102,7 +118,7 @@ def serve(settings: Settings) -> None:
     keys = Keys(settings.namespace)
     redis = connect(settings)
     if spec is not None:
-        publish_spec(redis, keys, name, spec)
+        _until_redis_answers(lambda: publish_spec(redis, keys, name, spec))
     replay_ttl_s = settings.job_timeout_s + settings.result_ttl_s
     worker_id = f"{socket.gethostname()}.{os.getpid()}"
     buried = "declared dead by the other workers"
@@ -114,13 +130,22 @@ def serve(settings: Settings) -> None:
         gap_s=LIVE_FACTOR * settings.heartbeat_s,
         on_buried=lambda: die(EXIT_BURIED, buried),
     )
-    loop = EngineLoop(engine, sink, keys, worker_id)
     release = redis.register_script(backlog.RELEASE)
+    timeout_s = float(settings.job_timeout_s)
     figures = PrefixFigures()
-    runtime = job_function.Runtime(
-        engine, loop, sink, redis, keys, float(settings.job_timeout_s), release, worker_id, figures
-    )
-    job_function.bind(runtime)
+    loop: DrivenLoop
+    if isinstance(engine, EmbeddingEngine):
+        loop = EmbeddingLoop(engine, sink, worker_id)
+        rt = embedding_job.EmbeddingRuntime(
+            engine, loop, sink, redis, keys, timeout_s, release, worker_id
+        )
+        embedding_job.bind(rt)
+    else:
+        loop = EngineLoop(engine, sink, keys, worker_id)
+        runtime = job_function.Runtime(
+            engine, loop, sink, redis, keys, timeout_s, release, worker_id, figures
+        )
+        job_function.bind(runtime)
 
     services = threading.Event()  # stops the heartbeat, listener, reaper and watchdog
     slots: list[SlotWorker] = []
@@ -157,7 +182,8 @@ def serve(settings: Settings) -> None:
     reporter = Reporter(
         loop, lambda: held(slots), keys, name, worker_id, settings.batch_size, figures
     )
-    advertised = PrefixReport(prefixes, keys, worker_id)
+    # An embedding worker (or the synthetic engine) has no prefix cache: it publishes no blocks.
+    advertised = PrefixReport(prefixes, keys, worker_id) if prefixes is not None else None
     # Known before it takes a job: then it can be reaped.
     _until_redis_answers(
         lambda: beat(

@@ -15,11 +15,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from worker.runtime.loop import EngineLoop
+from worker.runtime.loop import DrivenLoop
 
 
 class Watchdog:
-    def __init__(self, loop: EngineLoop, timeout_s: float, on_wedged: Callable[[], None]):
+    def __init__(self, loop: DrivenLoop, timeout_s: float, on_wedged: Callable[[], None]):
         self._loop = loop
         self._timeout_s = timeout_s
         self._on_wedged = on_wedged

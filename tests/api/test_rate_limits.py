@@ -1,0 +1,92 @@
+"""Per-key rate limits (api/queue/rate_limits.py) on a real Redis: the buckets, shared by every
+limiter on the namespace as by every API process; OpenAI's headers and error on the app."""
+
+from __future__ import annotations
+
+from flask import Flask
+from redis import Redis
+
+from api import create_app
+from api.queue.rate_limits import TOO_LARGE, RateLimiter, duration, refusal
+from shared.queue.config import KeyLimits, Settings
+from shared.queue.keys import Keys
+from tests.support import MESSAGES, assert_openai_error
+
+LIMITED = "sk-limited"
+
+
+def test_resets_are_written_as_openai_writes_them() -> None:
+    assert [duration(ms) for ms in (0, 20, 999.2, 1000, 1500, 59_999, 60_000, 360_000)] == [
+        "0s",
+        "20ms",
+        "1s",
+        "1s",
+        "1.5s",
+        "59.999s",
+        "1m0s",
+        "6m0s",
+    ]
+
+
+def test_two_limiters_share_a_keys_buckets_and_a_burst_gets_exactly_the_limit(
+    redis: Redis, app_settings: Settings
+) -> None:
+    keys = Keys(app_settings.namespace)
+    first, second = RateLimiter(redis, keys), RateLimiter(redis, keys)
+    limits = KeyLimits(rpm=5)
+    waits = [(first if i % 2 else second).take("alice", limits, 0)[1] for i in range(8)]
+    assert waits[:5] == [0] * 5
+    assert all(5_000 < wait <= 12_000 for wait in waits[5:])  # one request per 12 s comes back
+    assert first.peek("bob", limits).requests == 5  # another key's buckets are its own
+    assert second.peek("alice", limits).headers()["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_tokens_are_taken_only_with_the_request_and_a_request_over_the_limit_never_fits(
+    redis: Redis, app_settings: Settings
+) -> None:
+    limiter = RateLimiter(redis, Keys(app_settings.namespace))
+    limits = KeyLimits(rpm=100, tpm=1000)
+    assert limiter.take("carol", limits, 600)[1] == 0
+    buckets, wait = limiter.take("carol", limits, 600)
+    assert wait > 0 and 399 < buckets.tokens < 410 and 98 < buckets.requests < 99.1
+    buckets, wait = limiter.take("carol", limits, 1001)
+    assert wait == TOO_LARGE
+    refused = refusal(limits, buckets, 1001, wait)
+    assert (refused.status, refused.type, refused.code) == (429, "tokens", "rate_limit_exceeded")
+    assert refused.headers() == {"x-should-retry": "false"}
+
+
+def _limited_app(app_settings: Settings, entry: str) -> Flask:
+    return create_app(
+        app_settings.model_copy(update={"api_keys": Settings(api_keys=entry).api_keys})
+    )
+
+
+def test_every_answer_to_a_limited_key_states_its_limits(app_settings: Settings) -> None:
+    http = _limited_app(app_settings, f"{LIMITED}:rpm=30:tpm=9000,sk-free").test_client()
+    answer = http.get("/v1/models", headers={"Authorization": f"Bearer {LIMITED}"})
+    assert answer.status_code == 200
+    assert {k: v for k, v in answer.headers.items() if k.startswith("x-ratelimit")} == {
+        "x-ratelimit-limit-requests": "30",
+        "x-ratelimit-remaining-requests": "30",
+        "x-ratelimit-reset-requests": "0s",
+        "x-ratelimit-limit-tokens": "9000",
+        "x-ratelimit-remaining-tokens": "9000",
+        "x-ratelimit-reset-tokens": "0s",
+    }
+    free = http.get("/v1/models", headers={"Authorization": "Bearer sk-free"})
+    assert not [name for name, _ in free.headers if name.lower().startswith("x-ratelimit")]
+
+
+def test_a_request_over_the_limit_is_a_429_with_retry_after_and_the_headers(
+    app_settings: Settings,
+) -> None:
+    http = _limited_app(app_settings, f"{LIMITED}:tpm=100").test_client()
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 200}
+    refused = http.post(
+        "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {LIMITED}"}
+    )
+    assert_openai_error(refused, 429)
+    assert refused.get_json()["error"]["code"] == "rate_limit_exceeded"
+    assert refused.headers["x-should-retry"] == "false"
+    assert refused.headers["x-ratelimit-limit-tokens"] == "100"
