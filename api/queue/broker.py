@@ -5,6 +5,8 @@ routes reach it with `broker()`. Any Redis failure surfaces as BackendUnavailabl
 A new interactive job is accepted in one round trip (shared/queue/backlog.py): 404 when no live
 worker serves its model, 429 with Retry-After when its queue is over the cap of jobs or of
 prompt tokens. Every submitted job is watched until its request ends (api/queue/watch.py).
+An interactive job whose prompt the API can count is placed on the worker holding its prefix
+(api/queue/placement.py) before it is queued.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
 from api.queue.context_window import ContextWindows
+from api.queue.placement import Placement
 from api.queue.relay import EventRelay, Subscription
 from api.queue.watch import JobWatch
 from shared.queue import backlog, fair_order
@@ -59,6 +62,9 @@ class Broker:
         self._release = self.redis.register_script(backlog.RELEASE)
         self._place = self.redis.register_script(fair_order.PLACE)
         self._queues: dict[str, Queue] = {}
+        self.placement = Placement(
+            self.redis, self.keys, settings.placement_wait_s, settings.prefill_s_per_token
+        )
 
     def init_app(self, app: Flask) -> None:
         app.extensions["mlxq.broker"] = self
@@ -114,13 +120,15 @@ class Broker:
         The job's events come on this process's reply channel (api/queue/relay.py).
 
         Admission refuses a model no live worker serves, then a full queue (`accept`)."""
+        tokens: list[int] | None = None  # an embedding job has no prompt to check or place
         if isinstance(job, GenerationJob):  # before the job is queued
             generation = job
-            self._call(lambda: self.windows.check(generation))
+            tokens = self._call(lambda: self.windows.check(generation))
         job = job.model_copy(update={"reply_to": self.api_id})
         queue = self.queue(job.model, job.lane)
         self.accept(job, queue)
         try:
+            self._prefer(job, tokens)
             sub = self.relay.subscribe(job.job_id)
             try:
                 self._call(lambda: self._enqueue(queue, job))
@@ -158,11 +166,23 @@ class Broker:
                 retry_after_s=retry_after,
             )
 
+    def _prefer(self, job: QueuedJob, tokens: list[int] | None) -> None:
+        """Place a generation job on the worker holding its prefix, if any
+        (api/queue/placement.py); an embedding job (no tokens) is never placed."""
+        if tokens is None or not isinstance(job, GenerationJob) or not self.placement.enabled:
+            return
+        workers = self._live_workers([job.model])[job.model]
+        self._call(lambda: self.placement.place(job, tokens, workers))
+
     def release(self, job_id: str, model: str) -> None:
-        """Take a job's prompt tokens out of its model's backlog (idempotent)."""
+        """Take a job's prompt tokens out of its model's backlog, and forget its placement
+        (idempotent)."""
         keys = [self.keys.backlog(model), self.keys.backlog_tokens(model)]
         keys += [self.keys.order(model), self.keys.round(model)]
-        self._release(keys=keys, args=[job_id, "withdrawn"])
+        pipe = self.redis.pipeline(transaction=False)  # one round trip, as before placement
+        self._release(keys=keys, args=[job_id, "withdrawn"], client=pipe)
+        self.placement.forget(pipe, job_id, model)
+        pipe.execute()
 
     def withdraw(self, job_id: str, model: str) -> None:
         """Cancel a job nobody will wait for, and take it off its queue if it is still there

@@ -26,12 +26,17 @@ class ContextWindows:
         self._lock = threading.Lock()
         self._counters: dict[str, tuple[str, PromptCounter | None]] = {}
 
-    def check(self, job: GenerationJob) -> None:
+    def check(self, job: GenerationJob) -> list[int] | None:
+        """Refuse a prompt that does not fit; return its token ids when the job has one prompt
+        and the API can count it (placement hashes them: api/queue/placement.py)."""
         counter = self.counter(job.model)
         if counter is None:
-            return
+            return None
+        ids = counter.ids(job)
+        count = len(ids) if ids is not None else counter.count(job)
         where = "messages" if job.messages is not None else "prompt"
-        completion_budget(counter.count(job), job.max_tokens, counter.context_length, where)
+        completion_budget(count, job.max_tokens, counter.context_length, where)
+        return ids
 
     def count(self, job: GenerationJob) -> int | None:
         """The job's prompt tokens as its worker will count them; None if no worker published

@@ -25,6 +25,8 @@ from shared.queue.jobs import LANES, Lane
 from shared.queue.keys import Keys
 from shared.queue.liveness import LIVE_FACTOR, alive
 
+PLACEMENT = ("followed", "overridden_busy", "overridden_wait")
+
 
 class WorkerStats(BaseModel):
     """What a worker reports of itself with each heartbeat."""
@@ -37,16 +39,24 @@ class WorkerStats(BaseModel):
     tokens_per_s: float  # generated over the last minute
     generated_tokens: int  # since the worker started
     started_at: float
+    # Prompt tokens this worker looked up in its prefix cache, and found there, since it started.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
     @property
     def slots_used(self) -> int:
         return sum(self.running.values())
 
 
+def report_ttl_ms(heartbeat_s: float) -> int:
+    """A worker's report lives a little longer than the worker counts as alive, so a reader
+    never finds a live worker without one."""
+    return int((LIVE_FACTOR + 1) * heartbeat_s * 1000)
+
+
 def publish_stats(pipe: Any, keys: Keys, stats: WorkerStats, heartbeat_s: float) -> None:
-    """Queue the worker's report on `pipe`; it lives a little longer than the worker counts as
-    alive, so a reader never finds a live worker without one."""
-    ttl_ms = int((LIVE_FACTOR + 1) * heartbeat_s * 1000)
+    """Queue the worker's report on `pipe` (`report_ttl_ms`)."""
+    ttl_ms = report_ttl_ms(heartbeat_s)
     pipe.set(keys.worker_stats(stats.worker_id), stats.model_dump_json(), px=ttl_ms)
 
 
@@ -68,6 +78,9 @@ class ModelView(BaseModel):
     slots_total: int
     tokens_per_s: float
     lanes: list[LaneView]
+    # Prefix-aware placement since the fleet's figures began: followed, overridden_busy,
+    # overridden_wait (api/queue/placement.py).
+    placement: dict[str, int] = {}
 
 
 class FleetSnapshot(BaseModel):
@@ -119,11 +132,12 @@ def read_snapshot(
         for lane in LANES:
             pipe.llen(_queue_key(keys, model, lane))
             pipe.lindex(_queue_key(keys, model, lane), 0)
+        pipe.hmget(keys.model_metrics(model), [f"placement_{p}" for p in PLACEMENT])
     if recent:
         pipe.lrange(keys.recent_jobs(), 0, recent - 1)
     per_model = pipe.execute()
     recent_rows = per_model.pop() if recent else []
-    step = 1 + 2 * len(LANES)
+    step = 2 + 2 * len(LANES)
     beats = {
         _text(worker): float(score)
         for rows in per_model[::step]
@@ -131,8 +145,10 @@ def read_snapshot(
         if alive(float(score), 1, now, heartbeat_s)
     }
     workers = _live_workers(redis, keys, beats, now, heartbeat_s)
-    heads = [per_model[i + 1 : i + step] for i in range(0, len(per_model), step)]
+    heads = [per_model[i + 1 : i + step - 1] for i in range(0, len(per_model), step)]
     views = _model_views(redis, models, heads, workers, now)
+    for view, counts in zip(views, per_model[step - 1 :: step], strict=True):
+        view.placement = {p: int(c or 0) for p, c in zip(PLACEMENT, counts, strict=True)}
     return FleetSnapshot(
         taken_at=now, workers=workers, models=views, recent_jobs=_decode_jobs(recent_rows)
     )

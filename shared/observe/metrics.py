@@ -40,7 +40,16 @@ HISTOGRAMS: dict[str, tuple[float, ...]] = {
     "e2e_request_latency_seconds": _LATENCY,
     "request_queue_time_seconds": _LATENCY,
 }
-COUNTERS = ("prompt_tokens", "generation_tokens", "prefix_cache_queries", "prefix_cache_hits")
+COUNTERS = (
+    "prompt_tokens",
+    "generation_tokens",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    # Prefix-aware placement (api/queue/placement.py, worker/runtime/placed_take.py).
+    "placement_followed",
+    "placement_overridden_busy",
+    "placement_overridden_wait",
+)
 _SUCCESS = "request_success:"  # + finish reason
 
 

@@ -90,6 +90,10 @@ class Settings(BaseSettings):
     # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.
     prefix_cache_entries: int = Field(default=64, ge=0)
     prefix_cache_mb: int = Field(default=512, ge=1)
+    # Prefix-aware placement (api/queue/placement.py): the longest an interactive job waits for the
+    # worker holding its prefix (0: placement off), and the prefill time a cached token saves.
+    placement_wait_s: float = Field(default=2.0, ge=0)
+    prefill_s_per_token: float = Field(default=0.0044, gt=0)
     # Linux CPU workers: preload the system OpenBLAS, with this many threads (None: its default).
     openblas: bool = True
     blas_threads: int | None = Field(default=None, ge=1)

@@ -24,6 +24,14 @@ Layout under the namespace `ns` (default "mlxq"):
                                 (shared/queue/fair_order.py: priority, then round)
     {ns}:rounds:{model}         hash  share (an API key's owner, or `user`) -> its last round
     {ns}:round:{model}          string  the round of the job taken last
+    {ns}:blocks:{worker_id}     set  the prefix-block hashes (shared/queue/prefix_blocks.py) of
+                                what the worker's prefix cache holds or is computing; rewritten
+                                each heartbeat, added to when a slot takes a job, with a TTL
+    {ns}:placement:{model}      hash  queued interactive job id -> "{worker_id}|{unix s}": the
+                                worker that holds its prefix takes it first, any worker after
+                                that time (api/queue/placement.py, worker/runtime/slots.py)
+    {ns}:job_blocks:{model}     hash  queued interactive job id -> its prompt's block hashes,
+                                comma-separated, added to its taker's blocks set when taken
     {ns}:tokenizer:{model}      hash  "spec": the model's TokenizerSpec
                                 (shared/queue/prompt_tokens.py), "digest": its digest; written by
                                 each worker serving the model
@@ -128,6 +136,15 @@ class Keys:
 
     def cancelled(self, job_id: str) -> str:
         return f"{self.ns}:cancelled:{_id(job_id)}"
+
+    def prefix_blocks(self, worker_id: str) -> str:
+        return f"{self.ns}:blocks:{worker_id}"
+
+    def placement(self, model: str) -> str:
+        return f"{self.ns}:placement:{_model(model)}"
+
+    def job_blocks(self, model: str) -> str:
+        return f"{self.ns}:job_blocks:{_model(model)}"
 
     def tokenizer(self, model: str) -> str:
         return f"{self.ns}:tokenizer:{_model(model)}"

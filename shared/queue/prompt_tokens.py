@@ -173,6 +173,23 @@ class PromptCounter:
         rendered = self.render_chat(chat)
         return len(self._tokenizer.encode(rendered, add_special_tokens=False).ids)
 
+    def ids(self, job: GenerationJob) -> list[int] | None:
+        """The prompt's token ids when the job has one prompt (a chat, or one text or token
+        prompt), as the worker renders it; None for several prompts."""
+        if job.messages is not None:
+            chat = chat_input(
+                job.messages, job.tools, self._tools_in_template, self._developer_role
+            )
+            rendered = self.render_chat(chat)
+            return list(self._tokenizer.encode(rendered, add_special_tokens=False).ids)
+        items = job.prompt_items()
+        if len(items) != 1:
+            return None
+        item = items[0]
+        if isinstance(item, str):
+            return list(self._tokenizer.encode(item, add_special_tokens=True).ids)
+        return list(item)
+
     def count(self, job: GenerationJob) -> int:
         """The job's prompt tokens; for several prompts, the longest one's (the window holds
         each prompt with its own completion)."""

@@ -172,6 +172,21 @@ def test_the_model_is_listed_and_in_the_fleet_view(
     assert f'model_name="{EMBEDDER}"' in metrics
 
 
+def test_an_embedding_job_is_never_placed_and_its_worker_publishes_no_prefix_blocks(
+    stack: Cluster, client: openai.OpenAI, embedder: Worker
+) -> None:
+    """Placement (README, Placement) is for generation jobs: a long input sent twice, which a
+    chat model's worker would be placed for, leaves no placement and no block set behind."""
+    long_input = " ".join(["the same long shared opening of a document"] * 40)
+    for _ in range(2):
+        assert len(client.embeddings.create(model=EMBEDDER, input=long_input).data) == 1
+    redis, keys = stack.redis(), stack.keys
+    assert not redis.exists(keys.prefix_blocks(embedder.worker_id))
+    assert not redis.exists(keys.placement(EMBEDDER), keys.job_blocks(EMBEDDER))
+    counted = {bytes(k).decode() for k in redis.hkeys(keys.model_metrics(EMBEDDER))}
+    assert not {name for name in counted if name.startswith("placement_")}
+
+
 def test_langchain_openai_embeddings_sending_text(api_url: str, embedder: Worker) -> None:
     from langchain_openai import OpenAIEmbeddings
 

@@ -137,6 +137,9 @@ def test_job_figures_add_up_across_workers_into_cumulative_histograms(
         "generation_tokens": 14,
         "prefix_cache_queries": 30,
         "prefix_cache_hits": 8,
+        "placement_followed": 0,
+        "placement_overridden_busy": 0,
+        "placement_overridden_wait": 0,
     }
     assert figures.finished == {"stop": 1, "length": 1, "cancelled": 1}
     ttft = dict(figures.histograms["time_to_first_token_seconds"].cumulative())

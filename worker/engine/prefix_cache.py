@@ -9,7 +9,8 @@ so that a burst of requests sharing a system prompt computes it once, not once p
 
 Storage and lookup are mlx-lm's `LRUPromptCache` (a token trie with least-recently-used
 eviction by entries and bytes); this module decides what goes in and hands out a copy.
-Only the engine thread touches it.
+Only the engine thread touches it; `held` is a snapshot it leaves for other threads (the
+worker's heartbeat advertises what the cache holds: worker/runtime/prefix_report.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,20 @@ class PrefixCache:
     def __init__(self, model: Any, entries: int, max_bytes: int):
         self._model = model
         self._lru = LRUPromptCache(max_size=entries, max_bytes=max_bytes)
+        self._held: tuple[list[int], ...] = ()
+
+    @property
+    def held(self) -> tuple[list[int], ...]:
+        """The token sequences the cache holds (newest first per kind) as of its last insertion;
+        replaced whole (never changed in place), so any thread may read it."""
+        return self._held
+
+    def _insert(self, tokens: list[int], cache: list[Any] | None, kind: str) -> None:
+        self._lru.insert_cache(_KEY, tokens, cache, cache_type=kind)
+        # mlx-lm keeps the entries' order in one deque per kind (oldest first) and lists them
+        # nowhere else; read after the insertion, which is when it evicts.
+        lrus = self._lru._lru._lrus.values()
+        self._held = tuple(t for lru in lrus for _, t in reversed(lru))
 
     def reuse(self, prompt: list[int], shared: int) -> Reuse:
         """The longest cached prefix of `prompt`, leaving at least its last token to compute.
@@ -63,7 +78,7 @@ class PrefixCache:
             # real now, they cost a copy; left lazy, they cost far more when first read
             # (measured: a prefill of 16 prompts on them, 1.1 s instead of 0.45 s).
             mx.eval([c.state for c in cache])
-            self._lru.insert_cache(_KEY, list(tokens), cache, cache_type="assistant")
+            self._insert(list(tokens), cache, "assistant")
 
     def _nearest(self, prompt: list[int]) -> Reuse:
         cache, rest = self._lru.fetch_nearest_cache(_KEY, prompt)
@@ -77,7 +92,7 @@ class PrefixCache:
 
     def _prefill(self, history: list[int], start: Reuse) -> None:
         done = prefill(self._model, history, start)
-        self._lru.insert_cache(_KEY, list(history), done.cache, cache_type="system")
+        self._insert(list(history), done.cache, "system")
 
 
 def prefill(model: Any, tokens: list[int], start: Reuse) -> Reuse:

@@ -6,7 +6,8 @@ is live. The API reads the same zsets (keys.py). Each beat also looks for the wo
 if another worker declared this one dead and took over its jobs (it hung, or its Mac slept),
 it must not finish them too, so `on_tombstone` is called (it ends the process). Each beat also
 publishes the worker's report (slots in use, tokens/s: shared/observe/fleet.py) in the same
-pipeline, so the fleet view costs the worker nothing between beats. After a beat, the worker
+pipeline, so the fleet view costs the worker nothing between beats, and the block hashes of
+what its prefix cache holds (worker/runtime/prefix_report.py). After a beat, the worker
 takes the fleet's history sample if it is its turn (shared/observe/history.py: one worker per
 sample period, a few round trips), on this thread, never on the engine's.
 """
@@ -21,9 +22,10 @@ from collections.abc import Callable
 from redis import Redis
 from redis.exceptions import RedisError
 
-from shared.observe.fleet import WorkerStats, publish_stats
+from shared.observe.fleet import WorkerStats, publish_stats, report_ttl_ms
 from shared.observe.history import sample_if_due
 from shared.queue.keys import Keys
+from worker.runtime.prefix_report import PrefixReport
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +33,13 @@ RETRY_S = 0.25
 
 
 def beat(
-    redis: Redis, keys: Keys, model: str, worker_id: str, stats: WorkerStats, interval_s: float
+    redis: Redis,
+    keys: Keys,
+    model: str,
+    worker_id: str,
+    stats: WorkerStats,
+    interval_s: float,
+    prefixes: PrefixReport | None = None,
 ) -> bool:
     """Announce the worker and its report; False if it finds its tombstone instead."""
     now = time.time()
@@ -40,6 +48,8 @@ def beat(
     pipe.zadd(keys.models(), {model: now})
     pipe.zadd(keys.workers(model), {worker_id: now})
     publish_stats(pipe, keys, stats, interval_s)
+    if prefixes is not None:
+        prefixes.publish(pipe, report_ttl_ms(interval_s))
     buried, *_ = pipe.execute()
     return not buried
 
@@ -54,6 +64,7 @@ def retire(redis: Redis, keys: Keys, model: str, worker_id: str) -> None:
     pipe = redis.pipeline(transaction=False)
     pipe.zrem(keys.workers(model), worker_id)
     pipe.delete(keys.taking(worker_id), keys.worker_stats(worker_id))
+    pipe.delete(keys.prefix_blocks(worker_id))
     pipe.execute()
 
 
@@ -77,11 +88,12 @@ def keep_beating(
     stop: threading.Event,
     on_tombstone: Callable[[], None],
     report: Callable[[], WorkerStats],
+    prefixes: PrefixReport | None = None,
 ) -> threading.Thread:
     def run() -> None:
         while not stop.is_set():
             try:
-                if not beat(redis, keys, model, worker_id, report(), interval_s):
+                if not beat(redis, keys, model, worker_id, report(), interval_s, prefixes):
                     on_tombstone()
                     return
             except RedisError as err:

@@ -42,6 +42,7 @@ from shared.wire.events import DoneEvent, ErrorEvent, Event
 from worker.engine.batch import BatchEngine
 from worker.runtime.batch_lines import BatchLines
 from worker.runtime.loop import EngineLoop
+from worker.runtime.prefix_report import PrefixFigures
 from worker.runtime.publish import EventSink, Route
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class Runtime:
     job_timeout_s: float
     release: Script  # shared/queue/backlog.py RELEASE, registered on `redis`
     worker_id: str
+    figures: PrefixFigures | None = None  # this worker's prefix-cache figures (fleet view)
 
 
 _runtime: Runtime | None = None
@@ -108,6 +110,8 @@ def run_generation(payload: dict[str, Any]) -> dict[str, Any]:
 def _report(
     rt: Runtime, current: Job, job: GenerationJob, outcome: JobOutcome, started_at: float
 ) -> None:
+    if rt.figures is not None:  # a generation job's prefix-cache figures (prefix_report.py)
+        rt.figures.count(outcome.prompt_tokens, outcome.cached_tokens)
     report(rt.redis, rt.keys, rt.worker_id, current, job, outcome, started_at)
 
 

@@ -2,7 +2,8 @@
 
 Slots in use come from what the RQ slots hold (worker/runtime/slots.py), split by the lane of the
 queue each job came from. Tokens/s is the engine loop's token counter over the last minute: one
-sample per heartbeat, kept for WINDOW_S; nothing is counted per token here.
+sample per heartbeat, kept for WINDOW_S; nothing is counted per token here. Prefix-cache
+figures are counted per ended job (worker/runtime/prefix_report.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from shared.observe.fleet import WorkerStats
 from shared.queue.jobs import LANES, Lane
 from shared.queue.keys import Keys
 from worker.runtime.loop import DrivenLoop
+from worker.runtime.prefix_report import PrefixFigures
 
 WINDOW_S = 60.0
 
@@ -29,7 +31,9 @@ class Reporter:
         model: str,
         worker_id: str,
         batch_size: int,
+        figures: PrefixFigures | None = None,
     ):
+        self._figures = figures or PrefixFigures()
         self._loop = loop
         self._held = held
         self._lanes: dict[str, Lane] = {keys.lane(model, lane): lane for lane in LANES}
@@ -61,4 +65,6 @@ class Reporter:
             tokens_per_s=self.tokens_per_s(time.monotonic(), generated),
             generated_tokens=generated,
             started_at=self._started_at,
+            prefix_cache_queries=self._figures.queries,
+            prefix_cache_hits=self._figures.hits,
         )

@@ -51,6 +51,7 @@ from worker.runtime.embedding_loop import EmbeddingLoop
 from worker.runtime.fence import FencedSink
 from worker.runtime.heartbeat import beat, born, keep_beating, retire
 from worker.runtime.loop import DrivenLoop, EngineLoop
+from worker.runtime.prefix_report import PrefixFigures, PrefixReport
 from worker.runtime.reaper import Reaper
 from worker.runtime.report import Reporter
 from worker.runtime.slots import LEAVE_S, SlotWorker, held, make_slots, start_slots, stop_slots
@@ -81,14 +82,14 @@ def resolve_model(settings: Settings) -> tuple[str, str]:
 
 def build_engine(
     settings: Settings,
-) -> tuple[str, BatchEngine | EmbeddingEngine, TokenizerSpec | None]:
-    """(served model name, engine, what the API needs to count its prompts): the configured
-    model (an embedding engine for a sentence-transformers directory), or the synthetic engine
-    (which publishes no tokenizer)."""
+) -> tuple[str, BatchEngine | EmbeddingEngine, TokenizerSpec | None, PrefixCache | None]:
+    """(served model name, engine, what the API needs to count its prompts, its prefix cache):
+    the configured model (an embedding engine for a sentence-transformers directory: no prefix
+    cache), or the synthetic engine (no tokenizer published, no cache)."""
     if settings.engine == "synthetic":
         log.warning("SYNTHETIC engine: no model, tokens every %.3f s", settings.synthetic_step_s)
         synthetic = SyntheticEngine(settings.synthetic_step_s, settings.default_max_tokens)
-        return settings.model, synthetic, None
+        return settings.model, synthetic, None, None
     name, source = resolve_model(settings)
     log.info("loading %s from %s", name, source)
     started = time.perf_counter()
@@ -96,7 +97,7 @@ def build_engine(
         embedder = EmbeddingEngine(load_encoder(Path(source)), settings.embed_batch)
         warm_up(embedder)
         log.info("loaded embedding model %s in %.1f s", name, time.perf_counter() - started)
-        return name, embedder, None
+        return name, embedder, None, None
     loaded = load_model(source)
     log.info("loaded %s in %.1f s", name, time.perf_counter() - started)
     prefixes = (
@@ -108,12 +109,12 @@ def build_engine(
     engine = engine_class(
         loaded, settings.batch_size, settings.default_max_tokens, settings.prefill_tokens, prefixes
     )
-    return name, engine, build_spec(loaded)
+    return name, engine, build_spec(loaded), prefixes
 
 
 def serve(settings: Settings) -> None:
     tracing.setup("mlxq-worker")
-    name, engine, spec = build_engine(settings)
+    name, engine, spec, prefixes = build_engine(settings)
     keys = Keys(settings.namespace)
     redis = connect(settings)
     if spec is not None:
@@ -131,6 +132,7 @@ def serve(settings: Settings) -> None:
     )
     release = redis.register_script(backlog.RELEASE)
     timeout_s = float(settings.job_timeout_s)
+    figures = PrefixFigures()
     loop: DrivenLoop
     if isinstance(engine, EmbeddingEngine):
         loop = EmbeddingLoop(engine, sink, worker_id)
@@ -141,7 +143,7 @@ def serve(settings: Settings) -> None:
     else:
         loop = EngineLoop(engine, sink, keys, worker_id)
         runtime = job_function.Runtime(
-            engine, loop, sink, redis, keys, timeout_s, release, worker_id
+            engine, loop, sink, redis, keys, timeout_s, release, worker_id, figures
         )
         job_function.bind(runtime)
 
@@ -177,10 +179,16 @@ def serve(settings: Settings) -> None:
     present = listen_for_cancels(blocking, keys, loop, worker_id, services)
     if not present.wait(PRESENCE_WAIT_S):
         log.warning("presence not confirmed yet (Redis slow?); serving anyway")
-    reporter = Reporter(loop, lambda: held(slots), keys, name, worker_id, settings.batch_size)
+    reporter = Reporter(
+        loop, lambda: held(slots), keys, name, worker_id, settings.batch_size, figures
+    )
+    # An embedding worker (or the synthetic engine) has no prefix cache: it publishes no blocks.
+    advertised = PrefixReport(prefixes, keys, worker_id) if prefixes is not None else None
     # Known before it takes a job: then it can be reaped.
     _until_redis_answers(
-        lambda: beat(redis, keys, name, worker_id, reporter.stats(), settings.heartbeat_s)
+        lambda: beat(
+            redis, keys, name, worker_id, reporter.stats(), settings.heartbeat_s, advertised
+        )
     )
     keep_beating(
         redis,
@@ -191,9 +199,11 @@ def serve(settings: Settings) -> None:
         services,
         on_tombstone=lambda: die(EXIT_BURIED, buried),
         report=reporter.stats,
+        prefixes=advertised,
     )
     size, interactive = settings.batch_size, settings.interactive_slots
-    slots += start_slots(make_slots(blocking, keys, name, worker_id, size, interactive))
+    made = make_slots(blocking, keys, name, worker_id, size, interactive, settings.heartbeat_s)
+    slots += start_slots(made)
     reaper.run(services)
     wedged = "the engine loop made no progress while holding jobs"
     Watchdog(loop, settings.watchdog_s, lambda: die(EXIT_WEDGED, wedged)).start(services)

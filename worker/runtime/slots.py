@@ -16,7 +16,8 @@ takes a job after it was told to stop puts it back at the front of its queue, un
 A slot whose RQ loop ends on a Redis outage is started again.
 Slots run `FixedJob`s (worker/runtime/fixed_job.py) and refuse any other job before touching it.
 The first `MLXQ_INTERACTIVE_SLOTS` slots take interactive jobs only, so a long batch never
-holds every slot.
+holds every slot. An interactive job the API placed on the worker holding its prefix is taken by
+that worker first (worker/runtime/placed_take.py owns that rule and its scripts).
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import WorkerStatus
 
+from shared.observe.fleet import report_ttl_ms
 from shared.queue.keys import Keys
 from shared.queue.liveness import slot_name
 from worker.runtime.fixed_job import FixedJob, refusal
+from worker.runtime.placed_take import CLAIM, POLL_S, SCAN_DEPTH, TAKE, PlacedTake
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +50,6 @@ SLOT_TTL_S = 30
 TAKE_WAIT_S = 1.0
 LEAVE_S = TAKE_WAIT_S + 2.0  # the longest a stopped slot should take to leave its wait
 RESTART_S = 0.5
-
-# KEYS: the queues in priority order, then the worker's taking list. Returns {queue key, id}.
-TAKE = """
-for i = 1, #KEYS - 1 do
-  local id = redis.call('LMOVE', KEYS[i], KEYS[#KEYS], 'LEFT', 'RIGHT')
-  if id then return {KEYS[i], id} end
-end
-return false
-"""
 
 
 class DaemonTimerDeathPenalty(TimerDeathPenalty):
@@ -76,6 +70,7 @@ class SlotWorker(SimpleWorker):
     current_queue: str | None = None  # the name of the queue the current job came from
     thread: threading.Thread | None = None
     taking_key: str = ""
+    placed: PlacedTake | None = None
 
     def _install_signal_handlers(self) -> None:
         """Signals belong to the main thread, which stops slots with `stop_slots`."""
@@ -119,9 +114,12 @@ class SlotWorker(SimpleWorker):
 
     def _take(self) -> tuple[Job, Queue] | None:
         queues = {q.key: q for q in self._ordered_queues}
-        found = self.connection.eval(TAKE, len(queues) + 1, *queues, self.taking_key)
+        found = self._eval_take(list(queues))
+        if found == ["", ""]:  # interactive jobs wait for the workers they were placed on
+            time.sleep(POLL_S)
+            return None
         if found:
-            key, job_id = (part.decode() for part in found)
+            key, job_id = found
         else:
             first = self._ordered_queues[0].key
             moved = self.connection.execute_command(
@@ -130,6 +128,8 @@ class SlotWorker(SimpleWorker):
             if moved is None:
                 return None
             key, job_id = first, bytes(moved).decode()
+            if not self._claim(first, job_id):
+                return None
         queue = queues[key]
         self.current_job_id = job_id  # busy from here: a draining worker waits for it
         self.current_queue = queue.name
@@ -146,6 +146,32 @@ class SlotWorker(SimpleWorker):
             return None
         return job, queue
 
+    def _eval_take(self, queues: list[str]) -> list[str] | None:
+        placed = self._placed()
+        found = self.connection.eval(
+            TAKE,
+            len(queues) + 5,
+            *queues,
+            self.taking_key,
+            *placed.keys(),
+            placed.worker_id,
+            SCAN_DEPTH,
+            placed.blocks_ttl_ms,
+        )
+        return [bytes(part).decode() for part in found] if found else None
+
+    def _claim(self, queue_key: str, job_id: str) -> bool:
+        """Whether this slot may keep a job its blocking wait moved; if not it is back."""
+        placed = self._placed()
+        keys = [queue_key, self.taking_key, *placed.keys()]
+        args: list[str | int] = [job_id, placed.worker_id, placed.blocks_ttl_ms]
+        return bool(self.connection.eval(CLAIM, len(keys), *keys, *args))
+
+    def _placed(self) -> PlacedTake:
+        if self.placed is None:
+            raise RuntimeError("a slot takes jobs only once make_slots has set it up")
+        return self.placed
+
     def _put_back(self, queue: Queue, job_id: str) -> None:
         pipe = self.connection.pipeline(transaction=True)
         pipe.lrem(self.taking_key, 1, job_id)
@@ -155,13 +181,21 @@ class SlotWorker(SimpleWorker):
 
 
 def make_slots(
-    redis: Redis, keys: Keys, model: str, worker_id: str, count: int, interactive: int
+    redis: Redis,
+    keys: Keys,
+    model: str,
+    worker_id: str,
+    count: int,
+    interactive: int,
+    heartbeat_s: float = 2.0,
 ) -> list[SlotWorker]:
     """`count` slots of a worker serving `model`; each takes from the first non-empty lane in
     priority order (`Keys.lanes`: interactive, background, batch), except the first
     `interactive` (at most count - 1), which take interactive jobs only, so that a long batch
-    never holds every slot."""
+    never holds every slot. Taking a job adds its prompt's blocks to the worker's set, which
+    lives as long as its report (`heartbeat_s`: worker/runtime/placed_take.py)."""
     reserved = min(interactive, count - 1)
+    placed = PlacedTake.of(keys, model, worker_id, report_ttl_ms(heartbeat_s))
     queues = [
         Queue(name, connection=redis, serializer=JSONSerializer) for name in keys.lanes(model)
     ]
@@ -171,6 +205,7 @@ def make_slots(
     ]
     for slot in slots:
         slot.taking_key = keys.taking(worker_id)
+        slot.placed = placed
     return slots
 
 
