@@ -105,7 +105,9 @@ def redis_command(
         raise SystemExit("redis-server not found: run scripts/setup.sh or install Redis.")
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
     if data_dir is None:
-        args += ["--appendonly", "no"]
+        # Nothing on disk, replication included (a replica's sync would write dump.rdb in cwd).
+        args += ["--appendonly", "no", "--repl-diskless-sync", "yes"]
+        args += ["--repl-diskless-sync-delay", "0", "--repl-diskless-load", "on-empty-db"]
     else:
         data_dir.mkdir(parents=True, exist_ok=True)
         args += ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data_dir)]
