@@ -110,6 +110,12 @@ class DecodeRows:
             rows, 1, 1, self.length
         )
         self.positions = self.offsets[:, None]
+        self._heads: dict[int, mx.array] = {}
+
+    def heads(self, count: int) -> mx.array:
+        if count not in self._heads:
+            self._heads[count] = mx.arange(count)[None, :]
+        return self._heads[count]
 
 
 class DecodeView:
@@ -124,7 +130,7 @@ class DecodeView:
         layer, rows = self._layer, self._rows
         layer.allocate(keys, values)
         assert layer.keys is not None and layer.values is not None
-        heads = mx.arange(keys.shape[1])[None, :]
+        heads = rows.heads(keys.shape[1])
         layer.keys[rows.rows, heads, rows.positions] = keys[:, :, 0, :]
         layer.values[rows.rows, heads, rows.positions] = values[:, :, 0, :]
         n = keys.shape[0]
