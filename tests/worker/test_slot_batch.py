@@ -193,3 +193,17 @@ def test_a_finished_sequence_hands_back_the_kv_of_its_prompt_and_answer() -> Non
     for ours, theirs in zip(done.prompt_cache, reference, strict=True):
         assert ours.offset == theirs.offset == len(done.all_tokens)
         assert mx.allclose(ours.keys_and_values()[0], theirs.keys_and_values()[0], atol=1e-5).item()
+
+
+def test_a_long_prompt_is_prefilled_within_the_budget_while_running_rows_keep_decoding() -> None:
+    batch = SlotBatch(tiny("llama"), 4, frozenset(), 512, keep_caches=False, positions=512)
+    (running,) = batch.insert([Entry([1, 2, 3], [], None, 100, greedy, [])])
+    assert [t.uid for t in batch.next(16)] == [running]
+    (joining,) = batch.insert([Entry(list(range(4, 104)), [], None, 5, greedy, [])])
+    steps = []
+    while not steps or steps[-1] == [running]:
+        steps.append([t.uid for t in batch.next(16)])
+    # 99 prompt tokens at 16 a step: the prompt's first token comes out of the 7th step, the
+    # one that computes its last chunk, and the running row got a token in every step.
+    assert len(steps) == 7
+    assert steps[-1] == [running, joining]

@@ -100,7 +100,8 @@ class Engine:
         default_max_tokens: int,
         prefill_tokens: int,
         prefixes: PrefixCache | None = None,
-        batch: str = "mlx-lm",
+        *,
+        batch: str,
         kv_memory: int | None = None,
     ):
         """`batch`: "slots" or "mlx-lm" (worker/engine/batches.py); `kv_memory`: MiB of KV the
