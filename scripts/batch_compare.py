@@ -7,7 +7,8 @@ with OpenBLAS preloaded as a worker runs, and prints one JSON object:
 - `decode`: the per-token path, a decode step of 16 sequences (short prompts), median ms;
 - `join`: 16 sequences running at 2,000 tokens of context, 4 prompts of 256 tokens join; the
   steps' time from the join until all 4 have their first token, against a decode step of the
-  16 plus those 4 prompts' prefill alone (the running rows' KV comes from one prefill, copied);
+  16 plus those 4 prompts' prefill alone (the running rows' KV comes from one prefill, copied),
+  and how far MLX's peak memory rose above what was in use during the join;
 - `long`: closed-loop clients, each sending its own 629-token prompt for 48 tokens
   (`--per-client` times): generated tokens/s, TTFT p50 and inter-token gap p99 (engine only:
   no HTTP, no detokenizing).
@@ -68,7 +69,9 @@ def decode(model: Any, kind: str) -> float:
     return statistics.median(steps[5:]) * 1e3
 
 
-def join(model: Any, kind: str, context: list[int], cache: list[Any]) -> dict[str, float]:
+def join(
+    model: Any, kind: str, context: list[int], cache: list[Any], prompt: int
+) -> dict[str, float]:
     rng = random.Random(2)
     batch = _batch(model, kind, 20)
     running = [[*context, rng.randrange(100, 40000)] for _ in range(16)]
@@ -79,19 +82,23 @@ def join(model: Any, kind: str, context: list[int], cache: list[Any]) -> dict[st
         batch.next(None)
         steps.append(time.perf_counter() - started)
     step = statistics.median(steps[2:])
-    uids = set(batch.insert([_entry(_prompt(rng, 256), 400) for _ in range(4)]))
+    mx.synchronize()
+    in_use = mx.get_active_memory()
+    mx.reset_peak_memory()
+    uids = set(batch.insert([_entry(_prompt(rng, prompt), 400) for _ in range(4)]))
     started = time.perf_counter()
     count = 0
     while uids:
         count += 1
         uids -= {t.uid for t in batch.next(None)}
     took = time.perf_counter() - started
-    return {"decode_ms": step * 1e3, "join_s": took, "join_steps": count}
+    extra = (mx.get_peak_memory() - in_use) / 2**20
+    return {"decode_ms": step * 1e3, "join_s": took, "join_steps": count, "peak_extra_mib": extra}
 
 
-def prefill_alone(model: Any) -> float:
+def prefill_alone(model: Any, prompt: int) -> float:
     rng = random.Random(2)
-    prompts = [_prompt(rng, 256) for _ in range(4)]
+    prompts = [_prompt(rng, prompt) for _ in range(4)]
     started = time.perf_counter()
     for prompt in prompts:
         cache = make_prompt_cache(model)
@@ -146,6 +153,7 @@ def main() -> None:
     parser.add_argument("--long-clients", type=int, default=8)
     parser.add_argument("--per-client", type=int, default=2, help="long prompts each client sends")
     parser.add_argument("--budgets", default=f"{Settings().prefill_tokens},{PREFILL_CHUNK}")
+    parser.add_argument("--join-prompt", type=int, default=256, help="tokens of each joining")
     parser.add_argument("--skip", default="", help="comma-separated: decode,join,long")
     args = parser.parse_args()
     skip = set(args.skip.split(","))
@@ -158,13 +166,15 @@ def main() -> None:
         for start in range(0, len(context), PREFILL_CHUNK):
             model(mx.array([context[start : start + PREFILL_CHUNK]]), cache=cache)
             mx.eval([c.keys for c in cache])
-        results["prefill_4x256_alone_s"] = [prefill_alone(model) for _ in range(2)]
+        results["prefill_4_alone_s"] = [prefill_alone(model, args.join_prompt) for _ in range(2)]
     for round_ in range(args.rounds):
         for kind in KINDS if round_ % 2 == 0 else KINDS[::-1]:
             if "decode" not in skip:
                 results["decode"].setdefault(kind, []).append(decode(model, kind))
             if "join" not in skip:
-                results["join"].setdefault(kind, []).append(join(model, kind, context, cache))
+                results["join"].setdefault(kind, []).append(
+                    join(model, kind, context, cache, args.join_prompt)
+                )
             for budget in [] if "long" in skip else [int(b) for b in args.budgets.split(",")]:
                 row = long(model, kind, args.long_clients, budget, args.per_client)
                 results["long"].setdefault(f"{kind} budget {budget}", []).append(row)

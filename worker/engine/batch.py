@@ -14,6 +14,7 @@ copy of that KV cache and only its remaining tokens to prefill.
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -29,6 +30,8 @@ from worker.engine.prepare import PreparedJob, Preparer
 from worker.engine.slot_batch import Entry
 from worker.engine.stop import StopStringMatcher
 from worker.engine.tool_calls import ToolCallScanner
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -112,6 +115,8 @@ class Engine:
         window = None
         if batch == "slots" and plain_kv(loaded.model) is None:
             window = kv_window(loaded.model, batch_size, kv_memory)
+        elif kv_memory is not None:
+            log.warning("MLXQ_KV_MEMORY is not applied: this model runs in mlx-lm's batch")
         self._preparer = Preparer(
             loaded, default_max_tokens, with_history=prefixes is not None, kv_window=window
         )
