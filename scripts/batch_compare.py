@@ -154,6 +154,7 @@ def main() -> None:
     parser.add_argument("--per-client", type=int, default=2, help="long prompts each client sends")
     parser.add_argument("--budgets", default=f"{Settings().prefill_tokens},{PREFILL_CHUNK}")
     parser.add_argument("--join-prompt", type=int, default=256, help="tokens of each joining")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="batches, in first-round order")
     parser.add_argument("--skip", default="", help="comma-separated: decode,join,long")
     args = parser.parse_args()
     skip = set(args.skip.split(","))
@@ -168,7 +169,8 @@ def main() -> None:
             mx.eval([c.keys for c in cache])
         results["prefill_4_alone_s"] = [prefill_alone(model, args.join_prompt) for _ in range(2)]
     for round_ in range(args.rounds):
-        for kind in KINDS if round_ % 2 == 0 else KINDS[::-1]:
+        kinds = args.kinds.split(",")
+        for kind in kinds if round_ % 2 == 0 else kinds[::-1]:
             if "decode" not in skip:
                 results["decode"].setdefault(kind, []).append(decode(model, kind))
             if "join" not in skip:

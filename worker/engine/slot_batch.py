@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import mlx.core as mx
@@ -131,6 +131,7 @@ class SlotBatch:
                     keys, values = c.keys_and_values()
                     layer.write(slot, 0, keys, values)
                 row.offset = cache[0].offset
+                row.entry = replace(row.entry, cache=None)  # its KV is in the row now
             if len(row.todo) == 1:
                 self._promote(slot)
 
