@@ -103,6 +103,7 @@ def main() -> None:
         batch_size=BATCH,
         default_max_tokens=args.max_tokens,
         prefill_tokens=Settings().prefill_tokens,
+        batch=Settings().batch,
     )
     one_run(engine, "json_schema", 8)  # warm up: grammar tokenizer, compiled kernels
     steps: dict[str, list[float]] = {name: [] for name in SCENARIOS}

@@ -87,6 +87,11 @@ class Settings(BaseSettings):
     embed_batch: int = Field(default=64, ge=1, le=2048)
     # Prompt tokens one step prefills at most (worker/engine/prefill.py).
     prefill_tokens: int = Field(default=4096, ge=1)
+    # The batch under the engine (worker/engine/batches.py): mlxq's own slots, or mlx-lm's
+    # BatchGenerator (always used for models whose cache is not a plain KV cache).
+    batch: Literal["slots", "mlx-lm"] = "mlx-lm"
+    # MiB of KV the slot batch may hold (batch_size rows); None: each row up to the model's window.
+    kv_memory: int | None = Field(default=None, ge=1)
     # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.
     prefix_cache_entries: int = Field(default=64, ge=0)
     prefix_cache_mb: int = Field(default=512, ge=1)

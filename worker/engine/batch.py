@@ -14,23 +14,24 @@ copy of that KV cache and only its remaining tokens to prefill.
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass, field
 from typing import Protocol
-
-from mlx_lm.generate import BatchGenerator, StopSequences
 
 from shared.queue.jobs import GenerationJob
 from shared.wire.logprobs import TokenLogprob
 from shared.wire.tools import ToolCall, ToolCallDelta
-from worker.engine.decode import use_decode_batch
+from worker.engine.batches import kv_window, open_batch, plain_kv
 from worker.engine.detokenize import TextDecoder
 from worker.engine.logprobs import LogprobRecorder, prompt_logprobs
 from worker.engine.model import LoadedModel
-from worker.engine.prefill import size_prefill_group
 from worker.engine.prefix_cache import PrefixCache, Reuse, level, prefill
 from worker.engine.prepare import PreparedJob, Preparer
+from worker.engine.slot_batch import Entry
 from worker.engine.stop import StopStringMatcher
 from worker.engine.tool_calls import Scanned, ToolCallScanner
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -95,7 +96,7 @@ class BatchEngine(Protocol):
 
 
 class Engine:
-    """Continuous batching over mlx-lm's BatchGenerator, with our stop handling on top."""
+    """Continuous batching (worker/engine/batches.py), with our stop handling on top."""
 
     def __init__(
         self,
@@ -104,20 +105,31 @@ class Engine:
         default_max_tokens: int,
         prefill_tokens: int,
         prefixes: PrefixCache | None = None,
+        *,
+        batch: str,
+        kv_memory: int | None = None,
     ):
+        """`batch`: "slots" or "mlx-lm" (worker/engine/batches.py); `kv_memory`: MiB of KV the
+        slot batch may hold, which then refuses sequences longer than a row."""
         self._loaded = loaded
         self._prefill_tokens = prefill_tokens
         self._prefixes = prefixes
-        self._preparer = Preparer(loaded, default_max_tokens, with_history=prefixes is not None)
-        self._stop_sequences = StopSequences([[i] for i in sorted(loaded.stop_ids)])
-        self._batch = BatchGenerator(
-            loaded.model,
-            completion_batch_size=batch_size,
-            # Set before every step from the prefill token budget (worker/engine/prefill.py).
-            prefill_batch_size=batch_size,
-            prefill_step_size=512,
+        window = None
+        if batch == "slots" and plain_kv(loaded.model) is None:
+            window = kv_window(loaded.model, batch_size, kv_memory)
+        elif kv_memory is not None:
+            log.warning("MLXQ_KV_MEMORY is not applied: this model runs in mlx-lm's batch")
+        self._preparer = Preparer(
+            loaded, default_max_tokens, with_history=prefixes is not None, kv_window=window
         )
-        use_decode_batch(self._batch)
+        self._batch = open_batch(
+            loaded.model,
+            batch_size,
+            loaded.stop_ids,
+            batch,
+            keep_caches=prefixes is not None,
+            positions=window or loaded.context_length,
+        )
         self._pending: list[PreparedJob] = []
         self._by_uid: dict[int, Sequence] = {}
         self._jobs: dict[str, JobInBatch] = {}
@@ -169,13 +181,17 @@ class Engine:
         prompts = [p.prompts[p.choices[i].prompt] for p, i in rows]
         begin = [start_of[key].tokens for key in keys]
         uids = self._batch.insert(
-            [prompt[b:] for prompt, b in zip(prompts, begin, strict=True)],
-            max_tokens=[p.max_tokens for p, _ in rows],
-            caches=caches,
-            all_tokens=[prompt[:b] for prompt, b in zip(prompts, begin, strict=True)],
-            samplers=[p.choices[i].sampler for p, i in rows],
-            stop_sequences=[self._stop_sequences] * len(rows),
-            logits_processors=[list(p.choices[i].processors) for p, i in rows],
+            [
+                Entry(
+                    prompt=prompt[b:],
+                    cached=prompt[:b],
+                    cache=cache,
+                    max_tokens=p.max_tokens,
+                    sampler=p.choices[i].sampler,
+                    processors=list(p.choices[i].processors),
+                )
+                for prompt, b, cache, (p, i) in zip(prompts, begin, caches, rows, strict=True)
+            ]
         )
         self.prefilled_tokens += sum(len(t) - b for t, b in zip(prompts, begin, strict=True))
         for uid, (prepared, i), key in zip(uids, rows, keys, strict=True):
@@ -243,8 +259,7 @@ class Engine:
         outputs, self._ready = self._ready, []
         # Bulk work alone is prefilled in groups as large as the batch allows: nobody waits on
         # a first token, and each group's fixed cost is paid once (README, Benchmarks: bulk).
-        size_prefill_group(self._batch, self._prefill_tokens if self._interactive else None)
-        _, generated = self._batch.next()
+        generated = self._batch.next(self._prefill_tokens if self._interactive else None)
         for r in generated:
             if r.uid not in self._by_uid:  # its job ended earlier in this step
                 continue

@@ -17,7 +17,7 @@ from mlx_lm.sample_utils import LogitsProcessor
 from shared.queue.context_window import completion_budget
 from shared.queue.jobs import GenerationJob
 from shared.queue.prompt_tokens import ChatInput, chat_input, knows_developer_role
-from shared.wire.errors import InvalidRequestError
+from shared.wire.errors import ContextLengthError, InvalidRequestError
 from worker.engine.grammar import Grammars
 from worker.engine.logprobs import LogprobRecorder
 from worker.engine.model import LoadedModel
@@ -60,8 +60,15 @@ class PreparedJob:
 
 
 class Preparer:
-    def __init__(self, loaded: LoadedModel, default_max_tokens: int, with_history: bool):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        default_max_tokens: int,
+        with_history: bool,
+        kv_window: int | None = None,
+    ):
         self._loaded = loaded
+        self._kv_window = kv_window  # positions one sequence's KV may hold (MLXQ_KV_MEMORY)
         self._default_max_tokens = default_max_tokens
         self._with_history = with_history  # only a prefix cache uses the history's length
         self._grammars = Grammars(loaded.tokenizer._tokenizer, loaded.stop_ids, loaded.vocab_size)
@@ -82,6 +89,9 @@ class Preparer:
         budget = min(completion_budget(len(p), job.max_tokens, window, where) for p in prompts)
         if job.max_tokens is None:
             budget = min(budget, self._default_max_tokens)
+        if self._kv_window is not None:
+            longest = max(len(p) for p in prompts)
+            budget = fit_kv(longest, job.max_tokens, budget, self._kv_window, where)
         choices = [
             self._choice(job, k * job.n + i, prompt=k)
             for k in range(len(prompts))
@@ -173,3 +183,18 @@ class Preparer:
                 break
             same += 1
         return same
+
+
+def fit_kv(prompt: int, asked: int | None, budget: int, window: int, where: str) -> int:
+    """The completion budget within a worker's KV memory (`window` positions per sequence): a
+    default budget shrinks to fit, an asked-for one that cannot fit is refused."""
+    if prompt + budget <= window:
+        return budget
+    if asked is None and prompt < window:
+        return window - prompt
+    raise ContextLengthError(
+        f"This worker's KV memory (MLXQ_KV_MEMORY) holds {window} tokens per sequence. "
+        f"However, you requested {prompt + budget} tokens ({prompt} in the {where}, "
+        f"{budget} in the completion). Please reduce the length of the {where} or completion.",
+        param=where,
+    )

@@ -107,7 +107,13 @@ def build_engine(
     )
     engine_class = FaultyEngine if settings.fault_injection else Engine
     engine = engine_class(
-        loaded, settings.batch_size, settings.default_max_tokens, settings.prefill_tokens, prefixes
+        loaded,
+        settings.batch_size,
+        settings.default_max_tokens,
+        settings.prefill_tokens,
+        prefixes,
+        batch=settings.batch,
+        kv_memory=settings.kv_memory,
     )
     return name, engine, build_spec(loaded), prefixes
 

@@ -1,0 +1,159 @@
+"""KV storage by slot: one preallocated buffer per layer, each running sequence a row of it.
+
+Each layer keeps keys and values of shape `[slots, kv_heads, capacity, head_dim]`. A sequence
+owns one row from the step it is admitted until it ends; its positions are written in place at
+its own offset, so admitting a sequence costs its own prompt and nothing of the other rows, and
+a sequence that ends gives its row to the last one (one row copied, `SlotKV.move`).
+
+MLX writes a slice update or a scatter into its input's buffer only when nothing else holds a
+reference to that buffer (otherwise it copies the whole buffer first): so nothing here keeps a
+view of a buffer across forwards, and a row is copied out (`mx.contiguous`, evaluated) before
+its source is overwritten. tests/worker/test_slots.py checks it with MLX's peak memory.
+
+The model's attention modules are mlx-lm's, untouched: they read `cache.offset` for RoPE, call
+`cache.update_and_fetch(keys, values)` and get their mask from `cache.make_mask`. A forward sees
+the buffers through a view per layer: `DecodeView` (every decoding row, one new token each, at
+their own offsets: a vector of offsets for `mx.fast.rope` and a boolean mask hiding each row's
+unused positions) or `PrefillView` (one row's next prompt chunk, a plain causal mask).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, create_attention_mask
+
+GROWTH = 256  # capacity grows in multiples of this many positions
+
+
+class SlotKV:
+    """One layer's keys and values, a row per slot; allocated at its first write."""
+
+    def __init__(self, slots: int, limit: int):
+        self.slots = slots
+        self.limit = limit  # positions per row at most
+        self.capacity = 0
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+
+    def reserve(self, positions: int) -> None:
+        """Make room for `positions` positions per row (copies the buffer when it grows)."""
+        if positions <= self.capacity:
+            return
+        grown = -(-max(positions, self.capacity * 3 // 2) // GROWTH) * GROWTH
+        grown = max(positions, min(grown, self.limit))
+        if self.keys is not None and self.values is not None:
+            self.keys = _widened(self.keys, grown)
+            self.values = _widened(self.values, grown)
+        self.capacity = grown
+
+    def allocate(self, keys: mx.array, values: mx.array) -> None:
+        if self.keys is None:
+            _, heads, _, k_dim = keys.shape
+            shape = (self.slots, heads, self.capacity)
+            self.keys = mx.zeros((*shape, k_dim), keys.dtype)
+            self.values = mx.zeros((*shape, values.shape[3]), values.dtype)
+
+    def write(self, row: int, start: int, keys: mx.array, values: mx.array) -> None:
+        """Positions `start...` of `row` (keys and values of shape [1, heads, n, dim])."""
+        self.allocate(keys, values)
+        assert self.keys is not None and self.values is not None
+        if keys.shape[2] == 0:
+            return
+        end = start + keys.shape[2]
+        self.keys[row : row + 1, :, start:end, :] = keys
+        self.values[row : row + 1, :, start:end, :] = values
+
+    def move(self, source: int, target: int, positions: int) -> None:
+        """Copy the first `positions` positions of row `source` into row `target`."""
+        if self.keys is None or self.values is None or positions == 0:
+            return
+        keys, values = self.read(source, positions)
+        self.write(target, 0, keys, values)
+
+    def read(self, row: int, positions: int) -> tuple[mx.array, mx.array]:
+        """A copy of a row's first positions, evaluated: it holds no reference to the buffer."""
+        assert self.keys is not None and self.values is not None
+        keys = mx.contiguous(self.keys[row : row + 1, :, :positions, :])
+        values = mx.contiguous(self.values[row : row + 1, :, :positions, :])
+        mx.eval(keys, values)
+        return keys, values
+
+
+def _widened(buffer: mx.array, capacity: int) -> mx.array:
+    slots, heads, old, dim = buffer.shape
+    return mx.concatenate([buffer, mx.zeros((slots, heads, capacity - old, dim), buffer.dtype)], 2)
+
+
+def extract(layers: list[SlotKV], row: int, positions: int) -> list[Any]:
+    """A row's first positions as mlx-lm KV caches (what the prefix cache stores)."""
+    caches = []
+    for layer in layers:
+        cache = KVCache()
+        if positions and layer.keys is not None:
+            cache.keys, cache.values = layer.read(row, positions)
+            cache.offset = positions
+        caches.append(cache)
+    return caches
+
+
+class DecodeRows:
+    """What every layer's view shares in a decode forward: rows 0..n-1, one token each."""
+
+    def __init__(self, offsets: list[int]):
+        rows = len(offsets)
+        self.rows = mx.arange(rows)[:, None]
+        self.offsets = mx.array(offsets)
+        self.length = max(offsets) + 1
+        self.mask = (mx.arange(self.length)[None] <= self.offsets[:, None]).reshape(
+            rows, 1, 1, self.length
+        )
+        self.positions = self.offsets[:, None]
+        self._heads: dict[int, mx.array] = {}
+
+    def heads(self, count: int) -> mx.array:
+        if count not in self._heads:
+            self._heads[count] = mx.arange(count)[None, :]
+        return self._heads[count]
+
+
+class DecodeView:
+    """One layer, seen by a forward that feeds each decoding row its next token."""
+
+    def __init__(self, layer: SlotKV, rows: DecodeRows):
+        self._layer = layer
+        self._rows = rows
+        self.offset = rows.offsets
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        layer, rows = self._layer, self._rows
+        layer.allocate(keys, values)
+        assert layer.keys is not None and layer.values is not None
+        heads = rows.heads(keys.shape[1])
+        layer.keys[rows.rows, heads, rows.positions] = keys[:, :, 0, :]
+        layer.values[rows.rows, heads, rows.positions] = values[:, :, 0, :]
+        n = keys.shape[0]
+        return layer.keys[:n, :, : rows.length, :], layer.values[:n, :, : rows.length, :]
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: Any = None) -> mx.array:
+        return self._rows.mask
+
+
+class PrefillView:
+    """One layer, seen by a forward over one row's next prompt chunk."""
+
+    def __init__(self, layer: SlotKV, row: int, offset: int):
+        self._layer = layer
+        self._row = row
+        self.offset = offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        layer, row = self._layer, self._row
+        layer.write(row, self.offset, keys, values)
+        assert layer.keys is not None and layer.values is not None
+        end = self.offset + keys.shape[2]
+        return layer.keys[row : row + 1, :, :end, :], layer.values[row : row + 1, :, :end, :]
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: Any = None) -> Any:
+        return create_attention_mask(n, self.offset, return_array, window_size)
