@@ -89,7 +89,7 @@ class Settings(BaseSettings):
     prefill_tokens: int = Field(default=4096, ge=1)
     # The batch under the engine (worker/engine/batches.py): mlxq's own slots, or mlx-lm's
     # BatchGenerator (always used for models whose cache is not a plain KV cache).
-    batch: Literal["slots", "mlx-lm"] = "mlx-lm"
+    batch: Literal["slots", "mlx-lm"] = "slots"
     # MiB of KV the slot batch may hold (batch_size rows); None: each row up to the model's window.
     kv_memory: int | None = Field(default=None, ge=1)
     # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.
