@@ -48,7 +48,7 @@ from shared.queue.connection import redis_errors_as_503
 from shared.queue.context_window import completion_budget
 from shared.queue.jobs import EmbeddingJob, GenerationJob, QueuedJob
 from shared.queue.keys import Keys
-from shared.wire.errors import RateLimitError
+from shared.wire.errors import ContextLengthError, RateLimitError
 
 WINDOW_MS = 60_000
 TOO_LARGE = -1
@@ -282,7 +282,7 @@ def hold_batch(batch_id: str, jobs: list[GenerationJob], expires_at: int) -> Rat
     if limits is None or limits.queued is None:
         return None
     b = broker()
-    counts = [admission_tokens(b, job) for job in jobs]
+    counts = [_line_tokens(b, job) for job in jobs]
     hold_s = expires_at - time.time() + b.settings.job_timeout_s + HOLD_GRACE_S
     queued_only = KeyLimits(queued=limits.queued)  # a batch takes nothing per minute
     with redis_errors_as_503():
@@ -307,6 +307,15 @@ def hold_batch(batch_id: str, jobs: list[GenerationJob], expires_at: int) -> Rat
     for job, count in zip(jobs, counts, strict=True):
         job.queued_tokens = count
     return None
+
+
+def _line_tokens(b: Broker, job: GenerationJob) -> int:
+    """A batch line's admission tokens; a line over the context window fails alone on its
+    worker without generating (its error line), so its prompt's estimate is all it holds."""
+    try:
+        return admission_tokens(b, job)
+    except ContextLengthError:
+        return backlog.estimate_tokens(job)
 
 
 def release_hold(entry: str) -> None:

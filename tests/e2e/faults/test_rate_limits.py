@@ -234,3 +234,16 @@ def test_an_anthropic_message_batch_over_the_limit_is_anthropics_429(settled: li
     assert answer.json()["type"] == "error"
     assert answer.json()["error"]["type"] == "rate_limit_error"
     assert answer.headers["x-should-retry"] == "false"
+
+
+def test_a_batch_line_over_the_context_window_holds_only_its_prompt_and_fails_alone(
+    settled: list[str], cluster: Cluster
+) -> None:
+    client = _client(settled[0], QUEUED)
+    lines = [chat_line("too-long", "hi", max_tokens=100_000), chat_line("fine", "hi", max_tokens=1)]
+    batch = start_batch(client, lines)  # the real model's window: 100000 tokens never fit
+    assert batch.status == "in_progress"
+    ended = wait_batch(client, batch.id)
+    assert ended.status == "completed" and ended.request_counts is not None
+    assert (ended.request_counts.completed, ended.request_counts.failed) == (1, 1)
+    assert _held(cluster, QUEUED) == 0
