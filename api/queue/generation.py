@@ -21,7 +21,7 @@ from opentelemetry.trace import Span
 from api.http.auth import owner_id
 from api.http.sse import DONE, KEEPALIVE, frame
 from api.queue.broker import Broker
-from api.queue.rate_limits import admit
+from api.queue.rate_limits import admit, release_hold
 from api.queue.relay import Subscription
 from shared.observe import tracing
 from shared.observe.logs import log_event
@@ -150,8 +150,8 @@ class RunningJob:
 
 
 def start(broker: Broker, job: QueuedJob) -> RunningJob:
-    admit(job)  # the caller's rate limits (api/queue/rate_limits.py)
     job = job.model_copy(update={"limits": broker.interactive_limits()})
+    admit(job)  # the caller's rate limits (api/queue/rate_limits.py)
     submitted_at = time.time()
     span = tracing.request_span(job)
     try:
@@ -194,6 +194,8 @@ def _started(broker: Broker, job: QueuedJob) -> RunningJob:
 def _withdraw_quietly(broker: Broker, job: QueuedJob) -> None:
     with contextlib.suppress(BackendUnavailableError):
         broker.withdraw(job.job_id, job.model)
+        if job.queued_tokens is not None:  # off its queue: no worker will give them back
+            release_hold(job.job_id)
 
 
 def _next_events(

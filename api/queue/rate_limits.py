@@ -14,7 +14,16 @@ when the model published none) plus the most the completion may produce (`max_to
 MLXQ_DEFAULT_MAX_TOKENS within what the context window leaves), times the choices. A request
 larger than the tokens per minute can never fit: it is refused with `x-should-retry: false`.
 
-Every answer to a key with limits carries `x-ratelimit-limit-requests`,
+A key with a queued-token limit (`:queued=N`, OpenAI's batch queue limit) may hold at most N
+tokens, counted the same way, in jobs accepted but not yet ended (shared/queue/queued_tokens.py
+keeps and gives them back). The same script checks it and takes the request's share, all limits
+or none: over it, 429 `rate_limit_exceeded` of type `queued_tokens` with the usual Retry-After
+(MLXQ_RETRY_AFTER_S: nobody knows when jobs end), or `x-should-retry: false` for a request larger
+than the limit. A batch takes all its lines' tokens at creation, and over the limit fails as
+OpenAI's does, `failed` with the error `token_limit_exceeded` (an Anthropic message batch: 429).
+OpenAI states no header for it, so none is sent.
+
+Every answer to a key with per-minute limits carries `x-ratelimit-limit-requests`,
 `x-ratelimit-remaining-requests`, `x-ratelimit-reset-requests` (the time until the bucket is full
 again, as "1s", "6m0s", "20ms") and the `-tokens` counterparts, for the limits the key has: the
 state right after this request took its share, or, for requests that take nothing (a retrieve,
@@ -24,6 +33,7 @@ an upload), the state now.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from flask import Flask, Response, current_app, g
@@ -32,21 +42,26 @@ from redis.exceptions import RedisError
 
 from api.http.auth import key_limits, owner_id
 from api.queue.broker import Broker, broker
-from shared.queue import backlog
-from shared.queue.config import KeyLimits
+from shared.queue import backlog, queued_tokens
+from shared.queue.config import KeyLimits, Settings
 from shared.queue.connection import redis_errors_as_503
 from shared.queue.context_window import completion_budget
-from shared.queue.jobs import EmbeddingJob, QueuedJob
+from shared.queue.jobs import EmbeddingJob, GenerationJob, QueuedJob
 from shared.queue.keys import Keys
-from shared.wire.errors import RateLimitError
+from shared.wire.errors import ContextLengthError, RateLimitError
 
 WINDOW_MS = 60_000
 TOO_LARGE = -1
+# How long past its computed end a job's queued-token entry is kept before admission drops it.
+HOLD_GRACE_S = 60.0
 
-# KEYS: the key's bucket hash. ARGV: requests per minute, tokens per minute (0: no limit),
-# tokens asked, 1 to take them (0: only look).
+# KEYS: the key's bucket hash, its queued-token entries and their deadlines
+# (shared/queue/queued_tokens.py). ARGV: requests per minute, tokens per minute (0: no limit),
+# tokens asked, 1 to take them (0: only look), the queued-token limit (0: none), the entry that
+# holds them (a job or batch id) and how many ms it may hold them at most.
 # Returns: 1 if taken, requests left, tokens left (as strings: Lua numbers reach the client
-# as integers), ms until the request would fit (0: it fits; -1: it never can).
+# as integers), ms until the request would fit (0: it fits; -1: it never can), the tokens the
+# key holds queued (after taking), 0 if the queued tokens fit (1: not now; -1: never).
 TAKE = """
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -65,15 +80,35 @@ if tpm > 0 and asked > tpm then
 elseif tpm > 0 and tokens < asked then
   wait = math.max(wait, (asked - tokens) * 60000 / tpm)
 end
-local taken = 0
-if ARGV[4] == '1' and wait == 0 then
-  taken = 1
-  if rpm > 0 then requests = requests - 1 end
-  if tpm > 0 then tokens = tokens - asked end
-  redis.call('HSET', KEYS[1], 'requests', requests, 'tokens', tokens, 'at', now)
-  redis.call('PEXPIRE', KEYS[1], 60000)
+local limit, queued, full = tonumber(ARGV[5]), 0, 0
+if limit > 0 then
+  for _, lost in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)) do
+    redis.call('HDEL', KEYS[2], lost)
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  for _, entry in ipairs(redis.call('HVALS', KEYS[2])) do queued = queued + tonumber(entry) end
+  if asked > limit then full = -1 elseif queued + asked > limit then full = 1 end
 end
-return {taken, tostring(requests), tostring(tokens), math.ceil(wait)}
+local taken = 0
+if ARGV[4] == '1' and wait == 0 and full == 0 then
+  taken = 1
+  if rpm > 0 or tpm > 0 then
+    if rpm > 0 then requests = requests - 1 end
+    if tpm > 0 then tokens = tokens - asked end
+    redis.call('HSET', KEYS[1], 'requests', requests, 'tokens', tokens, 'at', now)
+    redis.call('PEXPIRE', KEYS[1], 60000)
+  end
+  if limit > 0 then
+    local hold = tonumber(ARGV[7])
+    redis.call('HSET', KEYS[2], ARGV[6], asked)
+    redis.call('ZADD', KEYS[3], now + hold, ARGV[6])
+    for i = 2, 3 do  -- both live as long as their longest entry
+      if redis.call('PTTL', KEYS[i]) < hold then redis.call('PEXPIRE', KEYS[i], hold) end
+    end
+    queued = queued + asked
+  end
+end
+return {taken, tostring(requests), tostring(tokens), math.ceil(wait), queued, full}
 """
 
 
@@ -110,35 +145,81 @@ class Buckets:
         return out
 
 
+@dataclass(frozen=True)
+class Hold:
+    """What a request asks of its key's queued tokens: `entry` (its job or batch id) holds its
+    tokens for at most `hold_ms`."""
+
+    entry: str
+    hold_ms: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one TAKE decided: the buckets after it; `wait_ms` 0 if the per-minute limits took
+    the request (else when they would, `TOO_LARGE`: never); the tokens the key holds queued and
+    `queued_full` 0 if the request's fit among them (1: not now, `TOO_LARGE`: never)."""
+
+    buckets: Buckets
+    wait_ms: int
+    queued: int
+    queued_full: int
+
+    @property
+    def taken(self) -> bool:
+        return self.wait_ms == 0 and self.queued_full == 0
+
+
 class RateLimiter:
     def __init__(self, redis: Redis, keys: Keys):
         self._keys = keys
         self._take = redis.register_script(TAKE)
 
-    def _run(self, owner: str, limits: KeyLimits, tokens: int, take: bool) -> tuple[Buckets, int]:
-        args = [limits.rpm or 0, limits.tpm or 0, tokens, int(take)]
-        _, requests, left, wait_ms = self._take(keys=[self._keys.rate_limit(owner)], args=args)
-        return Buckets(limits, float(requests), float(left)), int(wait_ms)
+    def _run(
+        self, owner: str, limits: KeyLimits, tokens: int, take: bool, hold: Hold | None = None
+    ) -> Verdict:
+        keys = [self._keys.rate_limit(owner), *queued_tokens.hold_keys(self._keys, owner)]
+        queued: list[str | int] = [limits.queued or 0, hold.entry, hold.hold_ms] if hold else [0]
+        args = [limits.rpm or 0, limits.tpm or 0, tokens, int(take), *queued]
+        _, requests, left, wait_ms, held, full = self._take(keys=keys, args=args)
+        buckets = Buckets(limits, float(requests), float(left))
+        return Verdict(buckets, int(wait_ms), int(held), int(full))
 
     def peek(self, owner: str, limits: KeyLimits) -> Buckets:
-        return self._run(owner, limits, 0, take=False)[0]
+        return self._run(owner, limits, 0, take=False).buckets
 
-    def take(self, owner: str, limits: KeyLimits, tokens: int) -> tuple[Buckets, int]:
-        """Take one request and `tokens` from the key's buckets if both hold enough. Returns
-        the buckets after, and 0 if taken, else the ms until they would hold enough
-        (`TOO_LARGE`: never)."""
-        return self._run(owner, limits, tokens, take=True)
+    def take(self, owner: str, limits: KeyLimits, tokens: int, hold: Hold | None = None) -> Verdict:
+        """Take one request and `tokens` from the key's per-minute buckets (those it has), and
+        with `hold` put `tokens` among its queued tokens, if all of them have room: all or
+        nothing."""
+        return self._run(owner, limits, tokens, take=True, hold=hold)
 
 
-def refusal(limits: KeyLimits, buckets: Buckets, tokens: int, wait_ms: int) -> RateLimitError:
+def refusal(limits: KeyLimits, verdict: Verdict, tokens: int) -> RateLimitError:
     """OpenAI's 429 for a request the buckets could not take."""
-    if wait_ms == TOO_LARGE:
+    if verdict.wait_ms == TOO_LARGE:
         return RateLimitError(
             f"Request too large for tokens per min (TPM): Limit {limits.tpm}, Requested "
             f"{tokens}. The input or output tokens must be reduced in order to run successfully.",
             kind="tokens",
             retry_after_ms=None,
         )
+    if verdict.queued_full == TOO_LARGE:
+        return RateLimitError(
+            f"Request too large for queued tokens: Limit {limits.queued}, Requested {tokens}. "
+            "The input or output tokens must be reduced in order to run successfully.",
+            kind="queued_tokens",
+            retry_after_ms=None,
+        )
+    if verdict.wait_ms == 0:  # the per-minute limits had room: the queued tokens had not
+        return RateLimitError(
+            f"Queued token limit reached: Limit {limits.queued}, Queued {verdict.queued}, "
+            f"Requested {tokens}. Please try again once some of your queued or running "
+            "requests have finished.",
+            kind="queued_tokens",
+            retry_after_ms=broker().settings.retry_after_s * 1000,
+        )
+    buckets, wait_ms = verdict.buckets, verdict.wait_ms
     on_requests = limits.rpm is not None and buckets.requests < 1
     kind, short = ("requests", "RPM") if on_requests else ("tokens", "TPM")
     limit, asked = (limits.rpm, 1) if on_requests else (limits.tpm, tokens)
@@ -166,17 +247,88 @@ def admission_tokens(b: Broker, job: QueuedJob) -> int:
 
 
 def admit(job: QueuedJob) -> None:
-    """Take the job's share of its key's limits (nothing for a key without limits)."""
+    """Take the job's share of its key's limits (nothing for a key without limits); a job that
+    holds queued tokens carries their count, for whoever ends it to give back."""
     limits = key_limits()
     if limits is None:
         return
     b = broker()
+    hold = Hold(job.job_id, _hold_ms(b.settings, job)) if limits.queued is not None else None
     with redis_errors_as_503():
-        tokens = admission_tokens(b, job) if limits.tpm is not None else 0
-        buckets, wait_ms = limiter().take(owner_id(), limits, tokens)
-    g.mlxq_rate = buckets  # the answer states the buckets as this request left them
-    if wait_ms != 0:
-        raise refusal(limits, buckets, tokens, wait_ms)
+        counted = limits.tpm is not None or hold is not None
+        tokens = admission_tokens(b, job) if counted else 0
+        verdict = limiter().take(owner_id(), limits, tokens, hold)
+    if limits.per_minute:
+        g.mlxq_rate = verdict.buckets  # the answer states the buckets as this request left them
+    if not verdict.taken:
+        raise refusal(limits, verdict, tokens)
+    if hold is not None:
+        job.queued_tokens = tokens
+
+
+def _hold_ms(settings: Settings, job: QueuedJob) -> int:
+    """The longest a job may hold its queued tokens: until its queue deadline (a background
+    response, which has none: as long as it is stored), then its longest run."""
+    deadline = job.limits.queue_deadline
+    wait_s = deadline - time.time() if deadline is not None else settings.response_ttl_s
+    run_s = min(job.limits.run_limit_s or settings.job_timeout_s, settings.job_timeout_s)
+    return math.ceil((wait_s + run_s + HOLD_GRACE_S) * 1000)
+
+
+def hold_batch(batch_id: str, jobs: list[GenerationJob], expires_at: int) -> RateLimitError | None:
+    """Put all of a batch's lines' tokens among its key's queued tokens, as one entry (None: the
+    key has no such limit, or they fit), or say why not. Each line carries its own share."""
+    limits = key_limits()
+    if limits is None or limits.queued is None:
+        return None
+    b = broker()
+    counts = [_line_tokens(b, job) for job in jobs]
+    hold_s = expires_at - time.time() + b.settings.job_timeout_s + HOLD_GRACE_S
+    queued_only = KeyLimits(queued=limits.queued)  # a batch takes nothing per minute
+    with redis_errors_as_503():
+        verdict = limiter().take(
+            owner_id(), queued_only, sum(counts), Hold(batch_id, math.ceil(hold_s * 1000))
+        )
+    if verdict.queued_full == TOO_LARGE:
+        return RateLimitError(
+            f"This batch holds {sum(counts)} tokens, more than this API key's limit of "
+            f"{limits.queued} enqueued tokens: it can never run. Split it into smaller batches.",
+            kind="queued_tokens",
+            retry_after_ms=None,
+        )
+    if not verdict.taken:
+        return RateLimitError(
+            f"Enqueued token limit reached for this API key. Limit: {limits.queued} enqueued "
+            f"tokens, queued now {verdict.queued}, this batch {sum(counts)}. Please try again "
+            "once some in_progress batches or requests have been completed.",
+            kind="queued_tokens",
+            retry_after_ms=b.settings.retry_after_s * 1000,
+        )
+    for job, count in zip(jobs, counts, strict=True):
+        job.queued_tokens = count
+    return None
+
+
+def _line_tokens(b: Broker, job: GenerationJob) -> int:
+    """A batch line's admission tokens; a line over the context window fails alone on its
+    worker without generating (its error line), so its prompt's estimate is all it holds."""
+    try:
+        return admission_tokens(b, job)
+    except ContextLengthError:
+        return backlog.estimate_tokens(job)
+
+
+def release_hold(entry: str) -> None:
+    """Give back what `entry` (a job taken off its queue, a batch that ended) holds of the
+    caller's queued tokens, where no worker will; nothing for a key without that limit."""
+    limits = key_limits()
+    if limits is None or limits.queued is None:
+        return
+    b = broker()
+    pipe = b.redis.pipeline(transaction=False)
+    queued_tokens.release(pipe, b.keys, owner_id(), entry)
+    with redis_errors_as_503():
+        pipe.execute()
 
 
 def limiter() -> RateLimiter:
@@ -186,7 +338,7 @@ def limiter() -> RateLimiter:
 
 def _state_headers(response: Response) -> Response:
     limits = key_limits()
-    if limits is None:
+    if limits is None or not limits.per_minute:  # OpenAI has no header for queued tokens
         return response
     buckets: Buckets | None = g.get("mlxq_rate")
     if buckets is None:

@@ -16,12 +16,14 @@ from functools import cache
 from flask import Blueprint, Response
 from openapi_pydantic import (
     Components,
+    Header,
     Info,
     MediaType,
     OpenAPI,
     Operation,
     Parameter,
     PathItem,
+    Reference,
     RequestBody,
     Schema,
     SecurityScheme,
@@ -67,7 +69,8 @@ ERRORS = {
     405: "Method not allowed",
     413: "Request body too large",
     415: "The body is not declared as JSON",
-    429: "The model's queue is full (`queue_full`)",
+    429: "The model's queue is full (`queue_full`), or the API key is over its requests or "
+    "tokens per minute or its queued tokens (`rate_limit_exceeded`; README, Security and limits)",
     500: "The worker failed while generating",
     503: "Redis is unreachable (`backend_unavailable`)",
     529: "Overloaded: the model's queue is full, or the job was not started by its deadline "
@@ -78,8 +81,24 @@ READ_ERRORS = (401, 404, 405, 503)
 # Stored resources: an id or query that is not well-formed is a 400.
 RESOURCE_ERRORS = (400, 401, 404, 405, 503)
 LIST_ERRORS = (400, 401, 405, 503)
-# Anthropic's Messages API: its error body, and 529 where OpenAI's routes answer 429.
-MESSAGE_ERRORS = (400, 401, 404, 405, 413, 415, 500, 503, 529)
+# Anthropic's Messages API: its error body, and 529 where OpenAI's routes answer a full queue.
+MESSAGE_ERRORS = (400, 401, 404, 405, 413, 415, 429, 500, 503, 529)
+# The headers of api/queue/rate_limits.py: the per-minute state on every answer to a key with
+# such limits, and when to retry on a 429.
+RATE_LIMIT_STATE = {
+    f"x-ratelimit-{part}-{kind}": what.format(kind=kind)
+    for kind in ("requests", "tokens")
+    for part, what in (
+        ("limit", "The key's {kind} per minute"),
+        ("remaining", "The {kind} left in the key's bucket"),
+        ("reset", "Until the {kind} bucket is full again (`1s`, `6m0s`, `20ms`)"),
+    )
+}
+RETRY = {
+    "Retry-After": "Seconds until the request would be admitted",
+    "retry-after-ms": "The same in milliseconds (rate limits)",
+    "x-should-retry": "`false`: the request alone is over a limit and no wait helps",
+}
 
 
 @dataclass(frozen=True)
@@ -199,7 +218,7 @@ ROUTES = [
           MessagesInput, errors=(400, 401, 404, 405, 413, 415, 503),
           parameters=[ANTHROPIC_VERSION], error_body=AnthropicErrorBody),
     Route("post", "/v1/messages/batches", "Create a message batch (Anthropic's)", MessageBatch,
-          MessageBatchCreate, errors=(400, 401, 405, 413, 415, 503),
+          MessageBatchCreate, errors=(400, 401, 405, 413, 415, 429, 503),
           parameters=[ANTHROPIC_VERSION], error_body=AnthropicErrorBody),
     Route("get", "/v1/messages/batches", "List message batches, newest first",
           MessageBatchList, errors=LIST_ERRORS, error_body=AnthropicErrorBody,
@@ -260,13 +279,28 @@ def _responses(route: Route) -> dict[str, OpenAPIResponse]:
         content["text/event-stream"] = MediaType(
             media_type_schema=_sse_event(route.chunk, route.error_body)
         )
-    responses = {"200": OpenAPIResponse(description="OK", content=content)}
+    limited = 429 in route.errors
+    responses = {
+        "200": OpenAPIResponse(
+            description="OK",
+            content=content,
+            headers=_headers(RATE_LIMIT_STATE) if limited else None,
+        )
+    }
     for status in route.errors:
         responses[str(status)] = OpenAPIResponse(
             description=ERRORS[status],
             content=_json(PydanticSchema(schema_class=route.error_body)),
+            headers=_headers({**RETRY, **RATE_LIMIT_STATE}) if status == 429 else None,
         )
     return responses
+
+
+def _headers(described: dict[str, str]) -> dict[str, Header | Reference]:
+    return {
+        name: Header.model_validate({"description": what, "schema": {"type": "string"}})
+        for name, what in described.items()
+    }
 
 
 def _operation(route: Route) -> Operation:

@@ -31,13 +31,16 @@ from rq.serializers import JSONSerializer
 
 from api.http.auth import is_owner
 from api.queue.broker import Broker
+from api.queue.rate_limits import hold_batch, release_hold
 from api.stores.batch_intake import take_in
 from api.stores.files import FileStore
 from api.stores.listing import page
+from shared.queue import queued_tokens
 from shared.wire.batches import (
     COMPLETION_WINDOW_S,
     Batch,
     BatchCreateRequest,
+    BatchError,
     BatchErrors,
     BatchList,
     BatchListQuery,
@@ -114,6 +117,16 @@ class BatchStore:
             fields.update(status="failed", failed_at=now, errors=errors)
             self._write(stored, owner, fields, [], {})
             return self.view(owner, stored.id)
+        over = hold_batch(stored.id, intake.jobs, stored.expires_at)
+        if over is not None and refuse:
+            raise over
+        if over is not None:  # as OpenAI: the batch fails with `token_limit_exceeded`
+            error = BatchError(code="token_limit_exceeded", line=None, message=over.message)
+            fields.update(
+                status="failed", failed_at=now, errors=BatchErrors(data=[error]).model_dump_json()
+            )
+            self._write(stored, owner, fields, [], {})
+            return self.view(owner, stored.id)
         fields.update(
             status="in_progress",
             in_progress_at=now,
@@ -128,6 +141,7 @@ class BatchStore:
             self._move(
                 keys=[self._keys.batch(stored.id)], args=["in_progress", "failed", "failed", now]
             )
+            release_hold(stored.id)
             raise err
         return self.view(owner, stored.id)
 
@@ -214,6 +228,7 @@ class BatchStore:
         now = int(time.time())
         if self._move(keys=[key], args=["in_progress", "cancelling", "cancelled", now]):
             self._stop_running_lines(stored)
+            release_hold(batch_id)  # its queued lines are skipped: none gives its share back
         return self.view(owner, batch_id, settle=False)
 
     def delete(self, owner: str, batch_id: str) -> Batch:
@@ -311,4 +326,5 @@ class BatchStore:
         pipe.hset(self._keys.batch(stored.id), mapping=fields)
         pipe.expire(self._keys.batch(stored.id), self._settings.batch_ttl_s)
         pipe.delete(self._keys.batch_results(stored.id), self._keys.batch_lines(stored.id))
+        queued_tokens.release(pipe, self._keys, owner, stored.id)  # what lines did not give back
         pipe.execute()

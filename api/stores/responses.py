@@ -20,6 +20,7 @@ from rq.serializers import JSONSerializer
 
 from api.http.auth import is_owner
 from api.queue.broker import Broker
+from api.queue.rate_limits import release_hold
 from shared.wire.errors import NotFoundError
 from shared.wire.events import Event, RequeuedEvent, decode_event
 from shared.wire.response_state import JobView, Progress, derive
@@ -109,6 +110,7 @@ class ResponseStore:
         queue = self._broker.queue(stored.request.model, "background")
         if queue.remove(stored.id):
             Job(stored.id, connection=self._redis, serializer=JSONSerializer).delete()
+            release_hold(stored.id)  # no worker will end it (a running one gives them back)
 
     def cancel_unless_final(self, owner: str, response_id: str) -> ResponseObject:
         stored, cancelled = self.load(owner, response_id)

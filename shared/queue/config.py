@@ -24,24 +24,33 @@ def _default_redis_dir() -> Path:
     return Path(data_home) / "mlxq" / "redis"
 
 
-# A limit at the end of an MLXQ_API_KEYS entry: `sk-key:rpm=60:tpm=40000`.
-_KEY_LIMIT = re.compile(r":(rpm|tpm)=([0-9]+)$")
+# A limit at the end of an MLXQ_API_KEYS entry: `sk-key:rpm=60:tpm=40000:queued=90000`.
+_KEY_LIMIT = re.compile(r":(rpm|tpm|queued)=([0-9]+)$")
 
 
 class KeyLimits(BaseModel):
-    """Requests and tokens per minute of one API key (api/queue/rate_limits.py); None: none."""
+    """The limits of one API key (api/queue/rate_limits.py); None: none. Requests and tokens per
+    minute, and `queued`: the most tokens its accepted but unfinished jobs may hold at once
+    (OpenAI's batch queue limit, here over every lane: shared/queue/queued_tokens.py)."""
 
     model_config = ConfigDict(frozen=True)
 
     rpm: int | None = Field(default=None, ge=1)
     tpm: int | None = Field(default=None, ge=1)
+    queued: int | None = Field(default=None, ge=1)
+
+    @property
+    def per_minute(self) -> bool:
+        """Whether the key has requests or tokens per minute (and so the x-ratelimit headers)."""
+        return self.rpm is not None or self.tpm is not None
 
     def __bool__(self) -> bool:
-        return self.rpm is not None or self.tpm is not None
+        return self.per_minute or self.queued is not None
 
 
 class ApiKey(BaseModel):
-    """One entry of MLXQ_API_KEYS: a key, and its limits after it (`:rpm=N`, `:tpm=N`)."""
+    """One entry of MLXQ_API_KEYS: a key, and its limits after it (`:rpm=N`, `:tpm=N`,
+    `:queued=N`, in any order)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -145,7 +154,7 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     # API keys (comma-separated in MLXQ_API_KEYS, each maybe with its limits:
-    # `key:rpm=60:tpm=40000`); none: no auth, and loopback only (api/http/auth.py).
+    # `key:rpm=60:tpm=40000:queued=90000`); none: no auth, and loopback only (api/http/auth.py).
     api_keys: Annotated[tuple[ApiKey, ...], NoDecode] = ()
 
     @field_validator("log_level", mode="before")

@@ -78,6 +78,9 @@ class GenerationJob(BaseModel):
     share: str | None = None
     priority: int = 0
     lane: Lane = "interactive"
+    # The tokens it holds of its key's queued-token limit until it ends
+    # (shared/queue/queued_tokens.py); None: its key has no such limit.
+    queued_tokens: int | None = None
     # The API process waiting on its events (their channel is keys.py `reply`); None: nobody
     # waits live, and they go on the job's own channel.
     reply_to: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
@@ -120,6 +123,7 @@ class EmbeddingJob(BaseModel):
     share: str | None = None
     priority: int = 0
     lane: Lane = "interactive"
+    queued_tokens: int | None = None
     reply_to: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
     trace: str | None = None
 

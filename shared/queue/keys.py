@@ -64,6 +64,11 @@ Layout under the namespace `ns` (default "mlxq"):
     {ns}:batches:{owner}        zset  the owner's batch ids -> created_at
     {ns}:ratelimit:{owner}      hash  an API key's rate-limit buckets (api/queue/rate_limits.py):
                                 requests and tokens left, and when (Redis ms); TTL 60 s
+    {ns}:queued:{owner}         hash  what an API key with a queued-token limit holds
+                                (shared/queue/queued_tokens.py): job id (or batch id) -> its
+                                tokens; released when the job ends, the batch's per line
+    {ns}:queued_until:{owner}   zset  the same entries -> when (Redis ms) each must have ended,
+                                past which admission drops it (a lost release)
     {ns}:written:{api_id}       string  written by an API process right before WAIT, so that the
                                 WAIT covers every earlier write (api/stores/replicas.py)
     {ns}:idempotency:{owner}:{digest}  string  an Idempotency-Key of the owner (its SHA-256): the
@@ -242,6 +247,12 @@ class Keys:
 
     def rate_limit(self, owner: str) -> str:
         return f"{self.ns}:ratelimit:{_id(owner)}"
+
+    def queued_tokens(self, owner: str) -> str:
+        return f"{self.ns}:queued:{_id(owner)}"
+
+    def queued_until(self, owner: str) -> str:
+        return f"{self.ns}:queued_until:{_id(owner)}"
 
     def written(self, api_id: str) -> str:
         return f"{self.ns}:written:{_id(api_id)}"

@@ -7,6 +7,7 @@ import re
 import pytest
 from flask import Blueprint, Flask, Response, jsonify
 from flask.testing import FlaskClient
+from pydantic import ValidationError
 from redis import Redis
 
 from api import create_app
@@ -160,10 +161,21 @@ def test_keys_are_secret_in_settings() -> None:
 
 
 def test_a_key_entry_may_end_in_its_limits_and_a_key_may_hold_colons() -> None:
-    settings = Settings(api_keys="sk-a:rpm=60:tpm=40000, sk-b:tpm=9, sk:c")
+    settings = Settings(
+        api_keys="sk-a:rpm=60:tpm=40000, sk-b:tpm=9, sk:c, sk-d:queued=90000:rpm=5, sk-e:queued=7"
+    )
     limits = [(key.key.get_secret_value(), key.limits) for key in settings.api_keys]
     assert limits == [
         ("sk-a", KeyLimits(rpm=60, tpm=40000)),
         ("sk-b", KeyLimits(tpm=9)),
         ("sk:c", KeyLimits()),
+        ("sk-d", KeyLimits(rpm=5, queued=90000)),
+        ("sk-e", KeyLimits(queued=7)),
     ]
+    assert [bool(key.limits) for key in settings.api_keys] == [True, True, False, True, True]
+    assert not KeyLimits(queued=7).per_minute  # no x-ratelimit headers, no bucket to peek
+
+
+def test_a_limit_of_zero_is_refused_at_start() -> None:
+    with pytest.raises(ValidationError):
+        Settings(api_keys="sk-a:queued=0")

@@ -97,3 +97,13 @@ def test_the_document_is_public_and_generated_from_the_models(fuzzed_app: Flask)
     assert request["properties"]["messages"]["maxItems"] == 2048
     assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     assert document["paths"]["/health"]["get"]["security"] == []
+
+
+def test_the_429s_state_the_rate_limit_headers_and_so_do_those_routes_answers() -> None:
+    paths: Any = document()["paths"]
+    chat = paths["/v1/chat/completions"]["post"]["responses"]
+    assert {"Retry-After", "retry-after-ms", "x-should-retry"} <= set(chat["429"]["headers"])
+    assert "rate_limit_exceeded" in chat["429"]["description"]
+    assert "x-ratelimit-remaining-tokens" in chat["200"]["headers"]
+    assert "Retry-After" in paths["/v1/messages"]["post"]["responses"]["429"]["headers"]
+    assert "headers" not in paths["/v1/files"]["get"]["responses"]["200"]  # no 429 stated there

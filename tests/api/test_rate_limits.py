@@ -3,11 +3,14 @@ limiter on the namespace as by every API process; OpenAI's headers and error on 
 
 from __future__ import annotations
 
+import time
+
 from flask import Flask
 from redis import Redis
 
 from api import create_app
-from api.queue.rate_limits import TOO_LARGE, RateLimiter, duration, refusal
+from api.queue.rate_limits import TOO_LARGE, Hold, RateLimiter, duration, refusal
+from shared.queue import queued_tokens
 from shared.queue.config import KeyLimits, Settings
 from shared.queue.keys import Keys
 from tests.support import MESSAGES, assert_openai_error
@@ -34,7 +37,7 @@ def test_two_limiters_share_a_keys_buckets_and_a_burst_gets_exactly_the_limit(
     keys = Keys(app_settings.namespace)
     first, second = RateLimiter(redis, keys), RateLimiter(redis, keys)
     limits = KeyLimits(rpm=5)
-    waits = [(first if i % 2 else second).take("alice", limits, 0)[1] for i in range(8)]
+    waits = [(first if i % 2 else second).take("alice", limits, 0).wait_ms for i in range(8)]
     assert waits[:5] == [0] * 5
     assert all(5_000 < wait <= 12_000 for wait in waits[5:])  # one request per 12 s comes back
     assert first.peek("bob", limits).requests == 5  # another key's buckets are its own
@@ -46,14 +49,50 @@ def test_tokens_are_taken_only_with_the_request_and_a_request_over_the_limit_nev
 ) -> None:
     limiter = RateLimiter(redis, Keys(app_settings.namespace))
     limits = KeyLimits(rpm=100, tpm=1000)
-    assert limiter.take("carol", limits, 600)[1] == 0
-    buckets, wait = limiter.take("carol", limits, 600)
-    assert wait > 0 and 399 < buckets.tokens < 410 and 98 < buckets.requests < 99.1
-    buckets, wait = limiter.take("carol", limits, 1001)
-    assert wait == TOO_LARGE
-    refused = refusal(limits, buckets, 1001, wait)
+    assert limiter.take("carol", limits, 600).wait_ms == 0
+    verdict = limiter.take("carol", limits, 600)
+    buckets = verdict.buckets
+    assert verdict.wait_ms > 0 and 399 < buckets.tokens < 410 and 98 < buckets.requests < 99.1
+    verdict = limiter.take("carol", limits, 1001)
+    assert verdict.wait_ms == TOO_LARGE
+    refused = refusal(limits, verdict, 1001)
     assert (refused.status, refused.type, refused.code) == (429, "tokens", "rate_limit_exceeded")
     assert refused.headers() == {"x-should-retry": "false"}
+
+
+def test_queued_tokens_are_held_by_their_entry_until_released_or_past_their_deadline(
+    redis: Redis, app_settings: Settings
+) -> None:
+    keys = Keys(app_settings.namespace)
+    first, second = RateLimiter(redis, keys), RateLimiter(redis, keys)
+    limits = KeyLimits(queued=1000)
+    hour = 3_600_000
+    assert first.take("dave", limits, 600, Hold("job-a", hour)).taken
+    refused = second.take("dave", limits, 600, Hold("job-b", hour))
+    assert (refused.taken, refused.wait_ms, refused.queued, refused.queued_full) == (
+        False,
+        0,
+        600,
+        1,
+    )
+    assert second.take("erin", limits, 600, Hold("job-c", hour)).taken  # another key's own
+    assert first.take("dave", limits, 1001, Hold("job-d", hour)).queued_full == TOO_LARGE
+    pipe = redis.pipeline()
+    queued_tokens.release(pipe, keys, "dave", "job-a")
+    pipe.execute()
+    assert second.take("dave", limits, 600, Hold("job-b", 50)).queued == 600
+    time.sleep(0.1)  # job-b's release was lost: past its deadline, admission drops it
+    assert first.take("dave", limits, 1000, Hold("job-e", hour)).queued == 1000
+
+
+def test_a_key_with_only_a_queued_limit_takes_nothing_per_minute(
+    redis: Redis, app_settings: Settings
+) -> None:
+    keys = Keys(app_settings.namespace)
+    verdict = RateLimiter(redis, keys).take("frank", KeyLimits(queued=10), 5, Hold("job", 60_000))
+    assert verdict.taken and verdict.queued == 5
+    assert not redis.exists(keys.rate_limit("frank"))
+    assert 0 < redis.pttl(keys.queued_tokens("frank")) <= 60_000  # gone with its last entry
 
 
 def _limited_app(app_settings: Settings, entry: str) -> Flask:

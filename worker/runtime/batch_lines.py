@@ -22,6 +22,7 @@ from typing import Any
 
 from redis import Redis
 
+from shared.queue import queued_tokens
 from shared.queue.jobs import GenerationJob, JobOutcome
 from shared.queue.keys import Keys
 from shared.wire.answers import Transcripts
@@ -38,14 +39,19 @@ from shared.wire.events import (
 
 log = logging.getLogger(__name__)
 
-_RECORD = """
+# With KEYS[3], KEYS[4] (its key has a queued-token limit), the line's tokens leave its batch's
+# hold once its answer is written (shared/queue/queued_tokens.py).
+_RECORD = (
+    """
 if redis.call('HGET', KEYS[1], 'status') ~= 'in_progress' then return 0 end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], ARGV[3], 1)
 redis.call('HINCRBY', KEYS[1], 'input_tokens', ARGV[4])
 redis.call('HINCRBY', KEYS[1], 'output_tokens', ARGV[5])
-return 1
 """
+    + queued_tokens.LINE_RELEASE
+    + "return 1"
+)
 SKIPPED = JobOutcome(finish_reason="skipped", prompt_tokens=0, completion_tokens=0)
 FAILED = JobOutcome(finish_reason="error", prompt_tokens=0, completion_tokens=0)
 
@@ -78,7 +84,7 @@ class BatchLines:
             log.exception("batch line %s failed on its last try", job.job_id)
             outcome, result = FAILED, server_error(line.custom_id)
         if result is not None:
-            self.record(line, result)
+            self.record(job, result)
         return outcome
 
     def result_of(self, job_id: str, line: BatchLine) -> LineResult | None:
@@ -106,20 +112,23 @@ class BatchLines:
                     return LineResult.failed(line.custom_id, status, ErrorBody(error=error))
         return None
 
-    def record(self, line: BatchLine, result: LineResult) -> bool:
+    def record(self, job: GenerationJob, result: LineResult) -> bool:
         """Record the line's answer unless it has one or the batch no longer runs."""
+        line = job.batch_line
+        assert line is not None
         counter = "completed" if result.part == "output" else "failed"
-        written = self._record(
-            keys=[self._keys.batch(line.batch_id), self._keys.batch_results(line.batch_id)],
-            args=[
-                line.index,
-                result.model_dump_json(),
-                counter,
-                result.input_tokens,
-                result.output_tokens,
-            ],
-        )
-        return bool(written)
+        keys = [self._keys.batch(line.batch_id), self._keys.batch_results(line.batch_id)]
+        args: list[str | int] = [
+            line.index,
+            result.model_dump_json(),
+            counter,
+            result.input_tokens,
+            result.output_tokens,
+        ]
+        if job.queued_tokens is not None and job.owner is not None:
+            keys += queued_tokens.hold_keys(self._keys, job.owner)
+            args += [line.batch_id, job.queued_tokens]
+        return bool(self._record(keys=keys, args=args))
 
 
 def server_error(custom_id: str, message: str = "The server had an internal error.") -> LineResult:

@@ -8,7 +8,8 @@ run (`queue_timeout`), and one that runs past its run limit is ended by the slot
 waits on it anyway: "length" (a normal end, finish_reason "length") or "error".
 A batch line's extra work (skip if its batch stopped, record its answer) is
 worker/runtime/batch_lines.py. Once a job has ended, however it ended, its figures go to the
-fleet's metrics and recent jobs in one pipeline (shared/observe/metrics.py), off the per-token path.
+fleet's metrics and recent jobs in one pipeline (shared/observe/metrics.py), off the per-token path,
+which also gives back its key's queued tokens (shared/queue/queued_tokens.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rq.job import Job
 from shared.observe import tracing
 from shared.observe.logs import log_event
 from shared.observe.metrics import JobRecord, record_job
+from shared.queue import queued_tokens
 from shared.queue.jobs import GenerationJob, JobOutcome, QueuedJob
 from shared.queue.keys import Keys, is_valid_id
 from shared.wire.completions import Usage
@@ -148,6 +150,7 @@ def report(
     tracing.job_spans(job, times, usage, record.finish_reason)
     pipe = redis.pipeline(transaction=False)
     record_job(pipe, keys, record)
+    queued_tokens.release_job(pipe, keys, job)
     try:
         pipe.execute()
     except RedisError as err:

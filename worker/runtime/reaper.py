@@ -56,6 +56,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker as RQWorker
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
+from shared.queue import queued_tokens
 from shared.queue.jobs import (
     EMBEDDING_JOB_FUNCTION,
     EmbeddingJob,
@@ -315,6 +316,9 @@ class Reaper:
         err = WorkerLostError(f"The worker running this job was lost: {why}.")
         record_job_failure(job, err.message, pipe)
         self._announce(pipe, job, ErrorEvent.from_error(err), reset=False)
+        queued = _queued(job)
+        if queued is not None:  # its key's queued tokens (shared/queue/queued_tokens.py)
+            queued_tokens.release_job(pipe, self._keys, queued)
         log.warning("failed job %s: %s", s.job_id, why)
         return True
 
@@ -322,11 +326,12 @@ class Reaper:
         """A failed batch line still gets its answer: a 500 error line in its batch."""
         generation = _generation(job)
         line = generation.batch_line if generation is not None else None
-        if line is not None:
+        if generation is not None and line is not None:
             message = (
                 f"The worker running this request was lost and it could not be retried: {why}."
             )
-            BatchLines(self._redis, self._keys).record(line, server_error(line.custom_id, message))
+            result = server_error(line.custom_id, message)
+            BatchLines(self._redis, self._keys).record(generation, result)
 
     def _announce(self, pipe: Pipeline, job: Job, event: Event, *, reset: bool) -> None:
         """Queue the event on `pipe`: the replay log if the job keeps one (reset first if

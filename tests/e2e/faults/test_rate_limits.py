@@ -1,34 +1,106 @@
 """Per-key rate limits across two API processes on one Redis (api/queue/rate_limits.py): keys
 with different limits; a burst at a key's limit, spread over both processes, gets exactly the
 limit; both processes state the same buckets; tokens are counted at admission as the prompt's
-tokens plus max_tokens."""
+tokens plus max_tokens. Queued tokens (shared/queue/queued_tokens.py), on a synthetic worker of
+its own (the generation's content does not matter, its length does): held while a job is queued
+or running, given back when it ends or is cancelled, a batch's by its lines; per key."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
+import openai
 import pytest
 
-from tests.support import MESSAGES, MODEL
-from worker.ops.cluster import Cluster
+from api.http.auth import owner_of_key
+from tests.support import MESSAGES, MODEL, chat_line, start_batch, wait_batch
+from worker.ops.cluster import Cluster, wait_until
 
 SLOW, OTHER, TOKENS = "sk-slow", "sk-other", "sk-tokens"
-KEYS = f"{SLOW}:rpm=5,{OTHER}:rpm=10,{TOKENS}:tpm=500"
+# Each synthetic request below asks at least its max tokens: two of 200 never fit in 300.
+QUEUED, QUEUED_TOO = "sk-queued", "sk-queued-too"
+LIMIT = 300
+KEYS = ",".join(
+    [f"{SLOW}:rpm=5", f"{OTHER}:rpm=10", f"{TOKENS}:tpm=500"]
+    + [f"{key}:queued={LIMIT}" for key in (QUEUED, QUEUED_TOO)]
+)
 CHAT = "/v1/chat/completions"
+SYNTHETIC = "synthetic"
+STEP_S = 0.02  # a synthetic job of 200 tokens runs 4 s
 
 
 @pytest.fixture(scope="module")
-def apis(start_cluster: Callable[..., Cluster]) -> list[str]:
-    cluster = start_cluster(env={"MLXQ_API_KEYS": KEYS, "MLXQ_BATCH_SIZE": "8"})
+def cluster(start_cluster: Callable[..., Cluster]) -> Cluster:
+    return start_cluster(env={"MLXQ_API_KEYS": KEYS, "MLXQ_BATCH_SIZE": "8"})
+
+
+@pytest.fixture(scope="module")
+def apis(cluster: Cluster) -> list[str]:
     return [cluster.api_url, cluster.start_api()]
 
 
-def _chat(api: str, key: str, max_tokens: int = 1) -> httpx.Response:
-    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0}
+@pytest.fixture(scope="module")
+def synthetic(cluster: Cluster, apis: list[str]) -> list[str]:
+    """The APIs, with a synthetic worker serving SYNTHETIC beside the real one."""
+    cluster.start_worker(
+        MLXQ_ENGINE="synthetic", MLXQ_MODEL=SYNTHETIC, MLXQ_SYNTHETIC_STEP_S=str(STEP_S)
+    )
+    return apis
+
+
+@pytest.fixture
+def settled(cluster: Cluster, synthetic: list[str]) -> list[str]:
+    """The APIs, once the queued keys hold nothing (a previous test's last job has ended)."""
+    wait_until(lambda: _held(cluster, QUEUED) == _held(cluster, QUEUED_TOO) == 0, 10, "release")
+    return synthetic
+
+
+def _held(cluster: Cluster, key: str) -> int:
+    entries: Any = cluster.redis().hvals(cluster.keys.queued_tokens(owner_of_key(key)))
+    return sum(int(tokens) for tokens in entries)
+
+
+def _answered(cluster: Cluster, batch_id: str) -> int:
+    """The batch's lines answered so far, as the workers count them (reading nothing through the
+    API, which would settle the batch)."""
+    count: Any = cluster.redis().hget(cluster.keys.batch(batch_id), "completed")
+    return int(count or 0)
+
+
+def _chat(api: str, key: str, max_tokens: int = 1, model: str = MODEL) -> httpx.Response:
+    body = {"model": model, "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0}
     auth = {"Authorization": f"Bearer {key}"}
     return httpx.post(f"{api}{CHAT}", json=body, headers=auth, timeout=120)
+
+
+def _background(api: str, key: str, max_output_tokens: int) -> str:
+    body = {
+        "model": SYNTHETIC,
+        "input": "hi",
+        "background": True,
+        "max_output_tokens": max_output_tokens,
+    }
+    answer = httpx.post(
+        f"{api}/v1/responses", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
+    assert answer.status_code == 200, answer.text
+    response_id: str = answer.json()["id"]
+    return response_id
+
+
+def _status(api: str, key: str, response_id: str) -> str:
+    auth = {"Authorization": f"Bearer {key}"}
+    answer = httpx.get(f"{api}/v1/responses/{response_id}", headers=auth, timeout=30)
+    status: str = answer.json()["status"]
+    return status
+
+
+def _client(api: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0)
 
 
 def _state(api: str, key: str) -> dict[str, str]:
@@ -83,3 +155,95 @@ def test_tokens_are_the_counted_prompt_plus_max_tokens(apis: list[str]) -> None:
     assert third.status_code == 429
     assert third.json()["error"]["type"] == "tokens"
     assert int(third.headers["Retry-After"]) >= 1
+
+
+def test_a_key_at_its_queued_limit_waits_for_its_jobs_to_end_and_another_key_does_not(
+    settled: list[str], cluster: Cluster
+) -> None:
+    running = _background(settled[0], QUEUED, 200)
+    refused = _chat(settled[1], QUEUED, 200, SYNTHETIC)  # the other API process: fleet-wide
+    assert refused.status_code == 429, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["type"]) == ("rate_limit_exceeded", "queued_tokens")
+    assert f"Limit {LIMIT}" in error["message"]
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert not [h for h in refused.headers if h.startswith("x-ratelimit")]  # OpenAI has none
+    assert _status(settled[0], QUEUED, running) in ("queued", "in_progress")
+    assert _chat(settled[1], QUEUED_TOO, 200, SYNTHETIC).status_code == 200
+    ended = ("completed", "incomplete")  # incomplete: it ran to its max_output_tokens
+    wait_until(lambda: _status(settled[1], QUEUED, running) in ended, 60, "the response")
+    wait_until(lambda: _held(cluster, QUEUED) == 0, 5, "its tokens given back")
+    assert _chat(settled[0], QUEUED, 200, SYNTHETIC).status_code == 200
+
+
+def test_a_cancelled_job_gives_its_tokens_back_at_once(
+    settled: list[str], cluster: Cluster
+) -> None:
+    running = _background(settled[0], QUEUED, 250)  # 5 s if it ran to its end
+    assert _chat(settled[1], QUEUED, 100, SYNTHETIC).status_code == 429
+    auth = {"Authorization": f"Bearer {QUEUED}"}
+    cancel = httpx.post(f"{settled[1]}/v1/responses/{running}/cancel", headers=auth, timeout=30)
+    assert cancel.json()["status"] == "cancelled"
+    started = time.monotonic()
+    wait_until(lambda: _held(cluster, QUEUED) == 0, 2, "the cancelled job's tokens")
+    assert time.monotonic() - started < 2
+    assert _chat(settled[0], QUEUED, 100, SYNTHETIC).status_code == 200
+
+
+def test_a_batch_holds_its_lines_tokens_until_they_are_answered(
+    settled: list[str], cluster: Cluster
+) -> None:
+    client = _client(settled[0], QUEUED)
+    lines = [chat_line(f"l{i}", "hi", model=SYNTHETIC, max_tokens=100) for i in range(2)]
+    batch = start_batch(client, lines)
+    assert batch.status == "in_progress"
+    assert 200 < _held(cluster, QUEUED) < LIMIT
+    assert _chat(settled[1], QUEUED, 200, SYNTHETIC).status_code == 429
+    # Each line gives its share back as its answer is recorded, before anyone reads the batch
+    # (reading it would finalize it, which drops whatever is left).
+    wait_until(lambda: _answered(cluster, batch.id) == 2, 60, "both lines answered")
+    assert _held(cluster, QUEUED) == 0
+    assert _chat(settled[1], QUEUED, 200, SYNTHETIC).status_code == 200
+    assert wait_batch(client, batch.id).status == "completed"
+
+
+def test_a_batch_over_the_room_left_or_the_limit_fails_as_openai_fails_it(
+    settled: list[str], cluster: Cluster
+) -> None:
+    client = _client(settled[0], QUEUED)
+    huge = [chat_line(f"l{i}", "hi", model=SYNTHETIC, max_tokens=200) for i in range(2)]
+    batch = start_batch(client, huge)
+    assert batch.status == "failed" and batch.errors is not None and batch.errors.data
+    error = batch.errors.data[0]
+    assert error.code == "token_limit_exceeded" and "can never run" in (error.message or "")
+    running = _background(settled[1], QUEUED, 200)
+    late = start_batch(client, [chat_line("l", "hi", model=SYNTHETIC, max_tokens=150)])
+    assert late.status == "failed" and late.errors is not None and late.errors.data
+    assert late.errors.data[0].code == "token_limit_exceeded"
+    assert "Enqueued token limit reached" in (late.errors.data[0].message or "")
+    assert _status(settled[1], QUEUED, running) in ("queued", "in_progress")
+
+
+def test_an_anthropic_message_batch_over_the_limit_is_anthropics_429(settled: list[str]) -> None:
+    request = {"model": SYNTHETIC, "max_tokens": 200, "messages": MESSAGES}
+    body = {"requests": [{"custom_id": f"r{i}", "params": request} for i in range(2)]}
+    answer = httpx.post(
+        f"{settled[0]}/v1/messages/batches", json=body, headers={"x-api-key": QUEUED}, timeout=30
+    )
+    assert answer.status_code == 429, answer.text
+    assert answer.json()["type"] == "error"
+    assert answer.json()["error"]["type"] == "rate_limit_error"
+    assert answer.headers["x-should-retry"] == "false"
+
+
+def test_a_batch_line_over_the_context_window_holds_only_its_prompt_and_fails_alone(
+    settled: list[str], cluster: Cluster
+) -> None:
+    client = _client(settled[0], QUEUED)
+    lines = [chat_line("too-long", "hi", max_tokens=100_000), chat_line("fine", "hi", max_tokens=1)]
+    batch = start_batch(client, lines)  # the real model's window: 100000 tokens never fit
+    assert batch.status == "in_progress"
+    ended = wait_batch(client, batch.id)
+    assert ended.status == "completed" and ended.request_counts is not None
+    assert (ended.request_counts.completed, ended.request_counts.failed) == (1, 1)
+    assert _held(cluster, QUEUED) == 0
