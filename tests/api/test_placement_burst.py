@@ -73,9 +73,7 @@ def test_a_burst_read_side_by_side_places_no_more_on_the_holder_than_the_rule_al
     assert redis.hlen(keys.job_blocks(MODEL)) == len(burst)
 
 
-def test_a_burst_on_a_one_worker_fleet_is_placed_up_to_its_slots(
-    redis: Redis, keys: Keys
-) -> None:
+def test_a_burst_on_a_one_worker_fleet_is_placed_up_to_its_slots(redis: Redis, keys: Keys) -> None:
     worker(redis, keys, "only", PROMPT)
     placement = Placement(redis, keys, wait_s=2.0, prefill_s_per_token=0.0044)
     hashes = block_hashes(PROMPT)
