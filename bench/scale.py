@@ -109,11 +109,7 @@ def run_level(workers: int, args: Any) -> Row:
     }
     cluster = Cluster(namespace="scale", heartbeat_s=2.0, model=MODEL, env=env)
     try:
-        cluster.start_redis()
-        cluster.start_api()  # first: many workers starting at once would starve its start
-        pending = [cluster.start_worker(wait=False) for _ in range(workers)]
-        for worker in pending:
-            cluster.wait_for_worker(worker)
+        cluster.start_api_first(workers)
         return measure(cluster, workers, args.slots, args.tokens)
     finally:
         cluster.stop()

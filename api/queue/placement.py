@@ -13,7 +13,11 @@ hold now, its `{ns}:taking:{worker}` list, which is exact where a report is a he
 the jobs already placed on it and not yet taken). Otherwise, when another worker
 has a free slot, the job is not placed: any free slot takes it, as without placement. When no
 worker has one, the job is placed on the holder, since waiting for it costs no more than waiting
-for any other. Either way no job waits for its worker longer than the prefill
+for any other. The record is written by a script that counts the holder's jobs again
+(`_PLACE`): requests that arrive together are read side by side (one API process serves them
+concurrently, and several processes may), so each would see the holder as it was before any of
+them was placed; the script places each only while the holder still has room by the rule, and
+leaves the rest to any worker. Either way no job waits for its worker longer than the prefill
 its cache would save (matched tokens x `prefill_s_per_token`), capped at `placement_wait_s`; after
 that any worker takes it, so a dead or wedged worker holds nothing up for long.
 """
@@ -37,6 +41,31 @@ MAX_IMBALANCE = 4
 Outcome = Literal["placed", "busy", "cold"]
 # Placement hashes live this long after their last write; entries go when their job is taken.
 _HASH_TTL_S = 86400
+
+# KEYS: the model's job-blocks hash, its placement hash, its metrics hash, the chosen worker's
+# taking list. ARGV: job id, its block hashes, hash TTL (s), the chosen worker ('' for none), its
+# record, the most jobs that worker may hold for the choice to stand (-1: no bound), 1 when the
+# holder was already found busy. Returns 1 when the job was placed.
+_PLACE = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+local worker, limit, busy = ARGV[4], tonumber(ARGV[6]), ARGV[7] == '1'
+if worker ~= '' and limit >= 0 then
+  local held = redis.call('LLEN', KEYS[4])
+  local prefix = worker .. '|'
+  for _, record in ipairs(redis.call('HVALS', KEYS[2])) do
+    if string.sub(record, 1, #prefix) == prefix then held = held + 1 end
+  end
+  if held > limit then worker, busy = '', true end
+end
+if worker ~= '' then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[5])
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+  return 1
+end
+if busy then redis.call('HINCRBY', KEYS[3], 'placement_overridden_busy', 1) end
+return 0
+"""
 
 
 @dataclass(frozen=True)
@@ -63,11 +92,18 @@ def choose(candidates: list[Candidate]) -> Choice:
     best = max(candidates, key=lambda c: (c.matched_tokens, c.free_slots))
     if best.matched_tokens == 0:
         return Choice(None, 0, "cold")
-    least = min(c.used_slots for c in candidates)
-    crowded = best.free_slots <= 0 or best.used_slots - least > MAX_IMBALANCE
-    if crowded and any(c.free_slots > 0 for c in candidates):
+    if hold_limit(best, candidates) < best.used_slots and any(c.free_slots > 0 for c in candidates):
         return Choice(None, best.matched_tokens, "busy")
     return Choice(best.worker_id, best.matched_tokens, "placed")
+
+
+def hold_limit(holder: Candidate, candidates: list[Candidate]) -> int:
+    """The most jobs the holder may run (or have placed on it) and still get one more: less
+    than its slots, and at most MAX_IMBALANCE more than the least loaded other live worker
+    (the holder itself being the least loaded is no imbalance, however many it runs)."""
+    slots = holder.free_slots + holder.used_slots
+    others = [c.used_slots for c in candidates if c.worker_id != holder.worker_id]
+    return min(slots - 1, min(others) + MAX_IMBALANCE) if others else slots - 1
 
 
 class Placement:
@@ -76,6 +112,7 @@ class Placement:
         self._keys = keys
         self._wait_s = wait_s
         self._prefill_s_per_token = prefill_s_per_token
+        self._place = redis.register_script(_PLACE)
 
     @property
     def enabled(self) -> bool:
@@ -90,8 +127,12 @@ class Placement:
         ordered = sorted(workers)
         now, candidates = self._read(job.model, ordered, hashes)
         choice = choose(candidates)
-        self._write(job, hashes, choice, now)
-        return choice
+        holder = next((c for c in candidates if c.worker_id == choice.worker_id), None)
+        # The bound stands where the holder had room; placed on a full fleet, it has none.
+        limit = -1 if holder is None or holder.free_slots <= 0 else hold_limit(holder, candidates)
+        if self._write(job, hashes, choice, now, limit):
+            return choice
+        return Choice(None, choice.matched_tokens, "busy" if choice.matched_tokens else "cold")
 
     def _read(
         self, model: str, workers: list[str], hashes: list[str]
@@ -113,20 +154,20 @@ class Placement:
         ]
         return seconds + micros / 1e6, candidates
 
-    def _write(self, job: GenerationJob, hashes: list[str], choice: Choice, now: float) -> None:
-        model, job_id = job.model, job.job_id
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.hset(self._keys.job_blocks(model), job_id, ",".join(hashes))
-        pipe.expire(self._keys.job_blocks(model), _HASH_TTL_S)
-        if choice.worker_id is not None:
-            saves_s = choice.matched_tokens * self._prefill_s_per_token
-            not_after = now + min(self._wait_s, saves_s)
-            record = f"{choice.worker_id}|{not_after:.3f}"
-            pipe.hset(self._keys.placement(model), job_id, record)
-            pipe.expire(self._keys.placement(model), _HASH_TTL_S)
-        if choice.outcome == "busy":
-            pipe.hincrby(self._keys.model_metrics(model), "placement_overridden_busy", 1)
-        pipe.execute()
+    def _write(
+        self, job: GenerationJob, hashes: list[str], choice: Choice, now: float, limit: int
+    ) -> bool:
+        """Write the job's hashes and, if the holder still has room (`_PLACE`), its record;
+        whether it was placed."""
+        model, worker = job.model, choice.worker_id or ""
+        saves_s = choice.matched_tokens * self._prefill_s_per_token
+        record = f"{worker}|{now + min(self._wait_s, saves_s):.3f}"
+        keys = [self._keys.job_blocks(model), self._keys.placement(model)]
+        keys += [self._keys.model_metrics(model), self._keys.taking(worker)]
+        busy = "1" if choice.outcome == "busy" else "0"
+        args: list[str | int] = [job.job_id, ",".join(hashes), _HASH_TTL_S, worker, record]
+        args += [limit, busy]
+        return bool(self._place(keys=keys, args=args))
 
     def forget(self, pipe: Any, job_id: str, model: str) -> None:
         """Queue on `pipe` the removal of a withdrawn job's records."""

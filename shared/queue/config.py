@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     # "mlx" runs the model; "synthetic" emits timestamp tokens (relay benchmarks only).
     engine: Literal["mlx", "synthetic"] = "mlx"
     synthetic_step_s: float = Field(default=0.05, gt=0)
+    # Above 0, the synthetic engine models prefill (worker/engine/synthetic_prefill.py): the
+    # served model's tokenizer, a prefix cache, and this many seconds per uncached prompt token.
+    synthetic_prefill_s_per_token: float = Field(default=0.0, ge=0)
     batch_size: int = Field(default=16, ge=1, le=1024)
     # An embedding worker: inputs encoded together in one forward, from any of its jobs.
     embed_batch: int = Field(default=64, ge=1, le=2048)

@@ -151,7 +151,11 @@ class PromptCounter:
         self._developer_role = knows_developer_role(spec.chat_template)
 
     def count_text(self, prompt: str) -> int:
-        return len(self._tokenizer.encode(prompt, add_special_tokens=True).ids)
+        return len(self.encode(prompt))
+
+    def encode(self, text: str, special_tokens: bool = True) -> list[int]:
+        """A text's token ids; `special_tokens`: with those the tokenizer adds around a prompt."""
+        return list(self._tokenizer.encode(text, add_special_tokens=special_tokens).ids)
 
     def render_chat(self, chat: ChatInput) -> str:
         if self._template is None:
@@ -180,15 +184,13 @@ class PromptCounter:
             chat = chat_input(
                 job.messages, job.tools, self._tools_in_template, self._developer_role
             )
-            rendered = self.render_chat(chat)
-            return list(self._tokenizer.encode(rendered, add_special_tokens=False).ids)
+            return self.encode(self.render_chat(chat), special_tokens=False)
         items = job.prompt_items()
-        if len(items) != 1:
-            return None
-        item = items[0]
-        if isinstance(item, str):
-            return list(self._tokenizer.encode(item, add_special_tokens=True).ids)
-        return list(item)
+        return self.item_ids(items[0]) if len(items) == 1 else None
+
+    def item_ids(self, item: str | list[int]) -> list[int]:
+        """One text completion prompt's token ids (a text, or the ids themselves)."""
+        return self.encode(item) if isinstance(item, str) else list(item)
 
     def count(self, job: GenerationJob) -> int:
         """The job's prompt tokens; for several prompts, the longest one's (the window holds

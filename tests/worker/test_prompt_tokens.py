@@ -7,7 +7,6 @@ tokenizes with); the API's is `PromptCounter` built from the spec that worker wo
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -33,7 +32,7 @@ def wrapper(settings: Settings) -> Any:
 
 @pytest.fixture(scope="module")
 def counter(wrapper: Any) -> PromptCounter:
-    spec = build_spec(SimpleNamespace(tokenizer=wrapper, context_length=CONTEXT))  # type: ignore[arg-type]
+    spec = build_spec(wrapper, CONTEXT)
     assert spec.tokenizer_json is not None, "the default model must be counted exactly"
     assert spec.context_length == CONTEXT
     return PromptCounter(spec)
@@ -74,5 +73,5 @@ def test_a_renderer_the_counter_cannot_reproduce_publishes_the_window_only(wrapp
         def __getattr__(self, name: str) -> Any:
             return getattr(wrapper, name)
 
-    spec = build_spec(SimpleNamespace(tokenizer=CustomRenderer(), context_length=CONTEXT))  # type: ignore[arg-type]
+    spec = build_spec(CustomRenderer(), CONTEXT)  # type: ignore[arg-type]
     assert spec.tokenizer_json is None and spec.context_length == CONTEXT

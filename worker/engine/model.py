@@ -11,6 +11,7 @@ from typing import Any
 
 from mlx_lm import load
 from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_config, load_tokenizer
 
 from worker.engine.detokenize import TextDecoder, decoder_factory, token_pieces
 from worker.engine.stop import stop_token_ids
@@ -40,6 +41,12 @@ def load_model(path: str) -> LoadedModel:
         vocab_size=int(config.get("vocab_size") or len(tokenizer.get_vocab())),
         token_piece=token_pieces(tokenizer),
     )
+
+
+def load_tokenizer_only(path: str) -> tuple[TokenizerWrapper, int]:
+    """A model's tokenizer and context window, without its weights (the synthetic engine's
+    prefill model counts real tokens, worker/engine/synthetic_prefill.py)."""
+    return load_tokenizer(Path(path)), _context_length(load_config(Path(path)))
 
 
 def _context_length(config: dict[str, Any]) -> int:

@@ -32,6 +32,9 @@ from worker.gguf.default_model import DEFAULT_MODEL_NAME
 ROOT = Path(__file__).resolve().parent.parent.parent
 WORKER = [sys.executable, "-m", "worker.ops.cli", "worker"]
 API = [sys.executable, "-m", "gunicorn", "--config", "api/gunicorn_conf.py", "api:create_app()"]
+# How long the API may take to answer /health: seconds on a quiet machine, far more on a shared
+# 2-core one (measured: over 30 s at a load average of 13).
+API_START_S = 120
 
 
 def free_port() -> int:
@@ -268,7 +271,7 @@ class Cluster:
             self.api_proc, self.api_url = proc, url
         else:
             self.more_apis.append(proc)
-        wait_until(lambda: http_answers(f"{url}/health"), 30, "the API")
+        wait_until(lambda: http_answers(f"{url}/health"), API_START_S, "the API")
         return url
 
     def api_worker_pids(self) -> list[int]:
@@ -311,6 +314,16 @@ class Cluster:
         self.start_redis()
         pending = [self.start_worker(wait=False, **worker_env) for _ in range(workers)]
         self.start_api()
+        for worker in pending:
+            self.wait_for_worker(worker)
+        return self
+
+    def start_api_first(self, workers: int, **worker_env: str) -> Cluster:
+        """Redis, the API, then the workers side by side (the benchmarks): many workers starting
+        at once on a loaded machine could starve the API's start past its wait."""
+        self.start_redis()
+        self.start_api()
+        pending = [self.start_worker(wait=False, **worker_env) for _ in range(workers)]
         for worker in pending:
             self.wait_for_worker(worker)
         return self

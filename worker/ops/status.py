@@ -17,7 +17,14 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from shared.observe.fleet import FleetSnapshot, LaneView, read_snapshot
+from shared.observe.fleet import (
+    PLACEMENT,
+    FleetSnapshot,
+    LaneView,
+    ModelView,
+    WorkerView,
+    read_snapshot,
+)
 from shared.queue.config import Settings
 from shared.queue.connection import connect
 from shared.queue.jobs import LANES
@@ -33,14 +40,27 @@ def _lane(lane: LaneView) -> str:
     return f"{lane.waiting} waiting, {lane.running} running{oldest}"
 
 
+def _prefix_cache(w: WorkerView) -> str:
+    """Prompt tokens found in the worker's prefix cache and not, since it started."""
+    misses = w.prefix_cache_queries - w.prefix_cache_hits
+    return f"{w.prefix_cache_hits} / {misses}"
+
+
+def _placement(m: ModelView) -> str:
+    return " / ".join(str(m.placement.get(p, 0)) for p in PLACEMENT)
+
+
 def _workers(snapshot: FleetSnapshot) -> Table:
     table = Table(title=f"workers: {len(snapshot.workers)} live", title_justify="left")
     for column in ("worker", "host", "model", "slots", "tok/s (1 min)", "last heartbeat"):
         table.add_column(column)
+    table.add_column("prefix cache hit / miss tokens")
     for w in snapshot.workers:
         ago = f"{snapshot.taken_at - w.last_heartbeat:.1f}s ago"
         slots = f"{w.slots_used}/{w.batch_size}"
-        table.add_row(w.worker_id, w.host, w.model, slots, f"{w.tokens_per_s:.1f}", ago)
+        table.add_row(
+            w.worker_id, w.host, w.model, slots, f"{w.tokens_per_s:.1f}", ago, _prefix_cache(w)
+        )
     return table
 
 
@@ -48,6 +68,7 @@ def _models(snapshot: FleetSnapshot) -> Table:
     table = Table(title="models", title_justify="left")
     for column in ("model", "workers", "slots", "tok/s", *LANES):
         table.add_column(column)
+    table.add_column("placement followed / busy / waited out")
     for m in snapshot.models:
         lanes = {lane.lane: _lane(lane) for lane in m.lanes}
         slots = f"{m.slots_used}/{m.slots_total}"
@@ -57,6 +78,7 @@ def _models(snapshot: FleetSnapshot) -> Table:
             slots,
             f"{m.tokens_per_s:.1f}",
             *(lanes[lane] for lane in LANES),
+            _placement(m),
         )
     return table
 

@@ -14,15 +14,22 @@ from each ended job's usage, for the fleet view and /metrics (per worker).
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 from shared.queue.keys import Keys
 from shared.queue.prefix_blocks import MAX_PUBLISHED, block_hashes
-from worker.engine.prefix_cache import PrefixCache
+
+
+class HeldPrefixes(Protocol):
+    """What a prefix cache shows other threads: worker/engine/prefix_cache.py's `PrefixCache`,
+    or the synthetic engine's (worker/engine/synthetic_prefill.py)."""
+
+    @property
+    def held(self) -> tuple[list[int], ...]: ...
 
 
 class PrefixReport:
-    def __init__(self, cache: PrefixCache | None, keys: Keys, worker_id: str):
+    def __init__(self, cache: HeldPrefixes | None, keys: Keys, worker_id: str):
         self._cache = cache
         self._key = keys.prefix_blocks(worker_id)
         self._published: set[str] = set()

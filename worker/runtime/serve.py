@@ -30,7 +30,7 @@ from shared.queue.config import Settings
 from shared.queue.connection import connect, connect_blocking
 from shared.queue.keys import Keys
 from shared.queue.liveness import LIVE_FACTOR
-from shared.queue.prompt_tokens import TokenizerSpec
+from shared.queue.prompt_tokens import PromptCounter, TokenizerSpec
 from worker.engine.batch import BatchEngine, Engine
 from worker.engine.default_embedder import (
     DEFAULT_EMBEDDER_NAME,
@@ -40,9 +40,10 @@ from worker.engine.default_embedder import (
 from worker.engine.embedding import EmbeddingEngine, warm_up
 from worker.engine.encoder import load_encoder
 from worker.engine.faults import FaultyEngine
-from worker.engine.model import load_model
+from worker.engine.model import load_model, load_tokenizer_only
 from worker.engine.prefix_cache import PrefixCache
 from worker.engine.synthetic import SyntheticEngine
+from worker.engine.synthetic_prefill import SyntheticPrefill, SyntheticPrefixCache
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.runtime import embedding_job, job_function
 from worker.runtime.cancellations import listen_for_cancels
@@ -51,7 +52,7 @@ from worker.runtime.embedding_loop import EmbeddingLoop
 from worker.runtime.fence import FencedSink
 from worker.runtime.heartbeat import beat, born, keep_beating, retire
 from worker.runtime.loop import DrivenLoop, EngineLoop
-from worker.runtime.prefix_report import PrefixFigures, PrefixReport
+from worker.runtime.prefix_report import HeldPrefixes, PrefixFigures, PrefixReport
 from worker.runtime.reaper import Reaper
 from worker.runtime.report import Reporter
 from worker.runtime.slots import LEAVE_S, SlotWorker, held, make_slots, start_slots, stop_slots
@@ -82,14 +83,12 @@ def resolve_model(settings: Settings) -> tuple[str, str]:
 
 def build_engine(
     settings: Settings,
-) -> tuple[str, BatchEngine | EmbeddingEngine, TokenizerSpec | None, PrefixCache | None]:
+) -> tuple[str, BatchEngine | EmbeddingEngine, TokenizerSpec | None, HeldPrefixes | None]:
     """(served model name, engine, what the API needs to count its prompts, its prefix cache):
     the configured model (an embedding engine for a sentence-transformers directory: no prefix
-    cache), or the synthetic engine (no tokenizer published, no cache)."""
+    cache), or the synthetic engine (`build_synthetic`)."""
     if settings.engine == "synthetic":
-        log.warning("SYNTHETIC engine: no model, tokens every %.3f s", settings.synthetic_step_s)
-        synthetic = SyntheticEngine(settings.synthetic_step_s, settings.default_max_tokens)
-        return settings.model, synthetic, None, None
+        return build_synthetic(settings)
     name, source = resolve_model(settings)
     log.info("loading %s from %s", name, source)
     started = time.perf_counter()
@@ -115,7 +114,33 @@ def build_engine(
         batch=settings.batch,
         kv_memory=settings.kv_memory,
     )
-    return name, engine, build_spec(loaded), prefixes
+    return name, engine, build_spec(loaded.tokenizer, loaded.context_length), prefixes
+
+
+def build_synthetic(
+    settings: Settings,
+) -> tuple[str, SyntheticEngine, TokenizerSpec | None, HeldPrefixes | None]:
+    """The synthetic engine: without a prefill model, no tokenizer published and no cache;
+    with one, the served model's tokenizer (published as a real worker's) and a prefix cache."""
+    step_s, cost = settings.synthetic_step_s, settings.synthetic_prefill_s_per_token
+    if not cost:
+        log.warning("SYNTHETIC engine: no model, tokens every %.3f s", step_s)
+        return settings.model, SyntheticEngine(step_s, settings.default_max_tokens), None, None
+    name, source = resolve_model(settings)
+    tokenizer, context_length = load_tokenizer_only(source)
+    spec = build_spec(tokenizer, context_length)
+    if spec.tokenizer_json is None:
+        raise SystemExit(f"the synthetic prefill model needs {name}'s tokens counted exactly")
+    entries = settings.prefix_cache_entries
+    cache = SyntheticPrefixCache(entries) if entries else None
+    prefill = SyntheticPrefill(PromptCounter(spec), cache, cost, settings.prefill_tokens)
+    log.warning(
+        "SYNTHETIC engine: no model, tokens every %.3f s, %s's tokenizer, prefill %.4f s/token",
+        step_s,
+        name,
+        cost,
+    )
+    return name, SyntheticEngine(step_s, settings.default_max_tokens, prefill), spec, cache
 
 
 def serve(settings: Settings) -> None:
@@ -188,7 +213,8 @@ def serve(settings: Settings) -> None:
     reporter = Reporter(
         loop, lambda: held(slots), keys, name, worker_id, settings.batch_size, figures
     )
-    # An embedding worker (or the synthetic engine) has no prefix cache: it publishes no blocks.
+    # An embedding worker (or a synthetic one without its prefill model) has no prefix cache: it
+    # publishes no blocks.
     advertised = PrefixReport(prefixes, keys, worker_id) if prefixes is not None else None
     # Known before it takes a job: then it can be reaped.
     _until_redis_answers(

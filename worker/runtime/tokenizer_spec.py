@@ -1,11 +1,12 @@
 """The worker's announcement of how its model counts prompt tokens, for the API's check.
 
 At start a worker builds its model's `TokenizerSpec` (shared/queue/prompt_tokens.py) from the
-tokenizer mlx-lm loaded, checks on probe conversations and prompts that `PromptCounter` counts
-exactly as this tokenizer does, and writes the spec to `keys.tokenizer(model)`. If the counts
-differ (a template feature the counter does not reproduce, a custom renderer), it publishes
-the context length alone and says so: the API then leaves the check to the worker's own,
-which the engine makes before prefill in any case.
+tokenizer mlx-lm loaded (a synthetic worker modelling prefill loads the tokenizer alone), checks
+on probe conversations and prompts that `PromptCounter` counts exactly as this tokenizer does,
+and writes the spec to `keys.tokenizer(model)`. If the counts differ (a template feature the
+counter does not reproduce, a custom renderer), it publishes the context length alone and says
+so: the API then leaves the check to the worker's own, which the engine makes before prefill in
+any case.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 from redis import Redis
 
 from shared.queue.keys import Keys
@@ -24,7 +26,6 @@ from shared.queue.prompt_tokens import (
 )
 from shared.wire.completions import ChatMessage
 from shared.wire.tools import ChatTool, FunctionCall, FunctionDefinition, ToolCall, ToolUse
-from worker.engine.model import LoadedModel
 from worker.engine.tool_calls import ToolFormat
 
 log = logging.getLogger(__name__)
@@ -67,12 +68,12 @@ PROBE_TOOLS = ToolUse(
 PROBE_TEXTS = ["The capital of France is", " leading space", "émoji 😀\n\ttabs", ""]
 
 
-def build_spec(loaded: LoadedModel) -> TokenizerSpec:
-    wrapper: Any = loaded.tokenizer
+def build_spec(tokenizer: TokenizerWrapper, context_length: int) -> TokenizerSpec:
+    wrapper: Any = tokenizer
     hf = wrapper._tokenizer
     template = getattr(hf, "chat_template", None)
     exact = TokenizerSpec(
-        context_length=loaded.context_length,
+        context_length=context_length,
         tokenizer_json=hf.backend_tokenizer.to_str(),
         chat_template=template if isinstance(template, str) else None,
         template_vars={**hf.special_tokens_map, wrapper._thinking_kwarg: wrapper.has_thinking},
@@ -82,7 +83,7 @@ def build_spec(loaded: LoadedModel) -> TokenizerSpec:
     if mismatch is None:
         return exact
     log.warning("the API cannot count this model's prompt tokens exactly (%s)", mismatch)
-    return TokenizerSpec(context_length=loaded.context_length)
+    return TokenizerSpec(context_length=context_length)
 
 
 def _first_mismatch(spec: TokenizerSpec, wrapper: Any) -> str | None:
