@@ -71,6 +71,7 @@ class Row:
     followed: int
     overridden_busy: int
     overridden_wait: int
+    spread: int  # placed on the least loaded worker (no holder, or a busy one)
     first_turn_jobs_per_worker: list[int]  # most first
     jobs_per_worker: list[int]  # every turn; most first
     errors: int
@@ -219,6 +220,7 @@ def run_level(workers: int, placement: bool, args: Any) -> Row:
         followed=end.get("placement_followed", 0),
         overridden_busy=end.get("placement_overridden_busy", 0),
         overridden_wait=end.get("placement_overridden_wait", 0),
+        spread=end.get("placement_spread", 0),
         first_turn_jobs_per_worker=_spread(ids, [j.worker for j in seen.jobs[0]]),
         jobs_per_worker=_spread(ids, [j.worker for turn in seen.jobs for j in turn]),
         errors=sum(1 for r in records if r.error),
@@ -238,7 +240,7 @@ def table(rows: list[Row]) -> str:
     lines = [
         "| workers | placement | wall s | TTFT p50 by turn (s) | turns 2+ TTFT p50 s "
         "(x one worker) | the same from enqueue | later turns' cache share "
-        "| followed / busy / waited out | jobs per worker: turn 1; all turns | errors "
+        "| followed / busy / waited out / spread | jobs per worker: turn 1; all turns | errors "
         "| load avg |",
         "|" + " --- |" * 11,
     ]
@@ -246,14 +248,15 @@ def table(rows: list[Row]) -> str:
         ttft = " / ".join("-" if t is None else f"{t:.2f}" for t in r.ttft_p50_by_turn)
         later = _against(r.later_ttft_p50, one.later_ttft_p50 if one else None)
         queued = _against(r.later_queued_ttft_p50, one.later_queued_ttft_p50 if one else None)
-        spread = (
+        per_worker = (
             f"{' '.join(map(str, r.first_turn_jobs_per_worker))}; "
             f"{' '.join(map(str, r.jobs_per_worker))}"
         )
         lines.append(
             f"| {r.workers} | {'on' if r.placement else 'off'} | {r.wall_s} | {ttft} | {later} | "
             f"{queued} | {r.later_cache_share:.2f} | "
-            f"{r.followed} / {r.overridden_busy} / {r.overridden_wait} | {spread} | {r.errors} | "
+            f"{r.followed} / {r.overridden_busy} / {r.overridden_wait} / {r.spread} | "
+            f"{per_worker} | {r.errors} | "
             f"{r.load_average} |"
         )
     return "\n".join(lines)

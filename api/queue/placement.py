@@ -2,31 +2,32 @@
 
 Workers advertise the block hashes of what their prefix caches hold (shared/queue/prefix_blocks.py,
 worker/runtime/prefix_report.py). At enqueue the API hashes the prompt's tokens, counted exactly as
-the worker renders them (api/queue/context_window.py), and scores each live worker by the prompt
-tokens it holds from the first (`choose`). The job stays on its model's one interactive queue, in
-its fair place; a placement record names the worker that may take it first and until when
-(worker/runtime/placed_take.py). Why this shape: README, Architecture, "Placement".
+the worker renders them (api/queue/context_window.py), and finds the live worker holding most of
+the prompt's first tokens, its holder (`holder`). The job stays on its model's one interactive
+queue, in its fair place; a placement record names the worker that may take it first and until
+when (worker/runtime/placed_take.py). Why this shape: README, Architecture, "Placement".
 
-The hot-spot rule: affinity is followed only while the worker holding the prefix has a free slot
-and runs at most MAX_IMBALANCE more jobs than the least loaded live worker (the jobs its slots
-hold now, its `{ns}:taking:{worker}` list, which is exact where a report is a heartbeat old, plus
-the jobs already placed on it and not yet taken). Otherwise, when another worker
-has a free slot, the job is not placed: any free slot takes it, as without placement. When no
-worker has one, the job is placed on the holder, since waiting for it costs no more than waiting
-for any other. The record is written by a script that counts the holder's jobs again
-(`_PLACE`): requests that arrive together are read side by side (one API process serves them
-concurrently, and several processes may), so each would see the holder as it was before any of
-them was placed; the script places each only while the holder still has room by the rule, and
-leaves the rest to any worker. Either way no job waits for its worker longer than the prefill
-its cache would save (matched tokens x `prefill_s_per_token`), capped at `placement_wait_s`; after
-that any worker takes it, so a dead or wedged worker holds nothing up for long.
+The rule, applied by one script against the fleet as it is at that instant (`_PLACE`), so that
+requests arriving together, read side by side by one API process or several, are placed one
+after another and a burst spreads:
+- The holder gets the job while it has a free slot and runs at most MAX_IMBALANCE more jobs than
+  the least loaded other live worker (a worker's load: the jobs its slots hold, its
+  `{ns}:taking:{worker}` list, exact where a heartbeat report is a beat old, plus the jobs placed
+  on it and not yet taken). When no worker has a free slot it gets the job anyway, since waiting
+  for it costs no more than waiting for any other.
+- Otherwise (no holder, or the holder too busy) the job is placed on the live worker with the
+  most free slots, for at most SPREAD_WAIT_S: any idle slot would take it without placement, and
+  on a shared queue the idle slot that has waited longest is often one of the busiest worker's,
+  so new conversations and the jobs a busy holder lets go would pile up on one worker.
+No job waits for its holder longer than the prefill its cache would save (matched tokens x
+`prefill_s_per_token`), capped at `placement_wait_s`; after that any worker takes it, so a dead
+or wedged worker holds nothing up for long.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from redis import Redis
 
@@ -38,33 +39,59 @@ from shared.queue.prefix_blocks import BLOCK_TOKENS, block_hashes, matched_block
 # Jobs the holder of a prefix may run beyond the least loaded worker and still be preferred
 # (SGLang's router has the same kind of rule: its balance thresholds).
 MAX_IMBALANCE = 4
-Outcome = Literal["placed", "busy", "cold"]
+# How long a job placed only to spread load waits for its worker: a free slot of that worker
+# takes it at its next look (placed_take.py POLL_S), so this bounds a worker that just died.
+SPREAD_WAIT_S = 0.5
+Outcome = Literal["placed", "spread", ""]
 # Placement hashes live this long after their last write; entries go when their job is taken.
 _HASH_TTL_S = 86400
 
-# KEYS: the model's job-blocks hash, its placement hash, its metrics hash, the chosen worker's
-# taking list. ARGV: job id, its block hashes, hash TTL (s), the chosen worker ('' for none), its
-# record, the most jobs that worker may hold for the choice to stand (-1: no bound), 1 when the
-# holder was already found busy. Returns 1 when the job was placed.
+# KEYS: the model's job-blocks hash, its placement hash, its metrics hash, then each live
+# worker's taking list. ARGV: job id, its block hashes, hash TTL (s), the holder ('' for none),
+# the holder's "not after", the spread "not after", MAX_IMBALANCE, then per live worker (in the
+# order of the taking lists) its id and its slots (0: no report yet, counted as full).
+# Returns the module docstring's outcome: 'placed' (on the holder), 'spread' or ''.
 _PLACE = """
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-local worker, limit, busy = ARGV[4], tonumber(ARGV[6]), ARGV[7] == '1'
-if worker ~= '' and limit >= 0 then
-  local held = redis.call('LLEN', KEYS[4])
-  local prefix = worker .. '|'
-  for _, record in ipairs(redis.call('HVALS', KEYS[2])) do
-    if string.sub(record, 1, #prefix) == prefix then held = held + 1 end
-  end
-  if held > limit then worker, busy = '', true end
+local holder, imbalance = ARGV[4], tonumber(ARGV[7])
+local placed = {}
+for _, record in ipairs(redis.call('HVALS', KEYS[2])) do
+  local w = string.match(record, '^([^|]*)|')
+  if w then placed[w] = (placed[w] or 0) + 1 end
 end
-if worker ~= '' then
-  redis.call('HSET', KEYS[2], ARGV[1], ARGV[5])
+local n, names, load, free, any_free = (#ARGV - 7) / 2, {}, {}, {}, false
+for i = 1, n do
+  names[i] = ARGV[6 + 2 * i]
+  load[i] = redis.call('LLEN', KEYS[3 + i]) + (placed[names[i]] or 0)
+  free[i] = tonumber(ARGV[7 + 2 * i]) - load[i]
+  if free[i] > 0 then any_free = true end
+end
+local function record(worker, not_after, kind)
+  redis.call('HSET', KEYS[2], ARGV[1], worker .. '|' .. not_after .. kind)
   redis.call('EXPIRE', KEYS[2], ARGV[3])
-  return 1
 end
-if busy then redis.call('HINCRBY', KEYS[3], 'placement_overridden_busy', 1) end
-return 0
+for i = 1, n do
+  if names[i] == holder then
+    local least = nil
+    for j = 1, n do
+      if j ~= i and (least == nil or load[j] < least) then least = load[j] end
+    end
+    local room = free[i] > 0 and (least == nil or load[i] <= least + imbalance)
+    if room or not any_free then
+      record(holder, ARGV[5], '')
+      return 'placed'
+    end
+    redis.call('HINCRBY', KEYS[3], 'placement_overridden_busy', 1)
+  end
+end
+local best = 0
+for i = 1, n do
+  if free[i] > 0 and (best == 0 or free[i] > free[best]) then best = i end
+end
+if best == 0 then return '' end
+record(names[best], ARGV[6], '|spread')
+return 'spread'
 """
 
 
@@ -74,36 +101,13 @@ class Candidate:
 
     worker_id: str
     matched_tokens: int  # of the prompt's first tokens, held in its cache
-    free_slots: int
-    used_slots: int  # running, or placed on it and not yet taken
+    slots: int  # 0 until its first report
 
 
-@dataclass(frozen=True)
-class Choice:
-    worker_id: str | None  # None: any worker
-    matched_tokens: int
-    outcome: Outcome  # placed on the holder; holder busy (left to any); no holder (cold)
-
-
-def choose(candidates: list[Candidate]) -> Choice:
-    """The module docstring's rule, on the fleet as read at enqueue."""
-    if not candidates:
-        return Choice(None, 0, "cold")
-    best = max(candidates, key=lambda c: (c.matched_tokens, c.free_slots))
-    if best.matched_tokens == 0:
-        return Choice(None, 0, "cold")
-    if hold_limit(best, candidates) < best.used_slots and any(c.free_slots > 0 for c in candidates):
-        return Choice(None, best.matched_tokens, "busy")
-    return Choice(best.worker_id, best.matched_tokens, "placed")
-
-
-def hold_limit(holder: Candidate, candidates: list[Candidate]) -> int:
-    """The most jobs the holder may run (or have placed on it) and still get one more: less
-    than its slots, and at most MAX_IMBALANCE more than the least loaded other live worker
-    (the holder itself being the least loaded is no imbalance, however many it runs)."""
-    slots = holder.free_slots + holder.used_slots
-    others = [c.used_slots for c in candidates if c.worker_id != holder.worker_id]
-    return min(slots - 1, min(others) + MAX_IMBALANCE) if others else slots - 1
+def holder(candidates: list[Candidate]) -> Candidate | None:
+    """The worker holding most of the prompt's first tokens (most slots among equals)."""
+    best = max(candidates, key=lambda c: (c.matched_tokens, c.slots), default=None)
+    return best if best is not None and best.matched_tokens > 0 else None
 
 
 class Placement:
@@ -118,56 +122,45 @@ class Placement:
     def enabled(self) -> bool:
         return self._wait_s > 0
 
-    def place(self, job: GenerationJob, tokens: list[int], workers: set[str]) -> Choice | None:
-        """Score `workers` for the job's prompt and write its placement record (before the job
+    def place(self, job: GenerationJob, tokens: list[int], workers: set[str]) -> Outcome | None:
+        """Read `workers` for the job's prompt and write its placement record (before the job
         is queued, so that no worker can take it unplaced). None: nothing to place on."""
         hashes = block_hashes(tokens)
         if not hashes or not workers or job.lane != "interactive":
             return None
-        ordered = sorted(workers)
-        now, candidates = self._read(job.model, ordered, hashes)
-        choice = choose(candidates)
-        holder = next((c for c in candidates if c.worker_id == choice.worker_id), None)
-        # The bound stands where the holder had room; placed on a full fleet, it has none.
-        limit = -1 if holder is None or holder.free_slots <= 0 else hold_limit(holder, candidates)
-        if self._write(job, hashes, choice, now, limit):
-            return choice
-        return Choice(None, choice.matched_tokens, "busy" if choice.matched_tokens else "cold")
+        now, candidates = self._read(sorted(workers), hashes)
+        return self._write(job, hashes, candidates, now)
 
-    def _read(
-        self, model: str, workers: list[str], hashes: list[str]
-    ) -> tuple[float, list[Candidate]]:
+    def _read(self, workers: list[str], hashes: list[str]) -> tuple[float, list[Candidate]]:
         pipe = self._redis.pipeline(transaction=False)
         pipe.time()
-        pipe.hvals(self._keys.placement(model))
         for worker in workers:
             pipe.smismember(self._keys.prefix_blocks(worker), hashes)
             pipe.get(self._keys.worker_stats(worker))
-            pipe.llen(self._keys.taking(worker))
-        (seconds, micros), records, *rows = pipe.execute()
-        placed = Counter(bytes(r).decode().split("|", 1)[0] for r in records)
+        (seconds, micros), *rows = pipe.execute()
         candidates = [
-            _candidate(worker, held, report, taking + placed[worker])
-            for worker, held, report, taking in zip(
-                workers, rows[::3], rows[1::3], rows[2::3], strict=True
-            )
+            _candidate(worker, held, report)
+            for worker, held, report in zip(workers, rows[::2], rows[1::2], strict=True)
         ]
         return seconds + micros / 1e6, candidates
 
     def _write(
-        self, job: GenerationJob, hashes: list[str], choice: Choice, now: float, limit: int
-    ) -> bool:
-        """Write the job's hashes and, if the holder still has room (`_PLACE`), its record;
-        whether it was placed."""
-        model, worker = job.model, choice.worker_id or ""
-        saves_s = choice.matched_tokens * self._prefill_s_per_token
-        record = f"{worker}|{now + min(self._wait_s, saves_s):.3f}"
+        self, job: GenerationJob, hashes: list[str], candidates: list[Candidate], now: float
+    ) -> Outcome:
+        """Write the job's hashes and its record by the module docstring's rule (`_PLACE`)."""
+        found = holder(candidates)
+        saves_s = found.matched_tokens * self._prefill_s_per_token if found else 0.0
+        model = job.model
         keys = [self._keys.job_blocks(model), self._keys.placement(model)]
-        keys += [self._keys.model_metrics(model), self._keys.taking(worker)]
-        busy = "1" if choice.outcome == "busy" else "0"
-        args: list[str | int] = [job.job_id, ",".join(hashes), _HASH_TTL_S, worker, record]
-        args += [limit, busy]
-        return bool(self._place(keys=keys, args=args))
+        keys += [self._keys.model_metrics(model)]
+        keys += [self._keys.taking(c.worker_id) for c in candidates]
+        args: list[str | int] = [job.job_id, ",".join(hashes), _HASH_TTL_S]
+        args += [found.worker_id if found else "", f"{now + min(self._wait_s, saves_s):.3f}"]
+        args += [f"{now + min(self._wait_s, SPREAD_WAIT_S):.3f}", MAX_IMBALANCE]
+        for c in candidates:
+            args += [c.worker_id, c.slots]
+        outcome = bytes(self._place(keys=keys, args=args)).decode()
+        return cast(Outcome, outcome)
 
     def forget(self, pipe: Any, job_id: str, model: str) -> None:
         """Queue on `pipe` the removal of a withdrawn job's records."""
@@ -175,10 +168,7 @@ class Placement:
         pipe.hdel(self._keys.job_blocks(model), job_id)
 
 
-def _candidate(worker: str, held: list[Any], report: bytes | None, used: int) -> Candidate:
-    """`used`: the jobs the worker's slots hold, plus those placed on it and not yet taken."""
+def _candidate(worker: str, held: list[Any], report: bytes | None) -> Candidate:
     matched = matched_blocks([bool(m) for m in held]) * BLOCK_TOKENS
-    if report is None:  # no report yet: count it as full, so it gets only what it holds
-        return Candidate(worker, matched, 0, used)
-    slots = WorkerStats.model_validate_json(report).batch_size
-    return Candidate(worker, matched, slots - used, used)
+    slots = 0 if report is None else WorkerStats.model_validate_json(report).batch_size
+    return Candidate(worker, matched, slots)

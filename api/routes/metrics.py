@@ -58,6 +58,10 @@ _COUNTERS = {
     "placement_overridden_wait": (
         "Requests taken by another worker after waiting for the one holding their prefix."
     ),
+    "placement_spread": (
+        "Requests no worker's cache held (or whose holder was busy) placed on the least loaded "
+        "worker and taken by it."
+    ),
 }
 
 

@@ -25,7 +25,7 @@ from shared.queue.jobs import LANES, Lane
 from shared.queue.keys import Keys
 from shared.queue.liveness import LIVE_FACTOR, alive
 
-PLACEMENT = ("followed", "overridden_busy", "overridden_wait")
+PLACEMENT = ("followed", "overridden_busy", "overridden_wait", "spread")
 
 
 class WorkerStats(BaseModel):
@@ -79,7 +79,7 @@ class ModelView(BaseModel):
     tokens_per_s: float
     lanes: list[LaneView]
     # Prefix-aware placement since the fleet's figures began: followed, overridden_busy,
-    # overridden_wait (api/queue/placement.py).
+    # overridden_wait, spread (api/queue/placement.py).
     placement: dict[str, int] = {}
 
 

@@ -49,6 +49,7 @@ COUNTERS = (
     "placement_followed",
     "placement_overridden_busy",
     "placement_overridden_wait",
+    "placement_spread",
 )
 _SUCCESS = "request_success:"  # + finish reason
 

@@ -140,6 +140,7 @@ def test_job_figures_add_up_across_workers_into_cumulative_histograms(
         "placement_followed": 0,
         "placement_overridden_busy": 0,
         "placement_overridden_wait": 0,
+        "placement_spread": 0,
     }
     assert figures.finished == {"stop": 1, "length": 1, "cancelled": 1}
     ttft = dict(figures.histograms["time_to_first_token_seconds"].cumulative())

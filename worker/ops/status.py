@@ -68,7 +68,7 @@ def _models(snapshot: FleetSnapshot) -> Table:
     table = Table(title="models", title_justify="left")
     for column in ("model", "workers", "slots", "tok/s", *LANES):
         table.add_column(column)
-    table.add_column("placement followed / busy / waited out")
+    table.add_column("placement followed / busy / waited out / spread")
     for m in snapshot.models:
         lanes = {lane.lane: _lane(lane) for lane in m.lanes}
         slots = f"{m.slots_used}/{m.slots_total}"

@@ -1,8 +1,9 @@
 """How a slot takes an interactive job that the API placed on a worker (api/queue/placement.py).
 
 The model's interactive queue stays one RQ list in fair order (shared/queue/fair_order.py). A job
-the API placed has a record `{worker_id}|{not_after}` in `{ns}:placement:{model}`: until that
-time only that worker may take it; after it, any worker. So a slot takes the first job, within
+the API placed has a record `{worker_id}|{not_after}` (with `|spread` when it was placed only to
+spread load) in `{ns}:placement:{model}`: until that time only that worker may take it; after
+it, any worker. So a slot takes the first job, within
 the first SCAN_DEPTH of the queue, that it may take; when there are jobs but none it may take,
 the slot waits (POLL_S) and looks again, and takes no bulk job meanwhile (bulk lanes wait for an
 empty interactive queue, as before). An idle slot still blocks on the interactive queue (BLMOVE);
@@ -10,9 +11,10 @@ a job placed on another worker that it catches that way goes back to the head of
 (`CLAIM`), where the blocked slots of the other workers, or its own next look, find it.
 
 Taking a job also adds its prompt's block hashes (`{ns}:job_blocks:{model}`) to the taker's
-`{ns}:blocks:{worker_id}` set, and counts whether the placement was followed or its wait ran out,
-all in the same script: the next turn of a conversation finds this worker even before its next
-heartbeat (worker/runtime/prefix_report.py). Jobs that nobody placed take nothing of this.
+`{ns}:blocks:{worker_id}` set, and counts whether the placement was followed (or spread) or its
+wait ran out, all in the same script: the next turn of a conversation finds this worker even
+before its next heartbeat (worker/runtime/prefix_report.py). Jobs nobody placed take nothing of
+this.
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ local function claim(placed, job_blocks, blocks, metrics, id, me, ttl)
   redis.call('HDEL', placed, id)
   redis.call('HDEL', job_blocks, id)
   if record then
-    local worker = string.match(record, '^([^|]*)|')
-    local outcome = worker == me and 'placement_followed' or 'placement_overridden_wait'
+    local worker, _, kind = string.match(record, '^([^|]*)|([^|]*)|?(.*)$')
+    local outcome = 'placement_overridden_wait'
+    if worker == me then
+      outcome = kind == 'spread' and 'placement_spread' or 'placement_followed'
+    end
     redis.call('HINCRBY', metrics, outcome, 1)
   end
   if hashes then
@@ -48,7 +53,7 @@ end
 
 local function may_take(record, me, now)
   if not record then return true end
-  local worker, not_after = string.match(record, '^([^|]*)|(.*)$')
+  local worker, not_after = string.match(record, '^([^|]*)|([^|]*)')
   return worker == me or now > tonumber(not_after)
 end
 
