@@ -198,12 +198,42 @@ def test_a_finished_sequence_hands_back_the_kv_of_its_prompt_and_answer() -> Non
 def test_a_long_prompt_is_prefilled_within_the_budget_while_running_rows_keep_decoding() -> None:
     batch = SlotBatch(tiny("llama"), 4, frozenset(), 512, keep_caches=False, positions=512)
     (running,) = batch.insert([Entry([1, 2, 3], [], None, 100, greedy, [])])
+    assert batch.next(16) == []  # its first token is under way: the next step reads it
     assert [t.uid for t in batch.next(16)] == [running]
     (joining,) = batch.insert([Entry(list(range(4, 104)), [], None, 5, greedy, [])])
     steps = []
     while not steps or steps[-1] == [running]:
         steps.append([t.uid for t in batch.next(16)])
-    # 99 prompt tokens at 16 a step: the prompt's first token comes out of the 7th step, the
-    # one that computes its last chunk, and the running row got a token in every step.
-    assert len(steps) == 7
+    # 99 prompt tokens at 16 a step: the 7th step computes the last chunk and starts the
+    # prompt's first token, which the 8th reads back; the running row got a token every step.
+    assert len(steps) == 8
     assert steps[-1] == [running, joining]
+
+
+class Counted:
+    """A model that records the shape of every forward's input."""
+
+    def __init__(self, model: Any):
+        self.layers = model.layers
+        self._model = model
+        self.inputs: list[tuple[int, ...]] = []
+
+    def __call__(self, inputs: mx.array, cache: Any) -> mx.array:
+        self.inputs.append(tuple(inputs.shape))
+        out: mx.array = self._model(inputs, cache=cache)
+        return out
+
+
+def test_prompts_that_arrive_together_are_prefilled_in_one_forward() -> None:
+    model = Counted(tiny("llama"))
+    batch = SlotBatch(model, 4, STOP, 512, keep_caches=False, positions=512)
+    prompts = [list(range(5, 25)), list(range(30, 48)), list(range(7, 26)), [9, 4, 12]]
+    uids = batch.insert([Entry(p, [], None, 6, greedy, []) for p in prompts])
+    got: dict[int, list[int]] = {u: [] for u in uids}
+    for _ in range(20):
+        for token in batch.next(None):
+            got[token.uid].append(token.token)
+    # 19, 17 and 18 tokens in one padded forward; the short prompt's 2 would be mostly padding.
+    assert [s for s in model.inputs if s[1] > 1] == [(3, 19), (1, 2)]
+    for uid, prompt in zip(uids, prompts, strict=True):
+        assert got[uid] == alone("llama", prompt, 6)
