@@ -21,8 +21,9 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import _get_classes
 
+from shared.wire.sampling import SamplingParams
 from worker.engine.batches import MlxLmBatch, TokenBatch, open_batch, plain_kv
-from worker.engine.sampling import greedy
+from worker.engine.sampling import Sampler, greedy, make_sampler
 from worker.engine.slot_batch import Entry, SlotBatch
 
 VOCAB = 64
@@ -237,3 +238,34 @@ def test_prompts_that_arrive_together_are_prefilled_in_one_forward() -> None:
     assert [s for s in model.inputs if s[1] > 1] == [(3, 19), (1, 2)]
     for uid, prompt in zip(uids, prompts, strict=True):
         assert got[uid] == alone("llama", prompt, 6)
+
+
+def _tokens(batch: SlotBatch, entries: list[Entry]) -> list[list[int]]:
+    uids = batch.insert(entries)
+    got: dict[int, list[int]] = {u: [] for u in uids}
+    for _ in range(40):
+        for token in batch.next(None):
+            got[token.uid].append(token.token)
+    return [got[u] for u in uids]
+
+
+def test_greedy_and_sampled_rows_in_one_step_each_draw_what_they_draw_alone() -> None:
+    model = tiny("llama")
+    prompts = [[5, 9, 11], [7, 1, 30, 2], [12, 13]]
+
+    def seeded() -> Sampler:
+        return make_sampler(SamplingParams(temperature=1.5, seed=11))
+
+    samplers = [greedy, seeded(), greedy]
+    mixed = _tokens(
+        SlotBatch(model, 3, frozenset(), 512, keep_caches=False, positions=512),
+        [Entry(p, [], None, 8, s, []) for p, s in zip(prompts, samplers, strict=True)],
+    )
+    (sampled,) = _tokens(
+        SlotBatch(model, 1, frozenset(), 512, keep_caches=False, positions=512),
+        [Entry(prompts[1], [], None, 8, seeded(), [])],
+    )
+    assert mixed[0] == alone("llama", prompts[0], 8)
+    assert mixed[2] == alone("llama", prompts[2], 8)
+    assert mixed[1] == sampled
+    assert sampled != alone("llama", prompts[1], 8)  # the draw is not greedy

@@ -34,7 +34,7 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx_lm.sample_utils import LogitsProcessor
 
-from worker.engine.sampling import Sampler
+from worker.engine.sampling import Sampler, greedy
 from worker.engine.slots import (
     DecodeRows,
     DecodeView,
@@ -310,7 +310,13 @@ class SlotBatch:
         samplers = [r.entry.sampler for r in rows]
         if all(s is samplers[0] for s in samplers):  # e.g. all greedy: one call
             return samplers[0](logits)
-        return mx.concatenate([s(logits[i : i + 1]) for i, s in enumerate(samplers)], axis=0)
+        drawn = [i for i, s in enumerate(samplers) if s is not greedy]
+        if len(drawn) == len(rows):
+            return mx.concatenate([samplers[i](logits[i : i + 1]) for i in drawn], axis=0)
+        # The greedy rows in one argmax over all rows; the others drawn each by its sampler.
+        tokens = greedy(logits)
+        tokens[mx.array(drawn)] = mx.concatenate([samplers[i](logits[i : i + 1]) for i in drawn])
+        return tokens
 
     def _swap(self, a: int, b: int) -> None:
         if a == b:
