@@ -21,8 +21,9 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import _get_classes
 
+from shared.wire.sampling import SamplingParams
 from worker.engine.batches import MlxLmBatch, TokenBatch, open_batch, plain_kv
-from worker.engine.sampling import greedy
+from worker.engine.sampling import Sampler, greedy, make_sampler
 from worker.engine.slot_batch import Entry, SlotBatch
 
 VOCAB = 64
@@ -198,12 +199,73 @@ def test_a_finished_sequence_hands_back_the_kv_of_its_prompt_and_answer() -> Non
 def test_a_long_prompt_is_prefilled_within_the_budget_while_running_rows_keep_decoding() -> None:
     batch = SlotBatch(tiny("llama"), 4, frozenset(), 512, keep_caches=False, positions=512)
     (running,) = batch.insert([Entry([1, 2, 3], [], None, 100, greedy, [])])
+    assert batch.next(16) == []  # its first token is under way: the next step reads it
     assert [t.uid for t in batch.next(16)] == [running]
     (joining,) = batch.insert([Entry(list(range(4, 104)), [], None, 5, greedy, [])])
     steps = []
     while not steps or steps[-1] == [running]:
         steps.append([t.uid for t in batch.next(16)])
-    # 99 prompt tokens at 16 a step: the prompt's first token comes out of the 7th step, the
-    # one that computes its last chunk, and the running row got a token in every step.
-    assert len(steps) == 7
+    # 99 prompt tokens at 16 a step: the 7th step computes the last chunk and starts the
+    # prompt's first token, which the 8th reads back; the running row got a token every step.
+    assert len(steps) == 8
     assert steps[-1] == [running, joining]
+
+
+class Counted:
+    """A model that records the shape of every forward's input."""
+
+    def __init__(self, model: Any):
+        self.layers = model.layers
+        self._model = model
+        self.inputs: list[tuple[int, ...]] = []
+
+    def __call__(self, inputs: mx.array, cache: Any) -> mx.array:
+        self.inputs.append(tuple(inputs.shape))
+        out: mx.array = self._model(inputs, cache=cache)
+        return out
+
+
+def test_prompts_that_arrive_together_are_prefilled_in_one_forward() -> None:
+    model = Counted(tiny("llama"))
+    batch = SlotBatch(model, 4, STOP, 512, keep_caches=False, positions=512)
+    prompts = [list(range(5, 25)), list(range(30, 48)), list(range(7, 26)), [9, 4, 12]]
+    uids = batch.insert([Entry(p, [], None, 6, greedy, []) for p in prompts])
+    got: dict[int, list[int]] = {u: [] for u in uids}
+    for _ in range(20):
+        for token in batch.next(None):
+            got[token.uid].append(token.token)
+    # 19, 17 and 18 tokens in one padded forward; the short prompt's 2 would be mostly padding.
+    assert [s for s in model.inputs if s[1] > 1] == [(3, 19), (1, 2)]
+    for uid, prompt in zip(uids, prompts, strict=True):
+        assert got[uid] == alone("llama", prompt, 6)
+
+
+def _tokens(batch: SlotBatch, entries: list[Entry]) -> list[list[int]]:
+    uids = batch.insert(entries)
+    got: dict[int, list[int]] = {u: [] for u in uids}
+    for _ in range(40):
+        for token in batch.next(None):
+            got[token.uid].append(token.token)
+    return [got[u] for u in uids]
+
+
+def test_greedy_and_sampled_rows_in_one_step_each_draw_what_they_draw_alone() -> None:
+    model = tiny("llama")
+    prompts = [[5, 9, 11], [7, 1, 30, 2], [12, 13]]
+
+    def seeded() -> Sampler:
+        return make_sampler(SamplingParams(temperature=1.5, seed=11))
+
+    samplers = [greedy, seeded(), greedy]
+    mixed = _tokens(
+        SlotBatch(model, 3, frozenset(), 512, keep_caches=False, positions=512),
+        [Entry(p, [], None, 8, s, []) for p, s in zip(prompts, samplers, strict=True)],
+    )
+    (sampled,) = _tokens(
+        SlotBatch(model, 1, frozenset(), 512, keep_caches=False, positions=512),
+        [Entry(prompts[1], [], None, 8, seeded(), [])],
+    )
+    assert mixed[0] == alone("llama", prompts[0], 8)
+    assert mixed[2] == alone("llama", prompts[2], 8)
+    assert mixed[1] == sampled
+    assert sampled != alone("llama", prompts[1], 8)  # the draw is not greedy

@@ -12,7 +12,7 @@ import pytest
 
 from shared.wire.errors import ContextLengthError
 from worker.engine.prepare import fit_kv
-from worker.engine.slots import DecodeRows, DecodeView, PrefillView, SlotKV
+from worker.engine.slots import DecodeRows, DecodeView, PrefillRows, PrefillView, SlotKV
 
 SLOTS, HEADS, DIM, POSITIONS = 8, 2, 64, 2048
 
@@ -20,7 +20,7 @@ SLOTS, HEADS, DIM, POSITIONS = 8, 2, 64, 2048
 def _layer() -> tuple[SlotKV, int]:
     layer = SlotKV(SLOTS, POSITIONS)
     layer.reserve(POSITIONS)
-    PrefillView(layer, 0, 0).update_and_fetch(*_kv(1, 16))
+    PrefillView(layer, PrefillRows([0], [0], [16])).update_and_fetch(*_kv(1, 16))
     assert layer.keys is not None and layer.values is not None
     mx.eval(layer.keys, layer.values)
     return layer, int(layer.keys.nbytes)
@@ -61,7 +61,7 @@ def test_a_prompt_chunk_and_a_row_move_write_in_place() -> None:
     chunk = _kv(1, 512)
 
     def prefill_and_move() -> None:
-        PrefillView(layer, 2, 100).update_and_fetch(*chunk)
+        PrefillView(layer, PrefillRows([2], [100], [chunk[0].shape[2]])).update_and_fetch(*chunk)
         assert layer.keys is not None and layer.values is not None
         mx.eval(layer.keys, layer.values)
         layer.move(2, 5, 612)
@@ -108,3 +108,21 @@ def test_a_request_that_cannot_fit_the_kv_memory_is_refused_naming_it() -> None:
         fit_kv(prompt=900, asked=200, budget=200, window=1000, where="messages")
     with pytest.raises(ContextLengthError, match="holds 1000 tokens"):
         fit_kv(prompt=1000, asked=None, budget=10, window=1000, where="prompt")
+
+
+def test_a_grouped_prompt_chunk_writes_each_row_in_place_and_no_padding() -> None:
+    layer, size = _layer()
+    lengths = [40, 33, 37]
+    chunk = _kv(3, 40)
+
+    def prefill_three() -> None:
+        rows = PrefillRows([1, 4, 6], [10, 0, 200], lengths)
+        PrefillView(layer, rows).update_and_fetch(*chunk)
+        assert layer.keys is not None and layer.values is not None
+        mx.eval(layer.keys, layer.values)
+
+    assert _extra_peak(prefill_three) < size / 2
+    assert layer.keys is not None
+    assert mx.array_equal(layer.keys[4, :, 0:33], chunk[0][1, :, :33]).item()
+    assert mx.array_equal(layer.keys[6, :, 200:237], chunk[0][2, :, :37]).item()
+    assert not mx.any(layer.keys[4, :, 33:40]).item()  # the padded positions are not written

@@ -1,11 +1,19 @@
 """mlxq's own continuous batch: sequences in slots of preallocated KV (worker/engine/slots.py).
 
-A step (`next`) does two things. First it prefills waiting prompts, oldest first, one chunk of
-at most `chunk` tokens per forward, until the step's prompt-token budget is spent: a long prompt
-takes several steps and the running sequences go on between them. A prompt whose tokens are
-all in its row but the last is promoted to decoding. Then one forward feeds every decoding row
-its next token, the prompts just promoted included: their first token comes out of the step
-that finished their prompt, without computing the vocabulary's logits over a whole chunk.
+A step (`next`) does three things. First it prefills waiting prompts, oldest first, at most
+`chunk` tokens of each per forward, until the step's prompt-token budget is spent: a long prompt
+takes several steps and the running sequences go on between them. Prompts of similar lengths
+share a forward (right-padded; GROUP_TOKENS, PADDING), which reads the weights once for all of
+them. A prompt whose tokens are all in its row but the last is promoted to decoding. Then it
+queues one forward feeding every decoding row its next token, the prompts just promoted
+included (their first token comes without computing the vocabulary's logits over a chunk),
+and only then reads back the tokens of the forward queued by the step before: the step returns
+those. So MLX computes a forward while the host builds the next one's graph and the caller
+handles the tokens (mlx-lm's generate runs one token ahead the same way). The forward's input
+is the last one's sampled tokens, still lazy; a sequence that ends on a stop token has had one
+more forward queued, whose token is dropped (its KV, written, goes with the prefix cache's
+copy). The last tokens are read first, with no overlap, when a sequence's logits processors
+read its tokens on the host, or a sequence's last token is the one being read.
 
 Rows are kept in slot order, decoding rows first: a decode forward reads rows 0..n-1, with no
 gather. A row promoted from prefill swaps with the first prefilling row; a row that ends takes
@@ -26,8 +34,20 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx_lm.sample_utils import LogitsProcessor
 
-from worker.engine.sampling import Sampler
-from worker.engine.slots import DecodeRows, DecodeView, PrefillView, SlotKV, extract
+from worker.engine.sampling import Sampler, greedy
+from worker.engine.slots import (
+    DecodeRows,
+    DecodeView,
+    PrefillRows,
+    PrefillView,
+    SlotKV,
+    extract,
+)
+
+# Prompt chunks of several rows go through one forward (reading the weights once), up to this
+# many positions, padding included, and while padding adds at most this share of work.
+GROUP_TOKENS = 512
+PADDING = 1.25
 
 
 @dataclass(frozen=True)
@@ -53,15 +73,27 @@ class Token:
     all_tokens: list[int] | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # a row is itself: compared by identity
 class Row:
     uid: int
-    tokens: list[int]  # the sequence so far: prompt, then what it generated
+    tokens: list[int]  # the sequence so far: prompt, then the tokens read back
     todo: list[int]  # prompt tokens whose KV is not in the row yet
     entry: Entry
-    offset: int = 0  # positions of the row holding KV
-    generated: int = 0
-    next_token: int = -1  # the next decode forward's input
+    offset: int = 0  # positions of the row holding KV (or being written by a forward)
+    launched: int = 0  # tokens the decode forwards were asked for
+    read: int = 0  # tokens read back
+    next_token: int = -1  # the next decode forward's input, when known on the host
+    # Where the next input is while it is still being computed: a forward's tokens, a row.
+    source: tuple[Launch, int] | None = None
+    gone: bool = False  # ended or removed: a forward still running for it is not read
+
+
+@dataclass(frozen=True, eq=False)
+class Launch:
+    """A decode forward under way: its rows, in order, and the tokens it samples (lazy)."""
+
+    rows: list[Row]
+    tokens: mx.array
 
 
 class SlotBatch:
@@ -84,6 +116,7 @@ class SlotBatch:
         self._rows: list[Row] = []  # by slot; the first `_decoding` decode, the others prefill
         self._decoding = 0
         self._waiting: deque[Row] = deque()
+        self._unread: Launch | None = None  # the last decode forward, its tokens not read yet
         self._uid = 0
 
     @property
@@ -101,14 +134,21 @@ class SlotBatch:
         return uids
 
     def next(self, prefill_budget: int | None) -> list[Token]:
-        """Prefill within `prefill_budget` prompt tokens (None: every waiting prompt), then
-        one token for every decoding sequence."""
+        """Prefill within `prefill_budget` prompt tokens (None: every waiting prompt), start
+        the decode forward for every decoding sequence, and return the tokens of the one
+        before (so a sequence's first token comes out of the step after its prompt's)."""
         self._prefill(prefill_budget if prefill_budget is not None else sys.maxsize)
-        if not self._decoding:
-            return []
-        out, ended = self._decode()
-        for slot in sorted(ended, reverse=True):
-            self._free(slot)
+        rows = self._rows[: self._decoding]
+        if rows and not self._read_first(rows):
+            # The forward is queued on the last one's tokens, still lazy: MLX computes it while
+            # this step reads the last tokens back and the caller handles them.
+            launch = self._launch(rows)
+            out = self._read()
+            self._unread = launch
+        else:
+            out = self._read()
+            if self._decoding:
+                self._unread = self._launch(self._rows[: self._decoding])
         self._admit()
         return out
 
@@ -116,6 +156,7 @@ class SlotBatch:
         gone = set(uids)
         self._waiting = deque(r for r in self._waiting if r.uid not in gone)
         for slot in sorted((s for s, r in enumerate(self._rows) if r.uid in gone), reverse=True):
+            self._rows[slot].gone = True
             self._free(slot)
         self._admit()
 
@@ -140,19 +181,43 @@ class SlotBatch:
             layer.reserve(positions)
 
     def _prefill(self, budget: int) -> None:
+        if budget > 0 and self._decoding < len(self._rows) and self._unread is not None:
+            # The buffers are written in place only when no forward under way still reads them.
+            mx.eval(self._unread.tokens)
         while budget > 0 and self._decoding < len(self._rows):
-            slot = min(range(self._decoding, len(self._rows)), key=lambda s: self._rows[s].uid)
-            row = self._rows[slot]
-            n = min(len(row.todo) - 1, self._chunk, budget)
-            self._reserve(row.offset + n)
-            views = [PrefillView(layer, slot, row.offset) for layer in self._layers]
-            self._model(mx.array([row.todo[:n]]), cache=views)  # the logits are never computed
+            group = self._group(budget)
+            rows = [self._rows[slot] for slot, _ in group]
+            lengths = [n for _, n in group]
+            self._reserve(max(r.offset + n for r, n in zip(rows, lengths, strict=True)))
+            shared = PrefillRows([s for s, _ in group], [r.offset for r in rows], lengths)
+            views = [PrefillView(layer, shared) for layer in self._layers]
+            width = max(lengths)
+            inputs = [r.todo[:n] + [0] * (width - n) for r, n in zip(rows, lengths, strict=True)]
+            self._model(mx.array(inputs), cache=views)  # the logits are never computed
             mx.eval([a for layer in self._layers for a in (layer.keys, layer.values)])
-            row.offset += n
-            del row.todo[:n]
-            budget -= n
-            if len(row.todo) == 1:
-                self._promote(slot)
+            for row, n in zip(rows, lengths, strict=True):
+                row.offset += n
+                del row.todo[:n]
+                budget -= n
+                if len(row.todo) == 1:
+                    self._promote(self._rows.index(row))
+
+    def _group(self, budget: int) -> list[tuple[int, int]]:
+        """The prefilling rows whose next chunks one forward takes, as (slot, tokens): the
+        oldest first, then others while the budget lasts and padding wastes little."""
+        slots = sorted(range(self._decoding, len(self._rows)), key=lambda s: self._rows[s].uid)
+        group: list[tuple[int, int]] = []
+        useful = width = 0
+        for slot in slots:
+            n = min(len(self._rows[slot].todo) - 1, self._chunk, budget - useful)
+            if n <= 0:
+                break
+            padded = (len(group) + 1) * max(width, n)
+            if group and (padded > GROUP_TOKENS or padded > PADDING * (useful + n)):
+                continue
+            group.append((slot, n))
+            useful, width = useful + n, max(width, n)
+        return group
 
     def _promote(self, slot: int) -> None:
         """The row's prompt is in its slot but for the last token: the next decode feeds it."""
@@ -161,35 +226,71 @@ class SlotBatch:
         self._swap(slot, self._decoding)
         self._decoding += 1
 
-    def _decode(self) -> tuple[list[Token], list[int]]:
-        rows = self._rows[: self._decoding]
+    def _read_first(self, rows: list[Row]) -> bool:
+        """Whether the last forward's tokens must be read before the next forward is built:
+        a logits processor reads the whole sequence on the host, and a sequence whose last
+        token is under way needs no more."""
+        return any(r.entry.processors or r.launched >= r.entry.max_tokens for r in rows)
+
+    def _launch(self, rows: list[Row]) -> Launch:
+        """Queue one decode forward for `rows` (slots 0..n-1) and its sampling; nothing waits."""
         self._reserve(max(r.offset for r in rows) + 1)
         shared = DecodeRows([r.offset for r in rows])
         views = [DecodeView(layer, shared) for layer in self._layers]
-        inputs = mx.array([r.next_token for r in rows])[:, None]
-        logits = self._model(inputs, cache=views)[:, -1, :]
+        logits = self._model(self._inputs(rows), cache=views)[:, -1, :]
         if any(r.entry.processors for r in rows):
             logits = self._process(rows, logits)
-        tokens = cast(list[int], self._sample(rows, logits).tolist())
-        out, ended = [], []
-        for slot, (row, token) in enumerate(zip(rows, tokens, strict=True)):
+        launch = Launch(list(rows), self._sample(rows, logits))
+        mx.async_eval(launch.tokens)
+        for i, row in enumerate(rows):
             row.offset += 1
-            row.generated += 1
+            row.launched += 1
+            row.source = (launch, i)
+        return launch
+
+    def _inputs(self, rows: list[Row]) -> mx.array:
+        """Each row's next input: the last forward's token for it (lazy), or a known one."""
+        sources = [r.source for r in rows]
+        last = self._unread
+        if last is not None and sources == [(last, i) for i in range(len(last.rows))]:
+            return last.tokens[:, None]  # the same rows as the last forward, in order
+        known = mx.array([r.next_token for r in rows])
+        if last is None:
+            return known[:, None]
+        picks = mx.take(last.tokens, mx.array([s[1] if s else 0 for s in sources]))
+        return mx.where(mx.array([s is not None for s in sources]), picks, known)[:, None]
+
+    def _read(self) -> list[Token]:
+        """The tokens of the last forward, for the rows still here; ends the rows they end."""
+        launch, self._unread = self._unread, None
+        if launch is None:
+            return []
+        out, ended = [], []
+        for row, token in zip(launch.rows, cast(list[int], launch.tokens.tolist()), strict=True):
+            if row.gone:
+                continue
+            row.read += 1
             row.tokens.append(token)
-            row.next_token = token
+            if row.source is not None and row.source[0] is launch:
+                row.next_token, row.source = token, None
             reason = self._finish_reason(row, token)
             if reason is None:
                 out.append(Token(row.uid, token, None))
                 continue
-            ended.append(slot)
-            cache = extract(self._layers, slot, row.offset) if self._keep_caches else None
+            row.gone = True
+            ended.append(row)
+            cache = None
+            if self._keep_caches:
+                cache = extract(self._layers, self._rows.index(row), row.offset)
             out.append(Token(row.uid, token, reason, cache, row.tokens[: row.offset]))
-        return out, ended
+        for slot in sorted((self._rows.index(r) for r in ended), reverse=True):
+            self._free(slot)
+        return out
 
     def _finish_reason(self, row: Row, token: int) -> str | None:
         if token in self._stops:
             return "stop"
-        return "length" if row.generated >= row.entry.max_tokens else None
+        return "length" if row.read >= row.entry.max_tokens else None
 
     @staticmethod
     def _process(rows: list[Row], logits: mx.array) -> mx.array:
@@ -209,7 +310,13 @@ class SlotBatch:
         samplers = [r.entry.sampler for r in rows]
         if all(s is samplers[0] for s in samplers):  # e.g. all greedy: one call
             return samplers[0](logits)
-        return mx.concatenate([s(logits[i : i + 1]) for i, s in enumerate(samplers)], axis=0)
+        drawn = [i for i, s in enumerate(samplers) if s is not greedy]
+        if len(drawn) == len(rows):
+            return mx.concatenate([samplers[i](logits[i : i + 1]) for i in drawn], axis=0)
+        # The greedy rows in one argmax over all rows; the others drawn each by its sampler.
+        tokens = greedy(logits)
+        tokens[mx.array(drawn)] = mx.concatenate([samplers[i](logits[i : i + 1]) for i in drawn])
+        return tokens
 
     def _swap(self, a: int, b: int) -> None:
         if a == b:

@@ -14,7 +14,8 @@ The model's attention modules are mlx-lm's, untouched: they read `cache.offset` 
 `cache.update_and_fetch(keys, values)` and get their mask from `cache.make_mask`. A forward sees
 the buffers through a view per layer: `DecodeView` (every decoding row, one new token each, at
 their own offsets: a vector of offsets for `mx.fast.rope` and a boolean mask hiding each row's
-unused positions) or `PrefillView` (one row's next prompt chunk, a plain causal mask).
+unused positions) or `PrefillView` (the next prompt chunk of one row, with a plain causal mask,
+or of several rows at once, right-padded, at their own offsets).
 """
 
 from __future__ import annotations
@@ -140,20 +141,50 @@ class DecodeView:
         return self._rows.mask
 
 
-class PrefillView:
-    """One layer, seen by a forward over one row's next prompt chunk."""
+class PrefillRows:
+    """What every layer's view shares in a prefill forward: one prompt chunk per row, the
+    chunks right-padded to the longest (a padded position's output is never used, and its
+    keys and values are not written)."""
 
-    def __init__(self, layer: SlotKV, row: int, offset: int):
+    def __init__(self, slots: list[int], offsets: list[int], lengths: list[int]):
+        self.slots = slots
+        self.starts = offsets
+        self.lengths = lengths
+        width = max(lengths)
+        self.end = max(offsets) + width  # the positions a forward attends over
+        self.offset: int | mx.array = offsets[0]
+        self.mask: mx.array | None = None
+        self.index: mx.array | None = None  # rows to gather, if not one row
+        if len(slots) > 1:
+            self.offset = mx.array(offsets)
+            queries = self.offset[:, None] + mx.arange(width)[None]
+            self.mask = (mx.arange(self.end)[None, None] <= queries[:, :, None])[:, None]
+            self.index = mx.array(slots)
+
+
+class PrefillView:
+    """One layer, seen by a forward over the next prompt chunk of one or more rows."""
+
+    def __init__(self, layer: SlotKV, rows: PrefillRows):
         self._layer = layer
-        self._row = row
-        self.offset = offset
+        self._rows = rows
+        self.offset = rows.offset
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        layer, row = self._layer, self._row
-        layer.write(row, self.offset, keys, values)
+        layer, rows = self._layer, self._rows
+        if rows.index is None:
+            layer.write(rows.slots[0], rows.starts[0], keys, values)
+            row, end = rows.slots[0], rows.starts[0] + keys.shape[2]
+            assert layer.keys is not None and layer.values is not None
+            return layer.keys[row : row + 1, :, :end, :], layer.values[row : row + 1, :, :end, :]
+        for b, (slot, start, n) in enumerate(
+            zip(rows.slots, rows.starts, rows.lengths, strict=True)
+        ):
+            layer.write(slot, start, keys[b : b + 1, :, :n], values[b : b + 1, :, :n])
         assert layer.keys is not None and layer.values is not None
-        end = self.offset + keys.shape[2]
-        return layer.keys[row : row + 1, :, :end, :], layer.values[row : row + 1, :, :end, :]
+        return layer.keys[rows.index, :, : rows.end], layer.values[rows.index, :, : rows.end]
 
     def make_mask(self, n: int, return_array: bool = False, window_size: Any = None) -> Any:
-        return create_attention_mask(n, self.offset, return_array, window_size)
+        if self._rows.mask is not None:
+            return self._rows.mask
+        return create_attention_mask(n, self._rows.starts[0], return_array, window_size)
