@@ -199,15 +199,16 @@ def test_a_finished_sequence_hands_back_the_kv_of_its_prompt_and_answer() -> Non
 def test_a_long_prompt_is_prefilled_within_the_budget_while_running_rows_keep_decoding() -> None:
     batch = SlotBatch(tiny("llama"), 4, frozenset(), 512, keep_caches=False, positions=512)
     (running,) = batch.insert([Entry([1, 2, 3], [], None, 100, greedy, [])])
-    assert batch.next(16) == []  # its first token is under way: the next step reads it
+    assert [t.uid for t in batch.next(16)] == [running]  # its first token, in its prompt's step
+    assert batch.next(16) == []  # its second is under way: from here on, one step ahead
     assert [t.uid for t in batch.next(16)] == [running]
     (joining,) = batch.insert([Entry(list(range(4, 104)), [], None, 5, greedy, [])])
     steps = []
     while not steps or steps[-1] == [running]:
         steps.append([t.uid for t in batch.next(16)])
-    # 99 prompt tokens at 16 a step: the 7th step computes the last chunk and starts the
-    # prompt's first token, which the 8th reads back; the running row got a token every step.
-    assert len(steps) == 8
+    # 99 prompt tokens at 16 a step: the 7th step computes the last chunk and the prompt's first
+    # token comes out of it; the running row got a token every step.
+    assert len(steps) == 7
     assert steps[-1] == [running, joining]
 
 

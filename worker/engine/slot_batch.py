@@ -9,7 +9,10 @@ queues one forward feeding every decoding row its next token, the prompts just p
 included (their first token comes without computing the vocabulary's logits over a chunk),
 and only then reads back the tokens of the forward queued by the step before: the step returns
 those. So MLX computes a forward while the host builds the next one's graph and the caller
-handles the tokens (mlx-lm's generate runs one token ahead the same way). The forward's input
+handles the tokens (mlx-lm's generate runs one token ahead the same way). A step whose forward
+draws some sequence's first token reads that forward back too, so a first token comes out of
+the step that finishes its prompt, as it would without the overlap (its second token then
+comes two steps later: the overlap starts there). The forward's input
 is the last one's sampled tokens, still lazy; a sequence that ends on a stop token has had one
 more forward queued, whose token is dropped (its KV, written, goes with the prefix cache's
 copy). The last tokens are read first, with no overlap, when a sequence's logits processors
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import mlx.core as mx
@@ -94,6 +97,7 @@ class Launch:
 
     rows: list[Row]
     tokens: mx.array
+    read: set[int] = field(default_factory=set)  # rows whose token was read early (first ones)
 
 
 class SlotBatch:
@@ -136,7 +140,7 @@ class SlotBatch:
     def next(self, prefill_budget: int | None) -> list[Token]:
         """Prefill within `prefill_budget` prompt tokens (None: every waiting prompt), start
         the decode forward for every decoding sequence, and return the tokens of the one
-        before (so a sequence's first token comes out of the step after its prompt's)."""
+        before; in a step that starts a sequence's first token, this forward's tokens too."""
         self._prefill(prefill_budget if prefill_budget is not None else sys.maxsize)
         rows = self._rows[: self._decoding]
         if rows and not self._read_first(rows):
@@ -149,6 +153,11 @@ class SlotBatch:
             out = self._read()
             if self._decoding:
                 self._unread = self._launch(self._rows[: self._decoding])
+        if self._unread is not None and any(r.launched == 1 for r in self._unread.rows):
+            # A prompt's first token is read in the step that finished the prompt, so its time
+            # to first token does not wait a step for the overlap; the other rows' tokens of
+            # that forward are returned by the next step, as usual.
+            out += self._read(firsts=True)
         self._admit()
         return out
 
@@ -260,15 +269,21 @@ class SlotBatch:
         picks = mx.take(last.tokens, mx.array([s[1] if s else 0 for s in sources]))
         return mx.where(mx.array([s is not None for s in sources]), picks, known)[:, None]
 
-    def _read(self) -> list[Token]:
-        """The tokens of the last forward, for the rows still here; ends the rows they end."""
-        launch, self._unread = self._unread, None
+    def _read(self, firsts: bool = False) -> list[Token]:
+        """The tokens of the last forward, for the rows still here (`firsts`: only the rows
+        whose first token it is, and the forward stays unread for the others); ends the rows
+        they end."""
+        launch = self._unread
         if launch is None:
             return []
+        if not firsts:
+            self._unread = None
         out, ended = [], []
-        for row, token in zip(launch.rows, cast(list[int], launch.tokens.tolist()), strict=True):
-            if row.gone:
+        tokens = cast(list[int], launch.tokens.tolist())
+        for i, (row, token) in enumerate(zip(launch.rows, tokens, strict=True)):
+            if row.gone or i in launch.read or (firsts and row.launched != 1):
                 continue
+            launch.read.add(i)
             row.read += 1
             row.tokens.append(token)
             if row.source is not None and row.source[0] is launch:
