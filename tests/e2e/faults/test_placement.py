@@ -51,12 +51,19 @@ def opening() -> list[dict[str, str]]:
     ]
 
 
-def ask(client: openai.OpenAI, messages: list[dict[str, str]], max_tokens: int = 8) -> object:
+# The model's end tokens (<|im_end|>, <|endoftext|>), forbidden where a request must run long.
+NO_END = {"2": -100, "0": -100}
+
+
+def ask(
+    client: openai.OpenAI, messages: list[dict[str, str]], max_tokens: int = 8, long: bool = False
+) -> object:
     return client.chat.completions.create(
         model=MODEL,
         messages=messages,  # type: ignore[arg-type]
         temperature=0,
         max_tokens=max_tokens,
+        logit_bias=NO_END if long else openai.NOT_GIVEN,
     )
 
 
@@ -113,9 +120,10 @@ def test_when_the_holder_is_full_the_next_turn_runs_elsewhere_without_waiting(
     messages = opening()
     first = ask(client, messages)
     holder = record(cluster, first).worker
-    # Fill every slot of the holder: requests on the same history are placed there.
+    # Fill every slot of the holder: requests on the same history are placed there, and run
+    # their 300 tokens whatever the document (an early end would empty the holder too soon).
     busy = [next_turn(messages, first) for _ in range(SLOTS)]
-    threads = [threading.Thread(target=ask, args=(client, m, 300)) for m in busy]
+    threads = [threading.Thread(target=ask, args=(client, m, 300, True)) for m in busy]
     for thread in threads:
         thread.start()
     wait_until(lambda: _slots_used(cluster, holder) == SLOTS, 60, "the holder to be full")
