@@ -13,6 +13,7 @@ from mlx_lm import load
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_config, load_tokenizer
 
+from worker.engine import cpu_prefill
 from worker.engine.detokenize import TextDecoder, decoder_factory, token_pieces
 from worker.engine.stop import stop_token_ids
 
@@ -30,6 +31,7 @@ class LoadedModel:
 
 def load_model(path: str) -> LoadedModel:
     model, tokenizer, config = load(path, return_config=True)
+    cpu_prefill.install(model)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
