@@ -102,7 +102,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     )
     cluster.start_redis()
     yield cluster
-    cluster.stop()
+    cluster.stop(quick=True)
 
 
 @pytest.fixture(scope="session")

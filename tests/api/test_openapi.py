@@ -30,7 +30,7 @@ from api.routes.openapi import document
 from shared.queue.config import Settings
 
 KEY = "sk-fuzz-0123456789abcdef"
-EXAMPLES = 300
+EXAMPLES = 100
 CHECKS = [
     not_a_server_error,
     status_code_conformance,

@@ -328,12 +328,19 @@ class Cluster:
             self.wait_for_worker(worker)
         return self
 
-    def stop(self) -> None:
-        procs = [w.proc for w in self.workers]
-        procs += [p for p in (self.api_proc, *self.more_apis) if p is not None]
+    def stop(self, quick: bool = False) -> None:
+        """The workers drain and exit (SIGTERM) beside the API, then Redis is killed.
+
+        The API gets SIGTERM, gunicorn's graceful stop, which waits for its clients' idle
+        keep-alive connections to time out (`keepalive` in api/gunicorn_conf.py, 5 s). `quick`
+        sends it SIGQUIT, gunicorn's quick stop, instead: for the tests, whose clients keep
+        connections open to the end and want no answer from a stack they are done with."""
+        apis = [p for p in (self.api_proc, *self.more_apis) if p is not None]
+        procs = [w.proc for w in self.workers] + apis
         for proc in procs:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                quit_api = quick and any(proc is api for api in apis)
+                proc.send_signal(signal.SIGQUIT if quit_api else signal.SIGTERM)
         for proc in procs:
             reap(proc)
         self.workers.clear()

@@ -49,7 +49,7 @@ def start_cluster(
 
     yield start
     for cluster in started:
-        cluster.stop()
+        cluster.stop(quick=True)
 
 
 def holder(cluster: Cluster, job_id: str) -> Worker:

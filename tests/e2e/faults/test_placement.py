@@ -21,7 +21,7 @@ from redis import Redis
 from shared.observe.fleet import WorkerStats
 from shared.observe.metrics import JobRecord
 from shared.queue.keys import Keys
-from tests.support import MODEL
+from tests.support import MODEL, Stream
 from worker.ops.cluster import Cluster, wait_until
 
 SLOTS = 4
@@ -122,20 +122,25 @@ def test_when_the_holder_is_full_the_next_turn_runs_elsewhere_without_waiting(
     holder = record(cluster, first).worker
     # Fill every slot of the holder: requests on the same history are placed there, and run
     # their 300 tokens whatever the document (an early end would empty the holder too soon).
-    busy = [next_turn(messages, first) for _ in range(SLOTS)]
-    threads = [threading.Thread(target=ask, args=(client, m, 300, True)) for m in busy]
-    for thread in threads:
-        thread.start()
-    wait_until(lambda: _slots_used(cluster, holder) == SLOTS, 60, "the holder to be full")
-    overridden = counter(redis, cluster.keys, "placement_overridden_busy")
-    started = time.monotonic()
-    turn = ask(client, next_turn(messages, first))
-    took = time.monotonic() - started
+    # Streamed, so that once the turn is answered they are cancelled (their clients leave)
+    # rather than waited for.
+    body = {"model": MODEL, "messages": next_turn(messages, first), "temperature": 0}
+    body |= {"max_tokens": 300, "logit_bias": NO_END}
+    busy = [Stream(cluster.api_url, body) for _ in range(SLOTS)]
+    try:
+        assert [stream.status for stream in busy] == [200] * SLOTS
+        wait_until(lambda: _slots_used(cluster, holder) == SLOTS, 60, "the holder to be full")
+        overridden = counter(redis, cluster.keys, "placement_overridden_busy")
+        started = time.monotonic()
+        turn = ask(client, next_turn(messages, first))
+        took = time.monotonic() - started
+    finally:
+        for stream in busy:
+            stream.close()
     assert record(cluster, turn).worker != holder
     assert counter(redis, cluster.keys, "placement_overridden_busy") == overridden + 1
     assert took < 30
-    for thread in threads:
-        thread.join()
+    wait_until(lambda: _slots_used(cluster, holder) == 0, 30, "the holder's slots to free")
 
 
 def test_many_requests_sharing_one_prompt_spread_over_both_workers(

@@ -161,15 +161,20 @@ def test_when_its_link_goes_down_it_drops_out_and_loses_nothing(
     stream = Stream(cluster.api_url, chat_body(max_tokens=2000))
     stream.read_tokens(2)
     long_story = {"model": MODEL, "input": "Tell a very long story.", "temperature": 0}
+    # Long enough to be still running when the link goes down a moment after it started (an
+    # end token or its last token before that would fail the RequeuedEvent check below), and
+    # no longer: the loopback worker runs it again from its start.
     background = httpx.post(
         f"{cluster.api_url}/v1/responses",
-        json={**long_story, "background": True, "max_output_tokens": 400},
+        json={**long_story, "background": True, "max_output_tokens": 80},
         timeout=30,
     ).json()
     redis = cluster.redis()
     wait_until(lambda: rq_job(redis, background["id"]).get_status() == "started", 60, "bulk")
     assert holder(cluster, background["id"]) is remote
-    local = cluster.start_worker()  # a live worker to hand the bulk job to
+    # A live worker to hand the bulk job to, loading its model while the remote one drops out
+    # (started only now, so that the bulk job could not have gone to it).
+    local = cluster.start_worker(wait=False)
 
     link.ip("link", "set", link.host_side, "down")
     down = time.monotonic()
@@ -178,6 +183,7 @@ def test_when_its_link_goes_down_it_drops_out_and_loses_nothing(
     error = stream.rest()[-1]
     ended = time.monotonic()
     assert '"worker_lost"' in error and ended - down < window + 2
+    cluster.wait_for_worker(local)
 
     def answered() -> bool:
         body = httpx.get(f"{cluster.api_url}/v1/responses/{background['id']}", timeout=10).json()

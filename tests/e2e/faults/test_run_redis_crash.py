@@ -84,10 +84,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log = folder / "run.log"
     proc = spawn(RUN, env, log)
     base_url = f"http://127.0.0.1:{api_port}/v1"
+    client = openai.OpenAI(base_url=base_url, api_key="unused")
     try:
         wait_until(lambda: _answers(base_url), 240, "the stack")
-        yield Stack(proc, log, redis_url, openai.OpenAI(base_url=base_url, api_key="unused"))
+        yield Stack(proc, log, redis_url, client)
     finally:
+        # Its keep-alive connections closed first: the API's graceful stop waits for them.
+        client.close()
         stop(proc, timeout_s=90)
 
 

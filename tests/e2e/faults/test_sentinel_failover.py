@@ -23,6 +23,7 @@ import httpx
 import openai
 import pytest
 from redis import Redis
+from redis.exceptions import ResponseError
 
 from tests.support import MODEL, Stream, chat_body, chat_line, lines_of, start_batch
 from worker.ops.cluster import (
@@ -39,6 +40,7 @@ SERVICE = "mlxqfailover"
 LINES = 16
 BACKGROUND = 6
 STREAMERS = 3
+INFO_PERIOD_MS = 10_000  # Sentinel's own
 
 
 @dataclass
@@ -61,7 +63,14 @@ def group(
     ports = [free_port() for _ in range(3)]
     procs = [start_sentinel(p, primary, SERVICE, folder / str(p)) for p in ports]
     url = f"redis+sentinel://{','.join(f'127.0.0.1:{p}' for p in ports)}/{SERVICE}/0"
+    sentinels = [Redis(port=p, socket_timeout=2) for p in ports]
+    cluster: Cluster | None = None
     try:
+        # The replica first, to attach as soon as the primary is up; the Sentinels learn of it
+        # from the primary's INFO, which they ask for every 10 s: every 0.5 s until the group
+        # is formed, then every 10 s again, so the failover runs on Sentinel's own timing.
+        _info_period_ms(sentinels, 500)
+        procs.append(start_redis(replica, extra=["--replicaof", "127.0.0.1", str(primary)]))
         cluster = start_cluster(
             redis={"port": primary, "url": url},
             env={
@@ -70,14 +79,25 @@ def group(
                 "MLXQ_REDIS_WAIT_REPLICAS": "1",
             },
         )
-        procs.append(start_redis(replica, extra=["--replicaof", "127.0.0.1", str(primary)]))
-        sentinels = [Redis(port=p, socket_timeout=2) for p in ports]
         formed = Group(cluster, sentinels, replica, procs)
         wait_until(lambda: _formed(formed), 60, "the Sentinels to know the replica and each other")
+        _info_period_ms(sentinels, INFO_PERIOD_MS)
         yield formed
     finally:
+        if cluster is not None:
+            cluster.stop(quick=True)  # while Redis is there: the worker exits through it
         for proc in procs:
             stop(proc)
+
+
+def _info_period_ms(sentinels: list[Redis], ms: int) -> None:
+    """How often the Sentinels ask the primary for INFO (`SENTINEL DEBUG`, Redis 7.0 and later;
+    an older Sentinel keeps its 10 s)."""
+    for sentinel in sentinels:
+        try:
+            sentinel.execute_command("SENTINEL", "DEBUG", "INFO-PERIOD", ms)
+        except ResponseError:
+            return
 
 
 def _formed(group: Group) -> bool:
