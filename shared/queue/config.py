@@ -102,6 +102,8 @@ class Settings(BaseSettings):
     # The batch under the engine (worker/engine/batches.py): mlxq's own slots, or mlx-lm's
     # BatchGenerator (always used for models whose cache is not a plain KV cache).
     batch: Literal["slots", "mlx-lm"] = "slots"
+    # On the CPU device, a prompt chunk's softmax and SiLU in NumPy (worker/engine/cpu_prefill.py).
+    cpu_prefill: bool = True
     # MiB of KV the slot batch may hold (batch_size rows); None: each row up to the model's window.
     kv_memory: int | None = Field(default=None, ge=1)
     # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.

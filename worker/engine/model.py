@@ -29,9 +29,11 @@ class LoadedModel:
     token_piece: Callable[[int], bytes]
 
 
-def load_model(path: str) -> LoadedModel:
+def load_model(path: str, cpu_prefill_on: bool = True) -> LoadedModel:
+    """`cpu_prefill_on`: on the CPU device, prompt chunks take worker/engine/cpu_prefill.py."""
     model, tokenizer, config = load(path, return_config=True)
-    cpu_prefill.install(model)
+    if cpu_prefill_on:
+        cpu_prefill.install(model)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -97,7 +97,7 @@ def build_engine(
         warm_up(embedder)
         log.info("loaded embedding model %s in %.1f s", name, time.perf_counter() - started)
         return name, embedder, None, None
-    loaded = load_model(source)
+    loaded = load_model(source, settings.cpu_prefill)
     log.info("loaded %s in %.1f s", name, time.perf_counter() - started)
     prefixes = (
         PrefixCache(loaded.model, settings.prefix_cache_entries, settings.prefix_cache_mb << 20)
