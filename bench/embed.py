@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -111,10 +110,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(args: argparse.Namespace) -> None:
-    preload = systems.blas_env()  # the bare forward gets the BLAS the worker gets
-    if preload and "openblas" not in os.environ.get("LD_PRELOAD", ""):
-        argv = [sys.executable, "-m", "bench", *sys.argv[1:]]
-        os.execve(sys.executable, argv, {**os.environ, **preload})
+    systems.rerun_with_openblas("bench")  # the bare forward gets the BLAS the worker gets
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     forward = bare_forward(args, sizes)
     served = through_mlxq(args, sizes)

@@ -20,7 +20,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -28,11 +27,11 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from bench.systems import rerun_with_openblas
 from shared.queue.config import Settings
 from worker.engine import cpu_prefill
 from worker.engine.batches import PREFILL_CHUNK
 from worker.engine.model import load_model
-from worker.runtime.blas import find_openblas
 
 CHUNK, WIDTH, HEADS, GROUPS, DIM, HIDDEN = 512, 576, 9, 3, 64, 1536  # SmolLM2-135M
 
@@ -137,10 +136,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    library = find_openblas()
-    if library and sys.platform.startswith("linux") and "LD_PRELOAD" not in os.environ:
-        preloaded = {**os.environ, "LD_PRELOAD": library}
-        os.execve(
-            sys.executable, [sys.executable, "-m", "bench.prefill_cost", *sys.argv[1:]], preloaded
-        )
+    rerun_with_openblas("bench.prefill_cost")
     main()

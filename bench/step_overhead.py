@@ -36,6 +36,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from bench.systems import rerun_with_openblas
 from shared.queue.config import Settings
 from shared.queue.jobs import job_for
 from shared.wire.completions import ChatCompletionRequest
@@ -44,7 +45,6 @@ from worker.engine.batches import PREFILL_CHUNK
 from worker.engine.model import LoadedModel, load_model
 from worker.engine.sampling import greedy
 from worker.engine.slot_batch import Entry, SlotBatch
-from worker.runtime.blas import find_openblas
 
 WARM = 4  # steps of each run not counted: the batch's first tokens, shapes compiled
 
@@ -203,10 +203,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    library = find_openblas()
-    if library and sys.platform.startswith("linux") and "LD_PRELOAD" not in os.environ:
-        preloaded = {**os.environ, "LD_PRELOAD": library}
-        os.execve(
-            sys.executable, [sys.executable, "-m", "bench.step_overhead", *sys.argv[1:]], preloaded
-        )
+    rerun_with_openblas("bench.step_overhead")
     main()

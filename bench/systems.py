@@ -55,6 +55,15 @@ def blas_env() -> dict[str, str]:
     return {"LD_PRELOAD": library} if library and sys.platform.startswith("linux") else {}
 
 
+def rerun_with_openblas(module: str) -> None:
+    """Start `python -m module` again, same arguments, with OpenBLAS preloaded as a worker
+    runs (the loader reads LD_PRELOAD only at start), unless it is preloaded or absent."""
+    preload = blas_env()
+    if preload and "openblas" not in os.environ.get("LD_PRELOAD", ""):
+        argv = [sys.executable, "-m", module, *sys.argv[1:]]
+        os.execve(sys.executable, argv, {**os.environ, **preload})
+
+
 def _serves(port: int, model: str) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as r:
