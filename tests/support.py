@@ -45,6 +45,9 @@ STAND_IN = "stand-in.1"  # the worker id of `stand_in_worker`
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
 STORY = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
+# The default model's end tokens (<|im_end|>, <|endoftext|>) as a logit_bias that forbids them,
+# for a request that must run to its max_tokens whatever the machine's arithmetic samples.
+NO_END = {"2": -100, "0": -100}
 
 # OpenAI's error body
 

@@ -16,6 +16,7 @@ from shared.wire.batches import StoredBatch
 from tests.support import (
     CHAT,
     MODEL,
+    NO_END,
     chat_line,
     lines_of,
     recent_jobs,
@@ -192,7 +193,9 @@ def test_interactive_requests_do_not_wait_behind_a_batch(
 ) -> None:
     keys = Keys(settings.namespace)
     lines = [
-        chat_line(f"b{i}", "Write a long story about a dog.", max_tokens=120) for i in range(24)
+        # Every line runs its 120 tokens (no end token), so none frees a slot early.
+        chat_line(f"b{i}", "Write a long story about a dog.", max_tokens=120, logit_bias=NO_END)
+        for i in range(24)
     ]
     batch = start_batch(client, lines)
     (worker,) = read_snapshot(redis, keys, settings.heartbeat_s).workers

@@ -17,7 +17,7 @@ import pytest
 
 from shared.observe.fleet import FleetSnapshot
 from tests.e2e.faults.conftest import HEARTBEAT_S, holder
-from tests.support import MODEL, Stream, chat_body, post
+from tests.support import MODEL, NO_END, Stream, chat_body, post
 from worker.ops.cluster import ROOT, Cluster, wait_until
 
 LONG = 2000
@@ -60,13 +60,24 @@ def test_every_scrape_and_mlxq_status_show_both_workers_and_a_killed_one_is_neve
     cluster: Cluster,
 ) -> None:
     assert len(cluster.api_worker_pids()) == 2
-    streams = [Stream(cluster.api_url, chat_body(max_tokens=LONG)) for _ in range(3)]
-    ids = [stream.read_tokens(2) for stream in streams]
+    body = chat_body(max_tokens=LONG, logit_bias=NO_END)
+    streams = [Stream(cluster.api_url, body) for _ in range(3)]
+    try:
+        _see_three_then_kill_one(cluster, [stream.read_tokens(2) for stream in streams])
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+def _see_three_then_kill_one(cluster: Cluster, ids: list[str]) -> None:
     victim = holder(cluster, ids[0])
+    slots_used = "mlxq:worker_slots_used"
+    # Workers report their slots with each heartbeat: the last admitted may not be in it yet.
+    wait_until(lambda: total(scrape(cluster), slots_used) == 3, 3 * HEARTBEAT_S, "3 slots used")
     for _ in range(6):  # requests land on either gunicorn process: each sees the whole fleet
         figures = scrape(cluster)
         assert figures[f'mlxq:num_workers{{model_name="{MODEL}"}}'] == 2
-        assert total(figures, "mlxq:worker_slots_used") == 3
+        assert total(figures, slots_used) == 3
         running = f'mlxq:num_requests_running{{lane="interactive",model_name="{MODEL}"}}'
         assert figures[running] == 3
     seen = status(cluster)
@@ -79,10 +90,8 @@ def test_every_scrape_and_mlxq_status_show_both_workers_and_a_killed_one_is_neve
     wait_until(lambda: len(status(cluster).workers) == 1, 2 * HEARTBEAT_S + 3, "the dead worker")
     figures = scrape(cluster)
     assert figures[f'mlxq:num_workers{{model_name="{MODEL}"}}'] == 1
-    assert total(figures, "mlxq:worker_slots_used") == 3 - held
+    assert total(figures, slots_used) == 3 - held
     assert not any(victim.worker_id in key for key in figures)
-    for stream in streams:
-        stream.close()
 
 
 def test_a_finished_request_adds_its_tokens_reason_and_latencies_to_the_fleets_figures(

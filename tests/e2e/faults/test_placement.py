@@ -21,7 +21,7 @@ from redis import Redis
 from shared.observe.fleet import WorkerStats
 from shared.observe.metrics import JobRecord
 from shared.queue.keys import Keys
-from tests.support import MODEL, Stream
+from tests.support import MODEL, NO_END, Stream
 from worker.ops.cluster import Cluster, wait_until
 
 SLOTS = 4
@@ -49,10 +49,6 @@ def opening() -> list[dict[str, str]]:
         {"role": "system", "content": system},
         {"role": "user", "content": "Which shipment left first?"},
     ]
-
-
-# The model's end tokens (<|im_end|>, <|endoftext|>), forbidden where a request must run long.
-NO_END = {"2": -100, "0": -100}
 
 
 def ask(
