@@ -94,7 +94,7 @@ class Settings(BaseSettings):
     # Above 0, the synthetic engine models prefill (worker/engine/synthetic_prefill.py): the
     # served model's tokenizer, a prefix cache, and this many seconds per uncached prompt token.
     synthetic_prefill_s_per_token: float = Field(default=0.0, ge=0)
-    batch_size: int = Field(default=16, ge=1, le=1024)
+    batch_size: int = Field(default=32, ge=1, le=1024)
     # An embedding worker: inputs encoded together in one forward, from any of its jobs.
     embed_batch: int = Field(default=64, ge=1, le=2048)
     # Prompt tokens one step prefills at most (worker/engine/prefill.py).
@@ -102,8 +102,10 @@ class Settings(BaseSettings):
     # The batch under the engine (worker/engine/batches.py): mlxq's own slots, or mlx-lm's
     # BatchGenerator (always used for models whose cache is not a plain KV cache).
     batch: Literal["slots", "mlx-lm"] = "slots"
-    # On the CPU device, a prompt chunk's softmax and SiLU in NumPy (worker/engine/cpu_prefill.py).
+    # On the CPU device (worker/engine/cpu_exp.py): a prompt chunk's softmax and SiLU in NumPy,
+    # a decode forward's with a compiled polynomial exp.
     cpu_prefill: bool = True
+    cpu_decode: bool = True
     # MiB of KV the slot batch may hold (batch_size rows); None: each row up to the model's window.
     kv_memory: int | None = Field(default=None, ge=1)
     # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.

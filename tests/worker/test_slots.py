@@ -19,7 +19,7 @@ SLOTS, HEADS, DIM, POSITIONS = 8, 2, 64, 2048
 
 def _layer() -> tuple[SlotKV, int]:
     layer = SlotKV(SLOTS, POSITIONS)
-    layer.reserve(POSITIONS)
+    layer.reserve(SLOTS, POSITIONS)
     PrefillView(layer, PrefillRows([0], [0], [16])).update_and_fetch(*_kv(1, 16))
     assert layer.keys is not None and layer.values is not None
     mx.eval(layer.keys, layer.values)
@@ -90,12 +90,26 @@ def test_a_view_kept_across_a_write_costs_a_whole_copy() -> None:
 
 def test_capacity_grows_in_steps_and_never_past_the_limit() -> None:
     layer = SlotKV(SLOTS, 1000)
-    layer.reserve(10)
+    layer.reserve(1, 10)
     assert layer.capacity == 256
-    layer.reserve(300)
+    layer.reserve(1, 300)
     assert layer.capacity == 512
-    layer.reserve(990)
+    layer.reserve(1, 990)
     assert layer.capacity == 1000
+
+
+def test_rows_grow_with_the_rows_in_use_up_to_the_slots_keeping_what_they_hold() -> None:
+    layer = SlotKV(SLOTS, POSITIONS)
+    layer.reserve(1, 16)
+    chunk = _kv(1, 16)
+    PrefillView(layer, PrefillRows([0], [0], [16])).update_and_fetch(*chunk)
+    assert layer.keys is not None and layer.keys.shape[0] == 4  # not SLOTS: one row is in use
+    layer.reserve(5, 300)
+    assert (layer.rows, layer.capacity) == (SLOTS, 512)
+    layer.reserve(SLOTS, 16)
+    assert layer.keys.shape[:3] == (SLOTS, HEADS, 512)
+    assert mx.array_equal(layer.keys[0, :, :16], chunk[0][0]).item()
+    assert not mx.any(layer.keys[1:]).item()
 
 
 def test_a_completion_without_max_tokens_shrinks_to_the_kv_memory() -> None:

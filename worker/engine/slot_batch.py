@@ -186,8 +186,9 @@ class SlotBatch:
                 self._promote(slot)
 
     def _reserve(self, positions: int) -> None:
+        """Room in every layer for the rows in slots and `positions` positions each."""
         for layer in self._layers:
-            layer.reserve(positions)
+            layer.reserve(len(self._rows), positions)
 
     def _prefill(self, budget: int) -> None:
         if budget > 0 and self._decoding < len(self._rows) and self._unread is not None:

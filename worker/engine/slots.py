@@ -26,33 +26,46 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, create_attention_mask
 
 GROWTH = 256  # capacity grows in multiples of this many positions
+ROW_GROWTH = 4  # rows, the first time the buffer grows
 
 
 class SlotKV:
-    """One layer's keys and values, a row per slot; allocated at its first write."""
+    """One layer's keys and values, a row per slot; allocated at its first write.
+
+    The buffer holds as many rows as the batch has held at once so far, not `slots`: memory
+    follows the concurrency the worker has seen, so a large MLXQ_BATCH_SIZE costs nothing until
+    it is used.
+    """
 
     def __init__(self, slots: int, limit: int):
-        self.slots = slots
+        self.slots = slots  # rows at most
         self.limit = limit  # positions per row at most
+        self.rows = 0
         self.capacity = 0
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
 
-    def reserve(self, positions: int) -> None:
-        """Make room for `positions` positions per row (copies the buffer when it grows)."""
-        if positions <= self.capacity:
+    def reserve(self, rows: int, positions: int) -> None:
+        """Make room for `rows` rows of `positions` positions (copies the buffer when it grows:
+        rows double, positions grow by half, each in steps)."""
+        if rows <= self.rows and positions <= self.capacity:
             return
-        grown = -(-max(positions, self.capacity * 3 // 2) // GROWTH) * GROWTH
-        grown = max(positions, min(grown, self.limit))
+        grown_rows = self.rows
+        if rows > self.rows:
+            grown_rows = min(max(rows, 2 * self.rows, ROW_GROWTH), self.slots)
+        grown = self.capacity
+        if positions > self.capacity:
+            grown = -(-max(positions, self.capacity * 3 // 2) // GROWTH) * GROWTH
+            grown = max(positions, min(grown, self.limit))
         if self.keys is not None and self.values is not None:
-            self.keys = _widened(self.keys, grown)
-            self.values = _widened(self.values, grown)
-        self.capacity = grown
+            self.keys = _widened(self.keys, grown_rows, grown)
+            self.values = _widened(self.values, grown_rows, grown)
+        self.rows, self.capacity = grown_rows, grown
 
     def allocate(self, keys: mx.array, values: mx.array) -> None:
         if self.keys is None:
             _, heads, _, k_dim = keys.shape
-            shape = (self.slots, heads, self.capacity)
+            shape = (self.rows, heads, self.capacity)
             self.keys = mx.zeros((*shape, k_dim), keys.dtype)
             self.values = mx.zeros((*shape, values.shape[3]), values.dtype)
 
@@ -82,9 +95,17 @@ class SlotKV:
         return keys, values
 
 
-def _widened(buffer: mx.array, capacity: int) -> mx.array:
-    slots, heads, old, dim = buffer.shape
-    return mx.concatenate([buffer, mx.zeros((slots, heads, capacity - old, dim), buffer.dtype)], 2)
+def _widened(buffer: mx.array, rows: int, capacity: int) -> mx.array:
+    old_rows, heads, old, dim = buffer.shape
+    if capacity > old:
+        buffer = mx.concatenate(
+            [buffer, mx.zeros((old_rows, heads, capacity - old, dim), buffer.dtype)], 2
+        )
+    if rows > old_rows:
+        buffer = mx.concatenate(
+            [buffer, mx.zeros((rows - old_rows, heads, capacity, dim), buffer.dtype)], 0
+        )
+    return buffer
 
 
 def extract(layers: list[SlotKV], row: int, positions: int) -> list[Any]:
