@@ -7,7 +7,7 @@ Engine only, OpenBLAS preloaded as a worker runs. Two tables, as JSON:
 - `parts`: one layer's pieces for a 512-token chunk of one sequence, at the default model's
   shapes, each the median of 15 evaluations: the weight matrices (BLAS), MLX's attention (its
   softmax included) and MLX's SiLU, against the CPU prefill's NumPy attention and SiLU
-  (worker/engine/cpu_prefill.py).
+  (worker/engine/cpu_exp.py).
 - `prompts`: the time to a first token of one prompt of each length (512-token chunks, then
   the last token's forward), with MLX's own functions and with the CPU prefill, in interleaved
   rounds (each round in the other order), with the greedy first token of each (they must agree).
@@ -29,7 +29,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from bench.systems import rerun_with_openblas
 from shared.queue.config import Settings
-from worker.engine import cpu_prefill
+from worker.engine import cpu_exp
 from worker.engine.batches import PREFILL_CHUNK
 from worker.engine.model import load_model
 
@@ -73,10 +73,10 @@ def parts() -> dict[str, float]:
 
     return {
         "weight matrices (7)": _median_ms(matrices),
-        "attention, MLX": _median_ms(attention(cpu_prefill._mlx_attention)),
-        "attention, CPU prefill": _median_ms(attention(cpu_prefill.attention)),
-        "swiglu, MLX": _median_ms(lambda: cpu_prefill._mlx_swiglu(gate, gate)),
-        "swiglu, CPU prefill": _median_ms(lambda: cpu_prefill.swiglu(gate, gate)),
+        "attention, MLX": _median_ms(attention(cpu_exp._mlx_attention)),
+        "attention, CPU prefill": _median_ms(attention(cpu_exp.attention)),
+        "swiglu, MLX": _median_ms(lambda: cpu_exp._mlx_swiglu(gate, gate)),
+        "swiglu, CPU prefill": _median_ms(lambda: cpu_exp.swiglu(gate, gate)),
     }
 
 
@@ -90,7 +90,7 @@ def first_token(model: Any, prompt: list[int]) -> int:
 
 
 def prompts(model: Any, lengths: list[int], rounds: int) -> list[dict[str, Any]]:
-    swaps = cpu_prefill.swaps(model)
+    swaps = cpu_exp.swaps(model)
     rows = []
     for length in lengths:
         rng = random.Random(length)

@@ -13,7 +13,7 @@ from mlx_lm import load
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_config, load_tokenizer
 
-from worker.engine import cpu_prefill
+from worker.engine import cpu_exp
 from worker.engine.detokenize import TextDecoder, decoder_factory, token_pieces
 from worker.engine.stop import stop_token_ids
 
@@ -29,11 +29,11 @@ class LoadedModel:
     token_piece: Callable[[int], bytes]
 
 
-def load_model(path: str, cpu_prefill_on: bool = True) -> LoadedModel:
-    """`cpu_prefill_on`: on the CPU device, prompt chunks take worker/engine/cpu_prefill.py."""
+def load_model(path: str, exps: cpu_exp.Routes | None = None) -> LoadedModel:
+    """`exps`: on the CPU device, which forwards take worker/engine/cpu_exp.py's exponentials
+    (None: prompt chunks and decode forwards both)."""
     model, tokenizer, config = load(path, return_config=True)
-    if cpu_prefill_on:
-        cpu_prefill.install(model)
+    cpu_exp.install(model, exps or cpu_exp.Routes())
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
