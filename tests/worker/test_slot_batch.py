@@ -283,3 +283,20 @@ def test_greedy_and_sampled_rows_in_one_step_each_draw_what_they_draw_alone() ->
     assert mixed[2] == alone("llama", prompts[2], 8)
     assert mixed[1] == sampled
     assert sampled != alone("llama", prompts[1], 8)  # the draw is not greedy
+
+
+def test_kv_buffers_hold_the_rows_in_use_and_are_dropped_when_the_batch_empties() -> None:
+    batch = SlotBatch(tiny("llama"), 32, frozenset(), 64, keep_caches=False, positions=2048)
+    batch.insert([Entry([1, 2, 3], [], None, 3, greedy, [])])
+    batch.next(None)
+    assert batch.held == (4, 256)  # one row in use: 4 allocated, not 32
+    long_prompt = list(range(4, 304))
+    batch.insert([Entry(long_prompt, [], None, 2, greedy, []) for _ in range(5)])
+    batch.next(None)  # the five prompts prefilled: six rows of 301 positions
+    assert batch.held == (8, 512)
+    for _ in range(10):  # every sequence ends within a few steps
+        batch.next(None)
+    assert batch.held == (0, 0)
+    batch.insert([Entry([1, 2, 3], [], None, 3, greedy, [])])
+    batch.next(None)
+    assert batch.held == (4, 256)  # a new burst starts small again

@@ -127,6 +127,11 @@ class SlotBatch:
     def capacity(self) -> int:
         return self._layers[0].capacity
 
+    @property
+    def held(self) -> tuple[int, int]:
+        """The KV buffers' rows and positions per row (0, 0: none held)."""
+        return self._layers[0].rows, self._layers[0].capacity
+
     def insert(self, entries: list[Entry]) -> list[int]:
         uids = []
         for entry in entries:
@@ -355,6 +360,9 @@ class SlotBatch:
             slot = self._decoding
         self._move(len(self._rows) - 1, slot)
         self._rows.pop()
+        if not self._rows:
+            for layer in self._layers:
+                layer.release()
 
     def _move(self, source: int, target: int) -> None:
         if source != target:

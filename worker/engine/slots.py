@@ -32,9 +32,10 @@ ROW_GROWTH = 4  # rows, the first time the buffer grows
 class SlotKV:
     """One layer's keys and values, a row per slot; allocated at its first write.
 
-    The buffer holds as many rows as the batch has held at once so far, not `slots`: memory
-    follows the concurrency the worker has seen, so a large MLXQ_BATCH_SIZE costs nothing until
-    it is used.
+    The buffer holds as many rows as the batch has held at once since it was last empty, not
+    `slots`, and is dropped when the batch empties: memory follows the load, so a large
+    MLXQ_BATCH_SIZE costs nothing until it is used, and a burst of short prompts does not
+    leave every row at a later long prompt's capacity.
     """
 
     def __init__(self, slots: int, limit: int):
@@ -61,6 +62,12 @@ class SlotKV:
             self.keys = _widened(self.keys, grown_rows, grown)
             self.values = _widened(self.values, grown_rows, grown)
         self.rows, self.capacity = grown_rows, grown
+
+    def release(self) -> None:
+        """Drop the buffers (the batch holds no row any more): the next rows start small. A
+        forward still under way keeps what it reads."""
+        self.keys = self.values = None
+        self.rows = self.capacity = 0
 
     def allocate(self, keys: mx.array, values: mx.array) -> None:
         if self.keys is None:
