@@ -33,6 +33,13 @@ if [ "$(uname)" = Linux ] && ! has_openblas; then
   apt_install libopenblas0-pthread || echo "setup: could not install OpenBLAS; the worker will run slower"
 fi
 
+# mx.compile on the CPU builds its fused kernels with the host's C++ compiler (mlx-lm's compiled
+# functions and the worker's decode exponentials, worker/engine/cpu_exp.py).
+if [ "$(uname)" = Linux ] && ! command -v c++ >/dev/null; then
+  echo "setup: installing a C++ compiler (MLX compiles its fused CPU kernels with it)"
+  apt_install g++ || echo "setup: could not install g++; set MLXQ_CPU_DECODE=false"
+fi
+
 has_chromium() { command -v chromium >/dev/null || command -v chromium-browser >/dev/null ||
   [ -x /Applications/Chromium.app/Contents/MacOS/Chromium ]; }
 if [ "$purpose" = test ] && ! has_chromium; then
