@@ -1,6 +1,7 @@
 """KV storage by slot: one preallocated buffer per layer, each running sequence a row of it.
 
-Each layer keeps keys and values of shape `[slots, kv_heads, capacity, head_dim]`. A sequence
+Each layer keeps keys and values of shape `[rows, kv_heads, capacity, head_dim]`, rows and
+capacity grown with the load and dropped when the batch empties (`SlotKV`). A sequence
 owns one row from the step it is admitted until it ends; its positions are written in place at
 its own offset, so admitting a sequence costs its own prompt and nothing of the other rows, and
 a sequence that ends gives its row to the last one (one row copied, `SlotKV.move`).
