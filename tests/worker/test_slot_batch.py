@@ -289,14 +289,14 @@ def test_kv_buffers_hold_the_rows_in_use_and_are_dropped_when_the_batch_empties(
     batch = SlotBatch(tiny("llama"), 32, frozenset(), 64, keep_caches=False, positions=2048)
     batch.insert([Entry([1, 2, 3], [], None, 3, greedy, [])])
     batch.next(None)
-    assert batch.held == (4, 256)  # one row in use: 4 allocated, not 32
+    assert batch.kv_size == (4, 256)  # one row in use: 4 allocated, not 32
     long_prompt = list(range(4, 304))
     batch.insert([Entry(long_prompt, [], None, 2, greedy, []) for _ in range(5)])
     batch.next(None)  # the five prompts prefilled: six rows of 301 positions
-    assert batch.held == (8, 512)
+    assert batch.kv_size == (8, 512)
     for _ in range(10):  # every sequence ends within a few steps
         batch.next(None)
-    assert batch.held == (0, 0)
+    assert batch.kv_size == (0, 0)
     batch.insert([Entry([1, 2, 3], [], None, 3, greedy, [])])
     batch.next(None)
-    assert batch.held == (4, 256)  # a new burst starts small again
+    assert batch.kv_size == (4, 256)  # a new burst starts small again

@@ -50,7 +50,8 @@ class Routes:
     decode: bool = True
 
 
-_routes = Routes()
+BOTH = Routes()  # the default: prompt chunks and decode forwards
+_routes = BOTH
 
 
 def install(model: Any, routes: Routes) -> bool:

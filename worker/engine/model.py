@@ -29,11 +29,10 @@ class LoadedModel:
     token_piece: Callable[[int], bytes]
 
 
-def load_model(path: str, exps: cpu_exp.Routes | None = None) -> LoadedModel:
-    """`exps`: on the CPU device, which forwards take worker/engine/cpu_exp.py's exponentials
-    (None: prompt chunks and decode forwards both)."""
+def load_model(path: str, exps: cpu_exp.Routes = cpu_exp.BOTH) -> LoadedModel:
+    """`exps`: on the CPU device, which forwards take worker/engine/cpu_exp.py's exponentials."""
     model, tokenizer, config = load(path, return_config=True)
-    cpu_exp.install(model, exps or cpu_exp.Routes())
+    cpu_exp.install(model, exps)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -124,12 +124,8 @@ class SlotBatch:
         self._uid = 0
 
     @property
-    def capacity(self) -> int:
-        return self._layers[0].capacity
-
-    @property
-    def held(self) -> tuple[int, int]:
-        """The KV buffers' rows and positions per row (0, 0: none held)."""
+    def kv_size(self) -> tuple[int, int]:
+        """The KV buffers' rows and positions per row ((0, 0): none allocated)."""
         return self._layers[0].rows, self._layers[0].capacity
 
     def insert(self, entries: list[Entry]) -> list[int]:

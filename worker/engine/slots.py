@@ -104,16 +104,11 @@ class SlotKV:
 
 
 def _widened(buffer: mx.array, rows: int, capacity: int) -> mx.array:
+    """The buffer grown to `rows` rows of `capacity` positions, what it held kept (one copy)."""
     old_rows, heads, old, dim = buffer.shape
-    if capacity > old:
-        buffer = mx.concatenate(
-            [buffer, mx.zeros((old_rows, heads, capacity - old, dim), buffer.dtype)], 2
-        )
-    if rows > old_rows:
-        buffer = mx.concatenate(
-            [buffer, mx.zeros((rows - old_rows, heads, capacity, dim), buffer.dtype)], 0
-        )
-    return buffer
+    grown = mx.zeros((rows, heads, capacity, dim), buffer.dtype)
+    grown[:old_rows, :, :old, :] = buffer
+    return grown
 
 
 def extract(layers: list[SlotKV], row: int, positions: int) -> list[Any]:
