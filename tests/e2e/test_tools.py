@@ -238,8 +238,15 @@ def test_every_output_item_replayed_as_input_is_accepted_and_changes_nothing(
     client: openai.OpenAI,
 ) -> None:
     ask: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    # Greedy, so the text the model writes before its call (which `minimal` leaves out) is
+    # the same on every run; sampled, it was sometimes not empty.
     calling = client.responses.create(
-        model=MODEL, input=ask, tools=RESPONSE_TOOLS, tool_choice="required", max_output_tokens=80
+        model=MODEL,
+        input=ask,
+        tools=RESPONSE_TOOLS,
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=80,
     )
     kinds = [item.type for item in calling.output]
     assert kinds[0] == "message" and "function_call" in kinds
