@@ -96,7 +96,7 @@ def run_generation(payload: dict[str, Any]) -> dict[str, Any]:
         route = Route.of(rt.keys, job_id, reply_to(payload), replayed=False)
         _publish(rt, route, ErrorEvent.from_error(err))
         return _failed(err).model_dump()
-    route = Route.of(rt.keys, job_id, job.reply_to, job.replayed)
+    route = Route.of(rt.keys, job_id, job.reply_to, job.replayed, job.replay_ttl_s)
     try:
         outcome = _outcome(rt, job, route, current.retries_left or 0)
     except Exception as err:  # a bug, not the client's fault: the client still hears of it now

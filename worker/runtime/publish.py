@@ -41,11 +41,21 @@ class Route:
     job_id: str
     channel: str
     replay: str | None  # None: the job keeps no replay log
+    # A stored response's log lives as long as its record, from its first event on: set only
+    # after the job, a reader answered meanwhile would see the shorter default.
+    replay_ttl_s: int | None = None
 
     @classmethod
-    def of(cls, keys: Keys, job_id: str, reply_to: str | None, replayed: bool) -> Route:
+    def of(
+        cls,
+        keys: Keys,
+        job_id: str,
+        reply_to: str | None,
+        replayed: bool,
+        replay_ttl_s: int | None = None,
+    ) -> Route:
         channel = keys.events(job_id) if reply_to is None else keys.reply(reply_to)
-        return cls(job_id, channel, keys.replay(job_id) if replayed else None)
+        return cls(job_id, channel, keys.replay(job_id) if replayed else None, replay_ttl_s)
 
 
 class EventSink:
@@ -63,7 +73,7 @@ class EventSink:
             if route.replay is not None:
                 pipe.rpush(route.replay, data)
                 if isinstance(event, StartedEvent | DoneEvent | ErrorEvent):
-                    pipe.expire(route.replay, self._replay_ttl_s)
+                    pipe.expire(route.replay, route.replay_ttl_s or self._replay_ttl_s)
             frames.setdefault(route.channel, []).append((route.job_id, data))
         for channel, lines in frames.items():
             pipe.publish(channel, encode_frame(lines))
