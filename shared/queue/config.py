@@ -97,8 +97,15 @@ class Settings(BaseSettings):
     batch_size: int = Field(default=32, ge=1, le=1024)
     # An embedding worker: inputs encoded together in one forward, from any of its jobs.
     embed_batch: int = Field(default=64, ge=1, le=2048)
-    # Prompt tokens one step prefills at most (worker/engine/prefill.py).
+    # Prompt tokens one step prefills at most (worker/engine/prefill.py), and at most while
+    # other sequences decode: their next token waits for that step's prefill (256: measured,
+    # README, Benchmarks: "A few rows, one pass over the weights"). While they decode, a step
+    # also prefills only what takes about `prefill_seconds_decoding` at the rate its prefill
+    # ran lately: machines differ tenfold in prefill speed (README, Benchmarks: "A prefill
+    # budget in time").
     prefill_tokens: int = Field(default=4096, ge=1)
+    prefill_tokens_decoding: int = Field(default=256, ge=1)
+    prefill_seconds_decoding: float = Field(default=0.4, gt=0)
     # The batch under the engine (worker/engine/batches.py): mlxq's own slots, or mlx-lm's
     # BatchGenerator (always used for models whose cache is not a plain KV cache).
     batch: Literal["slots", "mlx-lm"] = "slots"

@@ -32,6 +32,9 @@ from worker.engine.stop import StopStringMatcher
 from worker.engine.tool_calls import Scanned, ToolCallScanner
 
 log = logging.getLogger(__name__)
+# A step prefills at least this many prompt tokens while others decode, however slow the
+# machine: prompts must still move.
+MIN_PREFILL_TOKENS = 16
 
 
 @dataclass
@@ -108,11 +111,18 @@ class Engine:
         *,
         batch: str,
         kv_memory: int | None = None,
+        prefill_tokens_decoding: int | None = None,
+        prefill_seconds_decoding: float | None = None,
     ):
         """`batch`: "slots" or "mlx-lm" (worker/engine/batches.py); `kv_memory`: MiB of KV the
-        slot batch may hold, which then refuses sequences longer than a row."""
+        slot batch may hold, which then refuses sequences longer than a row;
+        `prefill_tokens_decoding`: the step's prefill budget while sequences decode (None:
+        `prefill_tokens`), and `prefill_seconds_decoding` about the most that prefill may take
+        at the batch's measured prefill rate (None: no limit in time)."""
         self._loaded = loaded
         self._prefill_tokens = prefill_tokens
+        self._prefill_tokens_decoding = prefill_tokens_decoding or prefill_tokens
+        self._prefill_seconds_decoding = prefill_seconds_decoding
         self._prefixes = prefixes
         window = None
         if batch == "slots" and plain_kv(loaded.model) is None:
@@ -259,7 +269,7 @@ class Engine:
         outputs, self._ready = self._ready, []
         # Bulk work alone is prefilled in groups as large as the batch allows: nobody waits on
         # a first token, and each group's fixed cost is paid once (README, Benchmarks: bulk).
-        generated = self._batch.next(self._prefill_tokens if self._interactive else None)
+        generated = self._batch.next(self._budget())
         for r in generated:
             if r.uid not in self._by_uid:  # its job ended earlier in this step
                 continue
@@ -274,6 +284,20 @@ class Engine:
                 if r.prompt_cache is not None and r.all_tokens is not None:
                     self._prefixes.store(r.all_tokens, r.prompt_cache)
         return outputs
+
+    def _budget(self) -> int | None:
+        """The prompt tokens this step may prefill: a decoding sequence's next token waits for
+        them, so while any decodes, at most the decoding budget and what takes about
+        `prefill_seconds_decoding` at the batch's measured prefill rate (at least
+        MIN_PREFILL_TOKENS)."""
+        if not self._interactive:
+            return None
+        if not self._batch.decoding:
+            return self._prefill_tokens
+        rate, seconds = self._batch.prefill_rate, self._prefill_seconds_decoding
+        if rate is None or seconds is None:
+            return self._prefill_tokens_decoding
+        return max(MIN_PREFILL_TOKENS, min(self._prefill_tokens_decoding, int(rate * seconds)))
 
     def _advance_one(self, uid: int, token: int, finish_reason: str | None) -> StepOutput:
         """One sequence's share of a step: if it fails, its job ends, not the batch."""

@@ -29,6 +29,11 @@ PREFILL_CHUNK = 512  # prompt tokens one prefill forward takes at most
 
 
 class TokenBatch(Protocol):
+    @property
+    def decoding(self) -> bool: ...
+    @property
+    def prefill_rate(self) -> float | None: ...
+
     def insert(self, entries: list[Entry]) -> list[int]: ...
     def next(self, prefill_budget: int | None) -> list[Token]: ...
     def remove(self, uids: list[int]) -> None: ...
@@ -47,6 +52,16 @@ class MlxLmBatch:
             prefill_step_size=PREFILL_CHUNK,
         )
         use_decode_batch(self._batch)
+
+    @property
+    def decoding(self) -> bool:
+        """Some sequence is past its prompt."""
+        return bool(len(self._batch._generation_batch))
+
+    @property
+    def prefill_rate(self) -> None:
+        """Not measured: BatchGenerator prefills inside its own step."""
+        return None
 
     def insert(self, entries: list[Entry]) -> list[int]:
         uids: list[int] = self._batch.insert(

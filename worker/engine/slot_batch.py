@@ -30,6 +30,7 @@ sees exactly its prompt.
 from __future__ import annotations
 
 import sys
+import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -122,6 +123,17 @@ class SlotBatch:
         self._waiting: deque[Row] = deque()
         self._unread: Launch | None = None  # the last decode forward, its tokens not read yet
         self._uid = 0
+        self._prefill_rate: float | None = None
+
+    @property
+    def prefill_rate(self) -> float | None:
+        """Prompt tokens a second in the last steps' prefill forwards (None before any)."""
+        return self._prefill_rate
+
+    @property
+    def decoding(self) -> bool:
+        """Some sequence is past its prompt."""
+        return self._decoding > 0
 
     @property
     def kv_size(self) -> tuple[int, int]:
@@ -195,12 +207,15 @@ class SlotBatch:
         if budget > 0 and self._decoding < len(self._rows) and self._unread is not None:
             # The buffers are written in place only when no forward under way still reads them.
             mx.eval(self._unread.tokens)
+        started, done = time.perf_counter(), 0
         while budget > 0 and self._decoding < len(self._rows):
             group = self._group(budget)
             rows = [self._rows[slot] for slot, _ in group]
             lengths = [n for _, n in group]
-            self._reserve(max(r.offset + n for r, n in zip(rows, lengths, strict=True)))
             shared = PrefillRows([s for s, _ in group], [r.offset for r in rows], lengths)
+            # Right-padded rows attend up to the furthest offset plus the widest chunk, which
+            # may lie past what any one row needs.
+            self._reserve(shared.end)
             views = [PrefillView(layer, shared) for layer in self._layers]
             width = max(lengths)
             inputs = [r.todo[:n] + [0] * (width - n) for r, n in zip(rows, lengths, strict=True)]
@@ -210,24 +225,42 @@ class SlotBatch:
                 row.offset += n
                 del row.todo[:n]
                 budget -= n
+            # Only once every row's offset counts its chunk: a promotion swaps two rows' KV up
+            # to their offsets, and may swap in another row of this group.
+            for row in rows:
                 if len(row.todo) == 1:
                     self._promote(self._rows.index(row))
+            done += sum(lengths)
+        if done:
+            # Half the last step's rate, half the earlier ones': a chunk costs more as its
+            # context grows, and one step may be slow by chance on a shared machine. Every
+            # prefill counts, with what it waits for (a buffer that grows, a prefix cache's KV
+            # copied into its row): that is what a decoding row waits for too.
+            rate = done / (time.perf_counter() - started)
+            self._prefill_rate = (
+                rate if self._prefill_rate is None else (rate + self._prefill_rate) / 2
+            )
 
     def _group(self, budget: int) -> list[tuple[int, int]]:
         """The prefilling rows whose next chunks one forward takes, as (slot, tokens): the
         oldest first, then others while the budget lasts and padding wastes little."""
         slots = sorted(range(self._decoding, len(self._rows)), key=lambda s: self._rows[s].uid)
         group: list[tuple[int, int]] = []
-        useful = width = 0
+        useful = width = furthest = 0
         for slot in slots:
-            n = min(len(self._rows[slot].todo) - 1, self._chunk, budget - useful)
+            row = self._rows[slot]
+            n = min(len(row.todo) - 1, self._chunk, budget - useful)
             if n <= 0:
                 break
             padded = (len(group) + 1) * max(width, n)
             if group and (padded > GROUP_TOKENS or padded > PADDING * (useful + n)):
                 continue
+            # The padded forward attends up to the furthest offset plus the widest chunk: that
+            # must stay within what a row may hold (the buffer is reserved for it).
+            if group and max(furthest, row.offset) + max(width, n) > self._layers[0].limit:
+                continue
             group.append((slot, n))
-            useful, width = useful + n, max(width, n)
+            useful, width, furthest = useful + n, max(width, n), max(furthest, row.offset)
         return group
 
     def _promote(self, slot: int) -> None:
@@ -339,6 +372,9 @@ class SlotBatch:
         if a == b:
             return
         rows = self._rows
+        # A row admitted since the buffer last grew may lie past its rows: a slice written
+        # there would be dropped without a word.
+        self._reserve(max(rows[a].offset, rows[b].offset))
         for layer in self._layers:
             if layer.keys is None:
                 continue

@@ -114,6 +114,8 @@ def build_engine(
         prefixes,
         batch=settings.batch,
         kv_memory=settings.kv_memory,
+        prefill_tokens_decoding=settings.prefill_tokens_decoding,
+        prefill_seconds_decoding=settings.prefill_seconds_decoding,
     )
     return name, engine, build_spec(loaded.tokenizer, loaded.context_length), prefixes
 

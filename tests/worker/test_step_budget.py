@@ -1,0 +1,112 @@
+"""An engine step's prefill budget on the real default model (worker/engine/batch.py): a prompt
+that arrives while another sequence decodes is prefilled at most MLXQ_PREFILL_TOKENS_DECODING
+tokens a step, and only what MLXQ_PREFILL_SECONDS_DECODING allows at the rate the batch's
+prefill ran lately, since that sequence's next token waits for the step; with nothing decoding,
+a step takes up to MLXQ_PREFILL_TOKENS."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.queue.config import Settings
+from shared.queue.jobs import job_for
+from shared.wire.completions import ChatCompletionRequest
+from tests.support import MODEL
+from worker.engine.batch import MIN_PREFILL_TOKENS, Engine
+from worker.engine.batches import PREFILL_CHUNK
+from worker.engine.model import LoadedModel, load_model
+from worker.engine.slot_batch import SlotBatch
+
+WHILE_DECODING = 48
+LONG = "Tell me about the sea. " * 14  # about 100 prompt tokens
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return load_model(str(Settings().models_dir / MODEL))
+
+
+def _engine(loaded: LoadedModel, seconds: float | None = None) -> Engine:
+    return Engine(
+        loaded,
+        4,
+        64,
+        4096,
+        batch="slots",
+        prefill_tokens_decoding=WHILE_DECODING,
+        prefill_seconds_decoding=seconds,
+    )
+
+
+def _decoding(engine: Engine) -> Engine:
+    """The engine with one short sequence past its prompt (whose prefill measured the rate)."""
+    _insert(engine, "running", "Hi")
+    engine.step()
+    engine.step()
+    assert engine._batch.decoding
+    return engine
+
+
+def _insert(engine: Engine, job_id: str, text: str) -> int:
+    """Queue a chat job; its prompt tokens."""
+    req = ChatCompletionRequest.model_validate(
+        {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 64}
+    )
+    prepared = engine.prepare(job_for(job_id, req))
+    engine.insert(prepared)
+    return prepared.prompt_tokens
+
+
+def _prefilled(engine: Engine, job_id: str) -> int:
+    """The positions of the job's row that hold its prompt's KV."""
+    batch = engine._batch
+    assert isinstance(batch, SlotBatch)
+    (uid,) = engine._jobs[job_id].uids
+    return next(r.offset for r in batch._rows if r.uid == uid)
+
+
+def test_a_prompt_arriving_while_another_decodes_gets_the_smaller_budget_a_step(
+    loaded: LoadedModel,
+) -> None:
+    engine = _decoding(_engine(loaded))
+    _insert(engine, "long", LONG)
+    engine.step()
+    assert _prefilled(engine, "long") == WHILE_DECODING
+    engine.step()
+    assert _prefilled(engine, "long") == 2 * WHILE_DECODING
+
+
+def test_while_another_decodes_a_step_prefills_only_what_its_time_allows(
+    loaded: LoadedModel,
+) -> None:
+    # A microsecond of prefill is less than any step's: the floor, which keeps prompts moving.
+    engine = _decoding(_engine(loaded, seconds=1e-6))
+    assert engine._batch.prefill_rate is not None and engine._batch.prefill_rate > 0
+    _insert(engine, "long", LONG)
+    engine.step()
+    assert _prefilled(engine, "long") == MIN_PREFILL_TOKENS
+    engine.step()
+    assert _prefilled(engine, "long") == 2 * MIN_PREFILL_TOKENS
+
+
+def test_while_another_decodes_the_budget_is_the_prefill_rate_times_the_time_allowed(
+    loaded: LoadedModel,
+) -> None:
+    engine = _decoding(_engine(loaded, seconds=1.0))
+    rate = engine._batch.prefill_rate
+    assert rate is not None
+    # The time 30.5 tokens take at this rate: 30 tokens, between the floor and the cap.
+    engine._prefill_seconds_decoding = 30.5 / rate
+    _insert(engine, "long", LONG)
+    engine.step()
+    assert _prefilled(engine, "long") == 30
+
+
+def test_with_nothing_decoding_a_step_prefills_up_to_the_full_budget(
+    loaded: LoadedModel,
+) -> None:
+    engine = _engine(loaded)
+    prompt = _insert(engine, "long", LONG)
+    assert WHILE_DECODING < prompt < PREFILL_CHUNK
+    engine.step()  # the prompt but its last token, then the first decode forward
+    assert _prefilled(engine, "long") == prompt
