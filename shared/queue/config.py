@@ -113,6 +113,8 @@ class Settings(BaseSettings):
     # a decode forward's with a compiled polynomial exp.
     cpu_prefill: bool = True
     cpu_decode: bool = True
+    # On the CPU device (worker/engine/matvec.py): one-row products through cblas_sgemv.
+    cpu_matvec: bool = True
     # MiB of KV the slot batch may hold (batch_size rows); None: each row up to the model's window.
     kv_memory: int | None = Field(default=None, ge=1)
     # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.

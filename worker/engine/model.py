@@ -13,7 +13,7 @@ from mlx_lm import load
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_config, load_tokenizer
 
-from worker.engine import cpu_exp
+from worker.engine import cpu_exp, matvec
 from worker.engine.detokenize import TextDecoder, decoder_factory, token_pieces
 from worker.engine.stop import stop_token_ids
 
@@ -29,10 +29,16 @@ class LoadedModel:
     token_piece: Callable[[int], bytes]
 
 
-def load_model(path: str, exps: cpu_exp.Routes = cpu_exp.BOTH) -> LoadedModel:
-    """`exps`: on the CPU device, which forwards take worker/engine/cpu_exp.py's exponentials."""
+def load_model(
+    path: str, exps: cpu_exp.Routes = cpu_exp.BOTH, native: Path | None = None
+) -> LoadedModel:
+    """`exps`: on the CPU device, which forwards take worker/engine/cpu_exp.py's exponentials;
+    `native`: where worker/engine/matvec.py's module is built, to route one-row products
+    through it (None: MLX's matmul for every product)."""
     model, tokenizer, config = load(path, return_config=True)
     cpu_exp.install(model, exps)
+    if native is not None:
+        matvec.install(model, native)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -31,6 +31,7 @@ from shared.queue.connection import connect, connect_blocking
 from shared.queue.keys import Keys
 from shared.queue.liveness import LIVE_FACTOR
 from shared.queue.prompt_tokens import PromptCounter, TokenizerSpec
+from worker.engine import matvec
 from worker.engine.batch import BatchEngine, Engine
 from worker.engine.cpu_exp import Routes
 from worker.engine.default_embedder import (
@@ -98,7 +99,9 @@ def build_engine(
         warm_up(embedder)
         log.info("loaded embedding model %s in %.1f s", name, time.perf_counter() - started)
         return name, embedder, None, None
-    loaded = load_model(source, Routes(settings.cpu_prefill, settings.cpu_decode))
+    exps = Routes(settings.cpu_prefill, settings.cpu_decode)
+    native = matvec.folder(settings.models_dir) if settings.cpu_matvec else None
+    loaded = load_model(source, exps, native)
     log.info("loaded %s in %.1f s", name, time.perf_counter() - started)
     prefixes = (
         PrefixCache(loaded.model, settings.prefix_cache_entries, settings.prefix_cache_mb << 20)
