@@ -33,6 +33,7 @@ from redis import Redis
 
 from api import create_app
 from shared.queue.config import Settings
+from tests import OPENBLAS
 from tests.support import MODEL, NEEDS_NETNS, REAL_ENGINE, flush_namespace
 from worker.ops.cluster import Cluster
 
@@ -60,7 +61,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     names = ", ".join(_taken_out) or "none"
-    return f"mlxq settings taken out of the environment: {names}"
+    blas = OPENBLAS or "MLX's reference BLAS"
+    return f"mlxq settings taken out of the environment: {names}\nin-process BLAS: {blas}"
 
 
 def _refuse_unless_allowed(report: pytest.TestReport | pytest.CollectReport) -> None:

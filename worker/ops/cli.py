@@ -13,9 +13,11 @@ from shared.queue.config import Settings
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
     from worker.runtime.blas import ensure_openblas_preloaded
+
+    # Before the engine's imports (seconds): the process may start again to preload OpenBLAS.
+    ensure_openblas_preloaded(settings)
     from worker.runtime.serve import serve
 
-    ensure_openblas_preloaded(settings)
     serve(settings)
     return 0
 
