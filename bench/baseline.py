@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from bench.systems import blas_env
 from worker.ops.cluster import environment, stop
+from worker.runtime.blas import openblas_env
 
 
 class Baseline:
@@ -58,7 +58,7 @@ def baseline(model_dir: Path) -> Iterator[Baseline]:
     args = [sys.executable, "-m", "bench.engine_only", str(model_dir)]
     proc = subprocess.Popen(
         args,
-        env=environment(**blas_env()),
+        env=environment(**openblas_env()),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import systems
 from bench.machine import describe
 from bench.report import write
 from worker.gguf.default_model import ensure_default_model
 from worker.ops.cluster import environment
+from worker.runtime.blas import openblas_env
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -31,7 +31,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main(args: Any) -> None:
     model = ensure_default_model(args.models_dir)
     command = [sys.executable, "-m", "bench.step_cost", str(model), "--rounds", str(args.rounds)]
-    env = environment(**systems.blas_env())
+    env = environment(**openblas_env())
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     result["machine"] = describe()

@@ -40,6 +40,7 @@ from bench.systems import rerun_with_openblas
 from shared.queue.config import Settings
 from shared.queue.jobs import job_for
 from shared.wire.completions import ChatCompletionRequest
+from worker.engine import matvec
 from worker.engine.batch import Engine
 from worker.engine.batches import PREFILL_CHUNK
 from worker.engine.model import LoadedModel, load_model
@@ -184,8 +185,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per run")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--no-matvec", action="store_true", help="one-row products by MLX's matmul too"
+    )
     args = parser.parse_args()
-    loaded = load_model(args.model)
+    native = None if args.no_matvec else matvec.folder(Settings().models_dir)
+    loaded = load_model(args.model, native=native)
     sizes = [int(s) for s in args.sizes.split(",")]
     kinds = ["forward", "batch", "engine", "closed"]
     got: dict[int, dict[str, list[float]]] = {s: {} for s in sizes}

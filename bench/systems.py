@@ -28,7 +28,7 @@ from pathlib import Path
 from redis import Redis
 
 from worker.ops.cluster import Cluster, environment, free_port, stop, wait_until
-from worker.runtime.blas import find_openblas
+from worker.runtime.blas import openblas_env
 
 
 @dataclass
@@ -50,18 +50,13 @@ READY_S = 600  # loading a model and a first generation, on a busy machine
 WARMUP = [{"role": "user", "content": "Say hello in one short sentence."}]
 
 
-def blas_env() -> dict[str, str]:
-    library = find_openblas()
-    return {"LD_PRELOAD": library} if library and sys.platform.startswith("linux") else {}
-
-
 def rerun_with_openblas(module: str) -> None:
-    """Start `python -m module` again, same arguments, with OpenBLAS preloaded as a worker
-    runs (the loader reads LD_PRELOAD only at start), unless it is preloaded or absent."""
-    preload = blas_env()
-    if preload and "openblas" not in os.environ.get("LD_PRELOAD", ""):
+    """Start `python -m module` again, same arguments, on OpenBLAS as a worker runs (the
+    loader reads LD_PRELOAD only at start), unless it runs so already or there is none."""
+    lacking = openblas_env()
+    if lacking:
         argv = [sys.executable, "-m", module, *sys.argv[1:]]
-        os.execve(sys.executable, argv, {**os.environ, **preload})
+        os.execve(sys.executable, argv, {**os.environ, **lacking})
 
 
 def _serves(port: int, model: str) -> bool:
@@ -135,7 +130,7 @@ def mlxq(
     workers: int = 1,
 ) -> Iterator[Running]:
     """mlxq with its shipped defaults, but for `batch_size` and `settings` where given."""
-    env = {**blas_env(), **(settings or {})}
+    env = {**openblas_env(), **(settings or {})}
     if batch_size is not None:
         env["MLXQ_BATCH_SIZE"] = str(batch_size)
     logs = Path(tempfile.mkdtemp(prefix="bench-mlxq-"))  # api.log and worker.log, if it fails
@@ -174,7 +169,7 @@ def mlxq(
 def _server(args: list[str], model: str, what: str, **env_extra: str) -> Iterator[Running]:
     """A peer server process on a free port (`args` without host and port)."""
     port = free_port()
-    env = environment(**blas_env(), **env_extra)
+    env = environment(**openblas_env(), **env_extra)
     command = [*args, "--host", "127.0.0.1", "--port", str(port)]
     log = Path(tempfile.gettempdir()) / f"bench-{what}-{port}.log"
     with log.open("wb") as out:

@@ -38,7 +38,7 @@ from worker.engine.batches import PREFILL_CHUNK, TokenBatch, open_batch  # noqa:
 from worker.engine.model import load_model  # noqa: E402
 from worker.engine.sampling import greedy  # noqa: E402
 from worker.engine.slot_batch import Entry  # noqa: E402
-from worker.runtime.blas import find_openblas  # noqa: E402
+from worker.runtime.blas import openblas_env  # noqa: E402
 
 KINDS = ("mlx-lm", "slots")
 NO_STOPS: frozenset[int] = frozenset()  # every sequence runs to its limit
@@ -185,8 +185,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    library = find_openblas()
-    if library and sys.platform.startswith("linux") and "LD_PRELOAD" not in os.environ:
-        preloaded = {**os.environ, "LD_PRELOAD": library}
-        os.execve(sys.executable, [sys.executable, *sys.argv], preloaded)
+    lacking = openblas_env()
+    if lacking:
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **lacking})
     main()
