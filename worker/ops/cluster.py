@@ -24,9 +24,12 @@ from pathlib import Path
 
 from redis import Redis
 from redis.exceptions import RedisError
+from rq.worker import Worker as RQWorker
 
+from shared.observe.fleet import WorkerStats
 from shared.queue.connection import client_for
 from shared.queue.keys import Keys
+from shared.queue.liveness import slot_name
 from worker.gguf.default_model import DEFAULT_MODEL_NAME
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -35,6 +38,11 @@ API = [sys.executable, "-m", "gunicorn", "--config", "api/gunicorn_conf.py", "ap
 # How long the API may take to answer /health: seconds on a quiet machine, far more on a shared
 # 2-core one (measured: over 30 s at a load average of 13).
 API_START_S = 120
+
+
+def _alive(worker: Worker) -> None:
+    if worker.proc.poll() is not None:
+        raise RuntimeError(f"worker {worker.worker_id} exited: {worker.proc.returncode}")
 
 
 def free_port() -> int:
@@ -291,12 +299,35 @@ class Cluster:
 
     def wait_for_worker(self, worker: Worker, timeout_s: float = 180) -> None:
         def registered() -> bool:
-            if worker.proc.poll() is not None:
-                raise RuntimeError(f"worker {worker.worker_id} exited: {worker.proc.returncode}")
+            _alive(worker)
             model = worker.env.get("MLXQ_MODEL", self.model)  # a worker may serve another
-            return self.redis().zscore(self.keys.workers(model), worker.worker_id) is not None
+            try:
+                return self.redis().zscore(self.keys.workers(model), worker.worker_id) is not None
+            except RedisError:  # Sentinel may call a loaded primary down for a moment
+                return False
 
         wait_until(registered, timeout_s, f"worker {worker.worker_id}")
+        wait_until(lambda: self._slots_waiting(worker), timeout_s, f"{worker.worker_id}'s slots")
+
+    def _slots_waiting(self, worker: Worker) -> bool:
+        """Every slot the worker announces has started taking jobs. A worker announces itself
+        before its slots start (so that it can be reaped): a job queued in between waits for
+        them, past a deadline of a second on a loaded machine."""
+        _alive(worker)
+        try:
+            redis = self.redis()
+            report = redis.get(self.keys.worker_stats(worker.worker_id))
+            if report is None:
+                return False
+            count = WorkerStats.model_validate_json(report).batch_size
+            pipe = redis.pipeline(transaction=False)
+            for i in range(count):
+                pipe.hget(
+                    RQWorker.redis_worker_namespace_prefix + slot_name(worker.worker_id, i), "state"
+                )
+            return all(state in (b"idle", b"busy") for state in pipe.execute())
+        except RedisError:
+            return False
 
     def kill_worker(self, worker: Worker, sig: signal.Signals = signal.SIGKILL) -> None:
         worker.proc.send_signal(sig)

@@ -30,7 +30,12 @@ def cluster(start_cluster: Callable[..., Cluster]) -> Cluster:
         "MLXQ_QUEUE_TIMEOUT_S": "1",
         "MLXQ_RUN_LIMIT_S": str(RUN_LIMIT_S),
     }
-    return start_cluster(env=env)
+    cluster = start_cluster(env=env)
+    # The tests time generations: the worker's first forwards (compiled on first use, read from a
+    # cold disk on a fresh machine) come before them, in a request that may wait in the queue.
+    warm = chat_body(max_tokens=4)
+    wait_until(lambda: post(cluster.api_url, CHAT, warm).status == 200, 60, "a first answer")
+    return cluster
 
 
 def _run_directly(cluster: Cluster, job: GenerationJob) -> list[Event]:
