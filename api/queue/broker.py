@@ -108,12 +108,23 @@ class Broker:
         return self._queues[name]
 
     def interactive_limits(self) -> JobLimits:
-        """The limits of a job a client waits on: it must start soon and not run forever."""
+        """The limits of a job a client waits on: it must start soon and not run forever. Its
+        queue deadline counts again from the enqueue (`_from_enqueue`)."""
         return JobLimits(
             queue_deadline=time.time() + self.settings.queue_timeout_s,
             run_limit_s=self.settings.run_limit_s,
             on_run_limit=self.settings.run_limit_action,
         )
+
+    def _from_enqueue(self, job: QueuedJob) -> QueuedJob:
+        """The job's queue deadline counted from now, as it is queued: the checks before (a
+        fresh API process builds its prompt counter in the first, a quarter second, seconds on
+        a loaded machine) are not time spent in the queue."""
+        if job.limits.queue_deadline is None:
+            return job
+        deadline = time.time() + self.settings.queue_timeout_s
+        limits = job.limits.model_copy(update={"queue_deadline": deadline})
+        return job.model_copy(update={"limits": limits})
 
     def submit(self, job: QueuedJob) -> Subscription:
         """Check, accept, subscribe, then enqueue, so that no event of the job can be missed.
@@ -130,8 +141,9 @@ class Broker:
         try:
             self._prefer(job, tokens)
             sub = self.relay.subscribe(job.job_id)
+            queued = self._from_enqueue(job)
             try:
-                self._call(lambda: self._enqueue(queue, job))
+                self._call(lambda: self._enqueue(queue, queued))
             except BaseException:
                 self.relay.unsubscribe(sub)
                 raise
