@@ -10,7 +10,9 @@ and then bumps the batch's counters. A cancelled line records nothing: the batch
 writes its `batch_cancelled` line.
 
 An unexpected failure is re-raised while RQ has retries left for the line (RQ runs it again);
-on the last try it is recorded as a 500 error line, so a batch always ends.
+on the last try it is recorded as a 500 error line, so a batch always ends. A line that was not
+cancelled and whose event log has no end (its events were dropped while Redis was away) counts
+as such a failure.
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ class BatchLines:
         try:
             outcome = generate()
             result = self.result_of(job.job_id, line)
+            if result is None and outcome.finish_reason != "cancelled":
+                # Its end event never reached the log (dropped while Redis was away, as in a
+                # failover): no answer can be built, and recording none would leave the batch
+                # in progress for good. It runs again, or ends as a 500 on its last try.
+                raise RuntimeError(f"the event log of {job.job_id} has no end")
         except Exception:
             if retries_left > 0:
                 raise
