@@ -28,11 +28,16 @@ def queued_by(
             threading.Thread(target=impatient_http.post, args=(CHAT,), kwargs={"json": body})
         )
         threads[-1].start()
-        wait_until(lambda n=n: queue.count == n, 5, "the request to be queued")  # type: ignore[misc]
+        # Queued (RQ appends it), then placed (PLACE records its place): one round trip apart.
+        wait_until(lambda n=n: placed(redis, keys) == n, 5, "the request to be placed")  # type: ignore[misc]
     order = [_label(rq_job(redis, job_id).args[0]) for job_id in queue.get_job_ids()]
     for thread in threads:
         thread.join(timeout=10)
     return order
+
+
+def placed(redis: Redis, keys: Keys) -> int:
+    return int(redis.hlen(keys.order(MODEL)))
 
 
 def _label(job: dict[str, object]) -> str:

@@ -132,12 +132,14 @@ def test_a_rolling_restart_of_the_remote_worker_loses_no_request(
     stop = threading.Event()
     with ThreadPoolExecutor(1) as pool:
         load = pool.submit(_requests_until, cluster, stop)
-        time.sleep(1)
-        old.proc.send_signal(signal.SIGTERM)  # it drains its jobs, then exits
-        assert old.proc.wait(timeout=90) == 0
-        cluster.workers.remove(old)
-        time.sleep(1)
-        stop.set()
+        try:  # a failure here must still stop the load, or the pool waits for it for good
+            time.sleep(1)
+            old.proc.send_signal(signal.SIGTERM)  # it drains its jobs, then exits
+            assert old.proc.wait(timeout=90) == 0
+            cluster.workers.remove(old)
+            time.sleep(1)
+        finally:
+            stop.set()
         statuses = load.result(timeout=120)
     assert statuses and set(statuses) == {200}, statuses
     assert fleet_workers(cluster) == {new.worker_id: REMOTE_HOST}

@@ -173,7 +173,8 @@ def test_after_the_primary_dies_the_stack_follows_the_promoted_replica(group: Gr
     cluster = group.cluster
     client = openai.OpenAI(base_url=f"{cluster.api_url}/v1", api_key="unused", max_retries=0)
     load = Load(cluster.api_url)
-    streamers = [threading.Thread(target=load.run) for _ in range(STREAMERS)]
+    # Daemons: a test that fails before it stops them must not keep pytest from exiting.
+    streamers = [threading.Thread(target=load.run, daemon=True) for _ in range(STREAMERS)]
     for thread in streamers:
         thread.start()
     lines = [

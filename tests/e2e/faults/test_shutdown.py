@@ -64,12 +64,14 @@ def test_a_rolling_restart_under_load_loses_no_request(cluster: Cluster) -> None
     stop = threading.Event()
     with ThreadPoolExecutor(4) as pool:
         clients = [pool.submit(_load, cluster, stop) for _ in range(4)]
-        wait_until(lambda: len(started_ids(cluster)) >= 2, 60, "the load to run")
-        assert _terminate(cluster) == 0
-        cluster.start_worker(MLXQ_DRAIN_TIMEOUT_S="1")  # the replacement, for the next test too
-        assert _terminate(cluster) == 0
-        time.sleep(1.0)  # the replacement serves alone
-        stop.set()
+        try:  # a failure here must still stop the load, or the pool waits for it for good
+            wait_until(lambda: len(started_ids(cluster)) >= 2, 60, "the load to run")
+            assert _terminate(cluster) == 0
+            cluster.start_worker(MLXQ_DRAIN_TIMEOUT_S="1")  # the replacement, for the next test
+            assert _terminate(cluster) == 0
+            time.sleep(1.0)  # the replacement serves alone
+        finally:
+            stop.set()
         replies = [r for c in clients for r in c.result(timeout=120)]
 
     failed = [r.body for r in replies if r.status != 200]
