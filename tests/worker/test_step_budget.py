@@ -65,15 +65,21 @@ def _prefilled(engine: Engine, job_id: str) -> int:
     return next(r.offset for r in batch._rows if r.uid == uid)
 
 
+def _prefilled_in_two_steps(engine: Engine) -> list[int]:
+    """A long prompt joins: its prefilled positions after each of the next two steps."""
+    _insert(engine, "long", LONG)
+    done = []
+    for _ in range(2):
+        engine.step()
+        done.append(_prefilled(engine, "long"))
+    return done
+
+
 def test_a_prompt_arriving_while_another_decodes_gets_the_smaller_budget_a_step(
     loaded: LoadedModel,
 ) -> None:
     engine = _decoding(_engine(loaded))
-    _insert(engine, "long", LONG)
-    engine.step()
-    assert _prefilled(engine, "long") == WHILE_DECODING
-    engine.step()
-    assert _prefilled(engine, "long") == 2 * WHILE_DECODING
+    assert _prefilled_in_two_steps(engine) == [WHILE_DECODING, 2 * WHILE_DECODING]
 
 
 def test_while_another_decodes_a_step_prefills_only_what_its_time_allows(
@@ -82,11 +88,7 @@ def test_while_another_decodes_a_step_prefills_only_what_its_time_allows(
     # A microsecond of prefill is less than any step's: the floor, which keeps prompts moving.
     engine = _decoding(_engine(loaded, seconds=1e-6))
     assert engine._batch.prefill_rate is not None and engine._batch.prefill_rate > 0
-    _insert(engine, "long", LONG)
-    engine.step()
-    assert _prefilled(engine, "long") == MIN_PREFILL_TOKENS
-    engine.step()
-    assert _prefilled(engine, "long") == 2 * MIN_PREFILL_TOKENS
+    assert _prefilled_in_two_steps(engine) == [MIN_PREFILL_TOKENS, 2 * MIN_PREFILL_TOKENS]
 
 
 def test_while_another_decodes_the_budget_is_the_prefill_rate_times_the_time_allowed(
