@@ -1,7 +1,7 @@
 """Embeddings: sentences/s through mlxq against the bare forward of the same model.
 
 For each batch size b, on all-MiniLM-L6-v2 with the same short sentences (10 to 20 tokens):
-- `forward`: the encoder alone in this process (worker/engine/encoder.py), b sentences per
+- `forward`: the encoder alone in this process (worker/engine/embedding/encoder.py), b sentences per
   padded forward, with OpenBLAS preloaded as a worker has it: the ceiling any server around this
   model can reach on this machine;
 - `one request`: one client sending requests of b inputs each, one after another, through the
@@ -25,8 +25,8 @@ import openai
 from bench import systems
 from bench.machine import describe
 from bench.report import write
-from worker.engine.default_embedder import ensure_default_embedder
-from worker.engine.encoder import load_encoder
+from worker.engine.embedding.download import ensure_default_embedder
+from worker.engine.embedding.encoder import load_encoder
 
 TOPICS = ["the weather", "a football match", "a new phone", "the stock market", "a recipe"]
 

@@ -33,7 +33,8 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
 from shared.queue.config import Settings
-from worker.engine import cpu_exp, matvec
+from worker.engine.cpu import exponentials as cpu_exp
+from worker.engine.cpu import matvec
 from worker.engine.model import load_model
 
 STEPS = 32

@@ -17,7 +17,8 @@ fresh cluster (worker/ops/cluster.py); "placement off" sets MLXQ_PLACEMENT_WAIT_
 
 `--engine mlx` runs the default model: workers on one machine share its cores, so with 2 or 4
 workers on 2 cores it measures placement under CPU contention. `--engine synthetic` runs
-SYNTHETIC workers that model prefill (worker/engine/synthetic_prefill.py: the default model's
+SYNTHETIC workers that model prefill (worker/engine/doubles/synthetic_prefill.py: the default
+model's
 tokenizer, a prefix cache, `--prefill-ms` per uncached prompt token and `--step-ms` per decode
 step, both slept, not computed), so placement is measured apart from CPU contention.
 """

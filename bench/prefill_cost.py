@@ -7,7 +7,7 @@ Engine only, OpenBLAS preloaded as a worker runs. Two tables, as JSON:
 - `parts`: one layer's pieces for a 512-token chunk of one sequence, at the default model's
   shapes, each the median of 15 evaluations: the weight matrices (BLAS), MLX's attention (its
   softmax included) and MLX's SiLU, against the CPU prefill's NumPy attention and SiLU
-  (worker/engine/cpu_exp.py).
+  (worker/engine/cpu/exponentials.py).
 - `prompts`: the time to a first token of one prompt of each length (512-token chunks, then
   the last token's forward), with MLX's own functions and with the CPU prefill, in interleaved
   rounds (each round in the other order), with the greedy first token of each (they must agree).
@@ -29,8 +29,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from bench.systems import rerun_with_openblas
 from shared.queue.config import Settings
-from worker.engine import cpu_exp
-from worker.engine.batches import PREFILL_CHUNK
+from worker.engine.batch.token_batch import PREFILL_CHUNK
+from worker.engine.cpu import exponentials as cpu_exp
 from worker.engine.model import load_model
 
 CHUNK, WIDTH, HEADS, GROUPS, DIM, HIDDEN = 512, 576, 9, 3, 64, 1536  # SmolLM2-135M

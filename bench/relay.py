@@ -1,6 +1,7 @@
 """The relay alone: one API process relaying many SSE streams fed by a SYNTHETIC engine.
 
-No model runs: the worker's engine is worker/engine/synthetic.py, which emits one token per stream
+No model runs: the worker's engine is worker/engine/doubles/synthetic.py, which emits one token per
+stream
 every `step` seconds whose text is the time it was made. So this measures what the API and
 Redis add: token events per second through one API process, the latency from the worker's
 engine step to the client, and gaps between tokens beyond the synthetic step. Each figure is

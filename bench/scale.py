@@ -2,7 +2,7 @@
 
 For each worker count N, a fresh cluster (worker/ops/cluster.py): one redis-server, one API
 process (gunicorn, one gthread worker) and N workers running the synthetic engine
-(worker/engine/synthetic.py: one token per sequence every `--step-ms`, no model). The load
+(worker/engine/doubles/synthetic.py: one token per sequence every `--step-ms`, no model). The load
 generator (this process, bench/sse_client.py) keeps every slot busy: N x `--slots` streams of
 `--tokens` tokens each, all sent at once. Measured per N:
 - tokens/s through HTTP, against N times the one-worker figure (the target: at least 0.9 x N);

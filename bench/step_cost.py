@@ -19,7 +19,7 @@ from typing import Any
 from shared.queue.config import Settings
 from shared.queue.jobs import job_for
 from shared.wire.completions import ChatCompletionRequest
-from worker.engine.batch import Engine
+from worker.engine.generation import Engine
 from worker.engine.model import load_model
 
 BATCH = 16

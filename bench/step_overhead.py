@@ -8,9 +8,9 @@ interleaved rounds (each round in a rotated order, so that a noisy machine affec
 - `forward`: the model's forward for that many sequences over mlx-lm KV caches holding the same
   context as the others, then argmax, evaluated every step: the ceiling of any loop around it.
   `forward_graph` is the part of it spent in Python building the graph (no evaluation).
-- `batch`: one `SlotBatch.next` (worker/engine/slot_batch.py), greedy, short chat prompts, no
+- `batch`: one `SlotBatch.next` (worker/engine/batch/slot_batch.py), greedy, short chat prompts, no
   stop tokens: sampling, bookkeeping, the token read back.
-- `engine`: one `Engine.step` over the same (worker/engine/batch.py): also detokenizing, stop
+- `engine`: one `Engine.step` over the same (worker/engine/generation.py): also detokenizing, stop
   strings and the step's outputs.
 - `closed`: engine-only tokens/s of that many clients each sending 2 short chat prompts for 48
   tokens, one after the other (bench serve's short cell without HTTP): prefill included.
@@ -40,12 +40,13 @@ from bench.systems import rerun_with_openblas
 from shared.queue.config import Settings
 from shared.queue.jobs import job_for
 from shared.wire.completions import ChatCompletionRequest
-from worker.engine import matvec
-from worker.engine.batch import Engine
-from worker.engine.batches import PREFILL_CHUNK
+from worker.engine.batch.slot_batch import SlotBatch
+from worker.engine.batch.token_batch import PREFILL_CHUNK
+from worker.engine.batch.types import Entry
+from worker.engine.cpu import matvec
+from worker.engine.generation import Engine
 from worker.engine.model import LoadedModel, load_model
-from worker.engine.sampling import greedy
-from worker.engine.slot_batch import Entry, SlotBatch
+from worker.engine.sequence.sampling import greedy
 
 WARM = 4  # steps of each run not counted: the batch's first tokens, shapes compiled
 

@@ -2,7 +2,8 @@
 
     python scripts/batch_compare.py [MODEL_DIR] [--rounds 2] [--long-clients 8]
 
-Runs each measurement on both batches (worker/engine/batches.py), alternating which goes first,
+Runs each measurement on both batches (worker/engine/batch/token_batch.py), alternating which goes
+first,
 with OpenBLAS preloaded as a worker runs, and prints one JSON object:
 - `decode`: the per-token path, a decode step of 16 sequences (short prompts), median ms;
 - `join`: 16 sequences running at 2,000 tokens of context, 4 prompts of 256 tokens join; the
@@ -34,10 +35,10 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 from shared.queue.config import Settings  # noqa: E402
-from worker.engine.batches import PREFILL_CHUNK, TokenBatch, open_batch  # noqa: E402
+from worker.engine.batch.token_batch import PREFILL_CHUNK, TokenBatch, open_batch  # noqa: E402
+from worker.engine.batch.types import Entry  # noqa: E402
 from worker.engine.model import load_model  # noqa: E402
-from worker.engine.sampling import greedy  # noqa: E402
-from worker.engine.slot_batch import Entry  # noqa: E402
+from worker.engine.sequence.sampling import greedy  # noqa: E402
 from worker.runtime.blas import openblas_env  # noqa: E402
 
 KINDS = ("mlx-lm", "slots")

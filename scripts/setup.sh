@@ -34,7 +34,7 @@ if [ "$(uname)" = Linux ] && ! has_openblas; then
 fi
 
 # mx.compile on the CPU builds its fused kernels with the host's C++ compiler (mlx-lm's compiled
-# functions and the worker's decode exponentials, worker/engine/cpu_exp.py).
+# functions and the worker's decode exponentials, worker/engine/cpu/exponentials.py).
 if [ "$(uname)" = Linux ] && ! command -v c++ >/dev/null; then
   echo "setup: installing a C++ compiler (MLX compiles its fused CPU kernels with it)"
   apt_install g++ || echo "setup: could not install g++; set MLXQ_CPU_DECODE=false"

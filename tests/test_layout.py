@@ -6,6 +6,8 @@ fresh interpreter:
 - `api` and `worker` never import each other; the API never loads mlx.
 - `api.http` (plumbing) imports no route, store or queue module of the API.
 - the engine (`worker.engine`) imports nothing of Redis, RQ or Flask, not even through `shared`.
+- the engine's CPU room (`worker.engine.cpu`) is imported only by model loading
+  (`worker/engine/model.py`): its fast paths attach to a model as it loads, nowhere else.
 """
 
 from __future__ import annotations
@@ -57,6 +59,18 @@ def test_a_package_imports_only_what_its_layer_allows(
     assert violations(package, forbidden) == []
 
 
+def test_only_model_loading_imports_the_cpu_room() -> None:
+    importers = {
+        str(path.relative_to(ROOT))
+        for package in ("api", "shared", "worker")
+        for path in (ROOT / package).rglob("*.py")
+        if not path.is_relative_to(ROOT / "worker/engine/cpu")
+        for _, module in imports_of(path)
+        if module == "worker.engine.cpu" or module.startswith("worker.engine.cpu.")
+    }
+    assert importers == {"worker/engine/model.py"}
+
+
 def test_the_rule_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     """The checker itself: an import the rules forbid is reported with its file and line."""
     source = tmp_path / "module.py"
@@ -77,8 +91,8 @@ def loaded_by(statement: str) -> set[str]:
 def test_the_engine_loads_no_redis_rq_or_flask_even_through_shared() -> None:
     statement = (
         "import importlib, pkgutil, worker.engine as e\n"
-        "for m in pkgutil.iter_modules(e.__path__):\n"
-        "    importlib.import_module(f'worker.engine.{m.name}')"
+        "for m in pkgutil.walk_packages(e.__path__, 'worker.engine.'):\n"
+        "    importlib.import_module(m.name)"
     )
     assert loaded_by(statement) & {"redis", "rq", "flask", "api"} == set()
 

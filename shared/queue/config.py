@@ -86,18 +86,19 @@ class Settings(BaseSettings):
     # MLXQ_MODELS); none: MLXQ_MODEL and MLXQ_EMBEDDING_MODEL.
     models: Annotated[tuple[str, ...], NoDecode] = ()
     # `mlxq run` only, without MLXQ_MODELS: the embedding model served beside MLXQ_MODEL
-    # (worker/engine/default_embedder.py); empty: none.
+    # (worker/engine/embedding/download.py); empty: none.
     embedding_model: str = "all-MiniLM-L6-v2"
     # "mlx" runs the model; "synthetic" emits timestamp tokens (relay benchmarks only).
     engine: Literal["mlx", "synthetic"] = "mlx"
     synthetic_step_s: float = Field(default=0.05, gt=0)
-    # Above 0, the synthetic engine models prefill (worker/engine/synthetic_prefill.py): the
+    # Above 0, the synthetic engine models prefill (worker/engine/doubles/synthetic_prefill.py): the
     # served model's tokenizer, a prefix cache, and this many seconds per uncached prompt token.
     synthetic_prefill_s_per_token: float = Field(default=0.0, ge=0)
     batch_size: int = Field(default=32, ge=1, le=1024)
     # An embedding worker: inputs encoded together in one forward, from any of its jobs.
     embed_batch: int = Field(default=64, ge=1, le=2048)
-    # Prompt tokens one step prefills at most (worker/engine/prefill.py), and at most while
+    # Prompt tokens one step prefills at most (worker/engine/batch/mlx_lm_prefill.py), and at most
+    # while
     # other sequences decode: their next token waits for that step's prefill (256: measured,
     # README, Benchmarks: "A few rows, one pass over the weights"). While they decode, a step
     # also prefills only what takes about `prefill_seconds_decoding` at the rate its prefill
@@ -106,14 +107,15 @@ class Settings(BaseSettings):
     prefill_tokens: int = Field(default=4096, ge=1)
     prefill_tokens_decoding: int = Field(default=256, ge=1)
     prefill_seconds_decoding: float = Field(default=0.4, gt=0)
-    # The batch under the engine (worker/engine/batches.py): mlxq's own slots, or mlx-lm's
+    # The batch under the engine (worker/engine/batch/token_batch.py): mlxq's own slots, or mlx-lm's
     # BatchGenerator (always used for models whose cache is not a plain KV cache).
     batch: Literal["slots", "mlx-lm"] = "slots"
-    # On the CPU device (worker/engine/cpu_exp.py): a prompt chunk's softmax and SiLU in NumPy,
+    # On the CPU device (worker/engine/cpu/exponentials.py): a prompt chunk's softmax and SiLU in
+    # NumPy,
     # a decode forward's with a compiled polynomial exp.
     cpu_prefill: bool = True
     cpu_decode: bool = True
-    # On the CPU device (worker/engine/matvec.py): one-row products through cblas_sgemv.
+    # On the CPU device (worker/engine/cpu/matvec.py): one-row products through cblas_sgemv.
     cpu_matvec: bool = True
     # MiB of KV the slot batch may hold (batch_size rows); None: each row up to the model's window.
     kv_memory: int | None = Field(default=None, ge=1)

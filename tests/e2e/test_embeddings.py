@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from shared.queue.config import Settings
 from tests.support import MODEL
-from worker.engine.default_embedder import DEFAULT_EMBEDDER_NAME, ensure_default_embedder
+from worker.engine.embedding.download import DEFAULT_EMBEDDER_NAME, ensure_default_embedder
 from worker.ops.cluster import Cluster, Worker, wait_until
 
 EMBEDDER = DEFAULT_EMBEDDER_NAME

@@ -1,4 +1,5 @@
-"""The CPU's exponentials (worker/engine/cpu_exp.py) compute what MLX computes: its attention
+"""The CPU's exponentials (worker/engine/cpu/exponentials.py) compute what MLX computes: its
+attention
 for every kind of mask mlx-lm passes and its SiLU, for a prompt chunk (NumPy) and a decode
 forward (the compiled polynomial); a decode forward never waits on NumPy; and the real default
 model generates the same greedy tokens with them as without them."""
@@ -14,9 +15,9 @@ from mlx_lm.generate import generate_step
 
 from shared.queue.config import Settings
 from tests.support import MODEL
-from worker.engine import cpu_exp
+from worker.engine.cpu import exponentials as cpu_exp
 from worker.engine.model import LoadedModel, load_model
-from worker.engine.sampling import greedy
+from worker.engine.sequence.sampling import greedy
 
 LENGTH = 40  # query positions: past MIN_POSITIONS, so the NumPy path runs
 LENGTHS = [1, 4, LENGTH]  # decode forwards (the polynomial) and a prompt chunk (NumPy)

@@ -8,8 +8,8 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
 from shared.wire.sampling import SamplingParams
-from worker.engine.decode import use_decode_batch
-from worker.engine.sampling import greedy, make_sampler
+from worker.engine.batch.mlx_lm_decode import use_decode_batch
+from worker.engine.sequence.sampling import greedy, make_sampler
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15], [3, 3, 3]]
 

@@ -12,9 +12,9 @@ import pytest
 from shared.queue.config import Settings
 from shared.queue.jobs import EmbeddingJob
 from shared.wire.errors import InvalidRequestError, ModelImportError
-from worker.engine.default_embedder import ensure_default_embedder
-from worker.engine.embedding import EmbeddingEngine, EmbeddingOutput
-from worker.engine.encoder import Encoder, _pooling, load_encoder
+from worker.engine.embedding.download import ensure_default_embedder
+from worker.engine.embedding.encoder import Encoder, _pooling, load_encoder
+from worker.engine.embedding.engine import EmbeddingEngine, EmbeddingOutput
 
 REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "minilm_reference.json").read_text())
 

@@ -11,8 +11,8 @@ from shared.queue.jobs import job_for
 from shared.wire.completions import ChatCompletionRequest
 from shared.wire.errors import ContextLengthError
 from tests.support import MODEL
-from worker.engine.batch import Engine
-from worker.engine.batches import kv_bytes_per_token
+from worker.engine.batch.token_batch import kv_bytes_per_token
+from worker.engine.generation import Engine
 from worker.engine.model import load_model
 
 MODEL_DIR = Path.home() / ".cache" / "mlxq" / "models" / MODEL

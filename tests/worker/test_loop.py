@@ -25,7 +25,7 @@ from shared.wire.events import (
     decode_event,
     decode_frame,
 )
-from worker.engine.synthetic import SyntheticEngine
+from worker.engine.doubles.synthetic import SyntheticEngine
 from worker.runtime.loop import EngineLoop
 from worker.runtime.publish import EventSink, Route
 

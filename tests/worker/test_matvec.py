@@ -1,4 +1,4 @@
-"""Products of a few rows (worker/engine/matvec.py): the native module builds against the
+"""Products of a few rows (worker/engine/cpu/matvec.py): the native module builds against the
 installed MLX and gives MLX's product for 1 to 8 rows, whatever the weight's shape; a model
 routes inputs of up to 6 rows to it and larger ones to MLX's matmul; the real default model
 generates the same greedy tokens either way; and a module that cannot be built leaves the
@@ -17,9 +17,9 @@ from mlx_lm.generate import generate_step
 
 from shared.queue.config import Settings
 from tests.support import MODEL
-from worker.engine import matvec
+from worker.engine.cpu import matvec
 from worker.engine.model import LoadedModel, load_model
-from worker.engine.sampling import greedy
+from worker.engine.sequence.sampling import greedy
 
 NATIVE = matvec.folder(Settings().models_dir)
 

@@ -1,4 +1,5 @@
-"""The prefill budget (worker/engine/prefill.py) on mlx-lm's own BatchGenerator and a tiny
+"""The prefill budget (worker/engine/batch/mlx_lm_prefill.py) on mlx-lm's own BatchGenerator and a
+tiny
 randomly initialised llama: which waiting prompts join a step's prefill."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from typing import Any
 
 from mlx_lm.generate import BatchGenerator
 
-from worker.engine.prefill import size_prefill_group
+from worker.engine.batch.mlx_lm_prefill import size_prefill_group
 
 
 def _generator(model: Any, prompts: list[int]) -> BatchGenerator:

@@ -1,4 +1,5 @@
-"""The batch under the engine (worker/engine/batches.py) gives every sequence what it would get
+"""The batch under the engine (worker/engine/batch/token_batch.py) gives every sequence what it
+would get
 alone, whenever it joins or leaves and whatever shares the batch with it.
 
 Tiny randomly initialised models of several families (float32, on the CPU): llama, qwen2, qwen3
@@ -6,7 +7,8 @@ and mistral run in mlxq's slot batch; a mistral with sliding-window layers has a
 and runs in mlx-lm's BatchGenerator, which proves that fallback. A hypothesis test drives the
 arrivals, cancellations, prefix-cache openings, slot counts and prefill budgets; the reference is
 mlx-lm's own single-sequence `generate_step`, greedy. It runs with MLX's own attention and SiLU
-and with the worker's CPU exponentials (worker/engine/cpu_exp.py): NumPy's from 16 positions on,
+and with the worker's CPU exponentials (worker/engine/cpu/exponentials.py): NumPy's from 16
+positions on,
 so a prompt takes either path by its chunk's size, and the compiled polynomial in decode.
 """
 
@@ -24,10 +26,11 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import _get_classes
 
 from shared.wire.sampling import SamplingParams
-from worker.engine import cpu_exp
-from worker.engine.batches import MlxLmBatch, TokenBatch, open_batch, plain_kv
-from worker.engine.sampling import Sampler, greedy, make_sampler
-from worker.engine.slot_batch import Entry, SlotBatch
+from worker.engine.batch.slot_batch import SlotBatch
+from worker.engine.batch.token_batch import MlxLmBatch, TokenBatch, open_batch, plain_kv
+from worker.engine.batch.types import Entry
+from worker.engine.cpu import exponentials as cpu_exp
+from worker.engine.sequence.sampling import Sampler, greedy, make_sampler
 
 VOCAB = 64
 STOP = frozenset({3})
@@ -155,7 +158,7 @@ def check(family: str, plan: list[Arrival], result: dict) -> None:
 
 @pytest.fixture(params=["mlx", "cpu"])
 def prefill(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Which exponentials the forwards use: MLX's own, or worker/engine/cpu_exp.py's."""
+    """Which exponentials the forwards use: MLX's own, or worker/engine/cpu/exponentials.py's."""
     for family in FAMILIES:
         for owner, name, theirs, ours in cpu_exp.swaps(tiny(family)):
             monkeypatch.setattr(owner, name, ours if request.param == "cpu" else theirs)

@@ -1,4 +1,5 @@
-"""Slot KV storage (worker/engine/slots.py) writes in place, and the KV memory rule refuses what
+"""Slot KV storage (worker/engine/batch/kv_rows.py) writes in place, and the KV memory rule refuses
+what
 cannot fit (worker/engine/prepare.py's `fit_kv`).
 
 MLX copies a buffer before a slice update or scatter when something else holds a reference to
@@ -11,8 +12,8 @@ import mlx.core as mx
 import pytest
 
 from shared.wire.errors import ContextLengthError
+from worker.engine.batch.kv_rows import DecodeRows, DecodeView, PrefillRows, PrefillView, SlotKV
 from worker.engine.prepare import fit_kv
-from worker.engine.slots import DecodeRows, DecodeView, PrefillRows, PrefillView, SlotKV
 
 SLOTS, HEADS, DIM, POSITIONS = 8, 2, 64, 2048
 

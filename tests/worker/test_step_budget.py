@@ -1,4 +1,4 @@
-"""An engine step's prefill budget on the real default model (worker/engine/batch.py): a prompt
+"""An engine step's prefill budget on the real default model (worker/engine/generation.py): a prompt
 that arrives while another sequence decodes is prefilled at most MLXQ_PREFILL_TOKENS_DECODING
 tokens a step, and only what MLXQ_PREFILL_SECONDS_DECODING allows at the rate the batch's
 prefill ran lately, since that sequence's next token waits for the step; with nothing decoding,
@@ -12,10 +12,10 @@ from shared.queue.config import Settings
 from shared.queue.jobs import job_for
 from shared.wire.completions import ChatCompletionRequest
 from tests.support import MODEL
-from worker.engine.batch import MIN_PREFILL_TOKENS, Engine
-from worker.engine.batches import PREFILL_CHUNK
+from worker.engine.batch.slot_batch import SlotBatch
+from worker.engine.batch.token_batch import PREFILL_CHUNK
+from worker.engine.generation import MIN_PREFILL_TOKENS, Engine
 from worker.engine.model import LoadedModel, load_model
-from worker.engine.slot_batch import SlotBatch
 
 WHILE_DECODING = 48
 LONG = "Tell me about the sea. " * 14  # about 100 prompt tokens

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.engine.stop import StopStringMatcher, stop_token_ids
+from worker.engine.sequence.stop import StopStringMatcher, stop_token_ids
 
 LLAMA3_VOCAB = {"<|begin_of_text|>": 128000, "<|end_of_text|>": 128001, "<|eot_id|>": 128009}
 

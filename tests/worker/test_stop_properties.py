@@ -10,7 +10,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine.stop import StopStringMatcher
+from worker.engine.sequence.stop import StopStringMatcher
 
 # A small alphabet makes matches and near-matches common; a few wider characters keep it honest.
 alphabet = st.sampled_from(["a", "b", "c", " ", "\n", "é", "😀"])

@@ -1,4 +1,5 @@
-"""The synthetic engine's prefill model (worker/engine/synthetic_prefill.py): real token ids, a
+"""The synthetic engine's prefill model (worker/engine/doubles/synthetic_prefill.py): real token
+ids, a
 prefix cache whose `held` the worker publishes, and a step that is longer by the prefill of
 what the cache lacks. Built as a synthetic worker builds it (worker/runtime/serve.py), on the
 default model's tokenizer; nothing here runs a model or Redis."""
@@ -15,9 +16,9 @@ from shared.queue.keys import Keys
 from shared.queue.prefix_blocks import block_hashes
 from shared.queue.prompt_tokens import PromptCounter
 from shared.wire.completions import ChatMessage
-from worker.engine.batch import StepOutput
-from worker.engine.synthetic import SyntheticEngine
-from worker.engine.synthetic_prefill import SyntheticPrefill, SyntheticPrefixCache
+from worker.engine.doubles.synthetic import SyntheticEngine
+from worker.engine.doubles.synthetic_prefill import SyntheticPrefill, SyntheticPrefixCache
+from worker.engine.generation import StepOutput
 from worker.runtime.prefix_report import PrefixReport
 from worker.runtime.serve import build_synthetic
 

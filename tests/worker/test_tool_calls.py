@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.wire.tools import CALL_END, CALL_START
-from worker.engine.call_readers import CallReader, JsonCallReader, ParsedCallReader
-from worker.engine.tool_calls import Scanned, ToolCallScanner
+from worker.engine.sequence.call_readers import CallReader, JsonCallReader, ParsedCallReader
+from worker.engine.sequence.tool_calls import Scanned, ToolCallScanner
 
 CALL = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
 

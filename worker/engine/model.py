@@ -13,9 +13,11 @@ from mlx_lm import load
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_config, load_tokenizer
 
-from worker.engine import cpu_exp, matvec
-from worker.engine.detokenize import TextDecoder, decoder_factory, token_pieces
-from worker.engine.stop import stop_token_ids
+from worker.engine.cpu import exponentials as cpu_exp
+from worker.engine.cpu import matvec
+from worker.engine.cpu.exponentials import Routes as Routes  # the loader's callers name routes
+from worker.engine.sequence.detokenize import TextDecoder, decoder_factory, token_pieces
+from worker.engine.sequence.stop import stop_token_ids
 
 
 @dataclass(frozen=True)
@@ -29,11 +31,20 @@ class LoadedModel:
     token_piece: Callable[[int], bytes]
 
 
-def load_model(
-    path: str, exps: cpu_exp.Routes = cpu_exp.BOTH, native: Path | None = None
-) -> LoadedModel:
-    """`exps`: on the CPU device, which forwards take worker/engine/cpu_exp.py's exponentials;
-    `native`: where worker/engine/matvec.py's module is built, to route one-row products
+def native_folder(models_dir: Path) -> Path:
+    """Where the CPU worker's one-row products module is built, beside the models."""
+    return matvec.folder(models_dir)
+
+
+def build_native(models_dir: Path) -> Path:
+    """Build the one-row products module ahead of the first load (`mlxq prepare-model`)."""
+    return matvec.build(matvec.folder(models_dir))
+
+
+def load_model(path: str, exps: Routes = cpu_exp.BOTH, native: Path | None = None) -> LoadedModel:
+    """`exps`: on the CPU device, which forwards take worker/engine/cpu/exponentials.py's
+    exponentials;
+    `native`: where worker/engine/cpu/matvec.py's module is built, to route one-row products
     through it (None: MLX's matmul for every product)."""
     model, tokenizer, config = load(path, return_config=True)
     cpu_exp.install(model, exps)
@@ -54,7 +65,7 @@ def load_model(
 
 def load_tokenizer_only(path: str) -> tuple[TokenizerWrapper, int]:
     """A model's tokenizer and context window, without its weights (the synthetic engine's
-    prefill model counts real tokens, worker/engine/synthetic_prefill.py)."""
+    prefill model counts real tokens, worker/engine/doubles/synthetic_prefill.py)."""
     return load_tokenizer(Path(path)), _context_length(load_config(Path(path)))
 
 

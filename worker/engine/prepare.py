@@ -18,12 +18,12 @@ from shared.queue.context_window import completion_budget
 from shared.queue.jobs import GenerationJob
 from shared.queue.prompt_tokens import ChatInput, chat_input, knows_developer_role
 from shared.wire.errors import ContextLengthError, InvalidRequestError
-from worker.engine.grammar import Grammars
-from worker.engine.logprobs import LogprobRecorder
 from worker.engine.model import LoadedModel
-from worker.engine.processors import processors_for
-from worker.engine.sampling import Sampler, make_sampler
-from worker.engine.tool_calls import ToolCallScanner, ToolFormat
+from worker.engine.sequence.grammar import Grammars
+from worker.engine.sequence.logprobs import LogprobRecorder
+from worker.engine.sequence.processors import processors_for
+from worker.engine.sequence.sampling import Sampler, make_sampler
+from worker.engine.sequence.tool_calls import ToolCallScanner, ToolFormat
 
 
 @dataclass(frozen=True)

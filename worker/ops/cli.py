@@ -39,16 +39,16 @@ def _import_gguf(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _prepare(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.engine.default_embedder import ensure_default_embedder
+    from worker.engine.embedding.download import ensure_default_embedder
     from worker.gguf.default_model import ensure_default_model
 
     print(ensure_default_model(settings.models_dir))
     print(ensure_default_embedder(settings.models_dir))
     if sys.platform.startswith("linux"):  # the CPU worker's one-row products, built ahead
-        from worker.engine import matvec
+        from worker.engine.model import build_native
 
         try:
-            print(matvec.build(matvec.folder(settings.models_dir)))
+            print(build_native(settings.models_dir))
         except (OSError, RuntimeError) as err:  # the worker then keeps MLX's matmul
             print(f"mlxq: the native matvec was not built: {err}", file=sys.stderr)
     return 0

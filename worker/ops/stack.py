@@ -28,7 +28,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from shared.queue.config import Settings
-from worker.engine.default_embedder import DEFAULT_EMBEDDER_NAME, ensure_default_embedder
+from worker.engine.embedding.download import DEFAULT_EMBEDDER_NAME, ensure_default_embedder
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.ops.cluster import ROOT, redis_answers, redis_command, stop
 

@@ -25,7 +25,7 @@ from shared.queue.jobs import EmbeddingJob, JobOutcome
 from shared.queue.keys import Keys
 from shared.wire.errors import InvalidRequestError, MLXQError, QueueTimeoutError
 from shared.wire.events import ErrorEvent
-from worker.engine.embedding import EmbeddingEngine
+from worker.engine.embedding.engine import EmbeddingEngine
 from worker.runtime import job_function
 from worker.runtime.embedding_loop import EmbeddingLoop
 from worker.runtime.publish import EventSink, Route

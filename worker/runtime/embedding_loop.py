@@ -21,7 +21,7 @@ from shared.queue.jobs import JobOutcome
 from shared.wire.completions import Usage
 from shared.wire.errors import GenerationError
 from shared.wire.events import DoneEvent, EmbeddingEvent, ErrorEvent, Event, StartedEvent
-from worker.engine.embedding import EmbeddingEngine, EmbeddingOutput, PreparedEmbedding
+from worker.engine.embedding.engine import EmbeddingEngine, EmbeddingOutput, PreparedEmbedding
 from worker.runtime.loop import gather
 from worker.runtime.publish import EventSink, Route
 

@@ -41,7 +41,7 @@ from shared.wire.errors import (
     QueueTimeoutError,
 )
 from shared.wire.events import DoneEvent, ErrorEvent, Event
-from worker.engine.batch import BatchEngine
+from worker.engine.generation import BatchEngine
 from worker.runtime.batch_lines import BatchLines
 from worker.runtime.loop import EngineLoop
 from worker.runtime.prefix_report import PrefixFigures

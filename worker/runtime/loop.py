@@ -34,7 +34,7 @@ from shared.wire.events import (
     StartedEvent,
     TokenEvent,
 )
-from worker.engine.batch import BatchEngine, StepOutput
+from worker.engine.generation import BatchEngine, StepOutput
 from worker.engine.prepare import PreparedJob
 from worker.runtime.publish import EventSink, Route
 

@@ -22,7 +22,7 @@ from shared.queue.prefix_blocks import MAX_PUBLISHED, block_hashes
 
 class HeldPrefixes(Protocol):
     """What a prefix cache shows other threads: worker/engine/prefix_cache.py's `PrefixCache`,
-    or the synthetic engine's (worker/engine/synthetic_prefill.py)."""
+    or the synthetic engine's (worker/engine/doubles/synthetic_prefill.py)."""
 
     @property
     def held(self) -> tuple[list[int], ...]: ...

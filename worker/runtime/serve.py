@@ -31,21 +31,19 @@ from shared.queue.connection import connect, connect_blocking
 from shared.queue.keys import Keys
 from shared.queue.liveness import LIVE_FACTOR
 from shared.queue.prompt_tokens import PromptCounter, TokenizerSpec
-from worker.engine import matvec
-from worker.engine.batch import BatchEngine, Engine
-from worker.engine.cpu_exp import Routes
-from worker.engine.default_embedder import (
+from worker.engine.doubles.faults import FaultyEngine
+from worker.engine.doubles.synthetic import SyntheticEngine
+from worker.engine.doubles.synthetic_prefill import SyntheticPrefill, SyntheticPrefixCache
+from worker.engine.embedding.download import (
     DEFAULT_EMBEDDER_NAME,
     ensure_default_embedder,
     is_embedder_dir,
 )
-from worker.engine.embedding import EmbeddingEngine, warm_up
-from worker.engine.encoder import load_encoder
-from worker.engine.faults import FaultyEngine
-from worker.engine.model import load_model, load_tokenizer_only
+from worker.engine.embedding.encoder import load_encoder
+from worker.engine.embedding.engine import EmbeddingEngine, warm_up
+from worker.engine.generation import BatchEngine, Engine
+from worker.engine.model import Routes, load_model, load_tokenizer_only, native_folder
 from worker.engine.prefix_cache import PrefixCache
-from worker.engine.synthetic import SyntheticEngine
-from worker.engine.synthetic_prefill import SyntheticPrefill, SyntheticPrefixCache
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.runtime import embedding_job, job_function
 from worker.runtime.cancellations import listen_for_cancels
@@ -100,7 +98,7 @@ def build_engine(
         log.info("loaded embedding model %s in %.1f s", name, time.perf_counter() - started)
         return name, embedder, None, None
     exps = Routes(settings.cpu_prefill, settings.cpu_decode)
-    native = matvec.folder(settings.models_dir) if settings.cpu_matvec else None
+    native = native_folder(settings.models_dir) if settings.cpu_matvec else None
     loaded = load_model(source, exps, native)
     log.info("loaded %s in %.1f s", name, time.perf_counter() - started)
     prefixes = (

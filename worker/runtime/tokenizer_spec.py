@@ -26,7 +26,7 @@ from shared.queue.prompt_tokens import (
 )
 from shared.wire.completions import ChatMessage
 from shared.wire.tools import ChatTool, FunctionCall, FunctionDefinition, ToolCall, ToolUse
-from worker.engine.tool_calls import ToolFormat
+from worker.engine.sequence.tool_calls import ToolFormat
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Placement acts on SYNTHETIC workers that model prefill (worker/engine/synthetic_prefill.py), as
+"""Placement acts on SYNTHETIC workers that model prefill
+(worker/engine/doubles/synthetic_prefill.py), as
 on real ones: they publish the default model's tokenizer and what their cache holds, so a
 conversation's next turn runs on the worker that holds its history, and starts sooner there.
 This is what lets `bench placement --engine synthetic` measure placement apart from CPU.

@@ -1,6 +1,7 @@
 """A worker breaks without dying: one sequence fails, or the engine loop wedges.
 
-Point 2 of the fault contract. The worker runs with fault injection (worker/engine/faults.py): a
+Point 2 of the fault contract. The worker runs with fault injection
+(worker/engine/doubles/faults.py): a
 prompt holding `[[fault:raise]]` makes its own sequence fail at its third token, one holding
 `[[fault:wedge]]` blocks the engine loop there while the process and its heartbeat live on.
 """
@@ -19,7 +20,7 @@ from shared.queue.jobs import GenerationJob
 from shared.wire.events import DoneEvent, RequeuedEvent, decode_event
 from tests.e2e.faults.conftest import HEARTBEAT_S, exactly_workers
 from tests.support import MODEL, Stream, chat_body, post, rq_job
-from worker.engine.faults import RAISE, WEDGE
+from worker.engine.doubles.faults import RAISE, WEDGE
 from worker.ops.cluster import Cluster, wait_until
 from worker.runtime.serve import EXIT_WEDGED
 

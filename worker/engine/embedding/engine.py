@@ -20,7 +20,7 @@ import numpy as np
 
 from shared.queue.jobs import EmbeddingJob
 from shared.wire.errors import InvalidRequestError
-from worker.engine.encoder import Encoder
+from worker.engine.embedding.encoder import Encoder
 
 # Padded tokens in one forward: 64 inputs of 128 tokens, or 16 of the longest (512).
 MAX_BATCH_TOKENS = 8192

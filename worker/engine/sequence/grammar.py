@@ -1,7 +1,7 @@
 """Constrained decoding: a job's grammar (shared/wire/grammar.py) enforced token by token.
 
 One llguidance matcher per constrained sequence, as a logits processor
-(worker/engine/processors.py's
+(worker/engine/sequence/processors.py's
 shape): each step it takes the token the sequence just produced, asks the matcher which tokens
 may come next, and sets every other logit to -inf. llguidance's own MLX helper applies the mask
 with a Metal kernel, which exists only on a Mac; here the bitmask is unpacked with numpy and

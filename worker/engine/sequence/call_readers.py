@@ -1,6 +1,6 @@
 """Reading one tool call's text, between its markers, as the model writes it.
 
-A `ToolCallScanner` (worker/engine/tool_calls.py) hands each call's text to a reader as it
+A `ToolCallScanner` (worker/engine/sequence/tool_calls.py) hands each call's text to a reader as it
 streams, and the reader says what may be sent of the call so far (`CallPiece`s: first its name,
 then its arguments text) and, at the call's end marker, the call itself:
 

@@ -13,7 +13,7 @@ with MLXQ_SYNTHETIC_PREFILL_S_PER_TOKEN above 0 a synthetic worker:
 - charges each step the prompt tokens it prefills that are not in that cache, at the configured
   seconds per token, up to the step's prefill budget (MLXQ_PREFILL_TOKENS), in admission order,
   as the real engine's chunked prefill does; a sequence's first token comes in the step its
-  prefill ends (worker/engine/synthetic.py sleeps; nothing burns CPU).
+  prefill ends (worker/engine/doubles/synthetic.py sleeps; nothing burns CPU).
 
 What it models and what not: the cache holds a prompt from the step its prefill ended, so a
 later prompt of the same burst finds a shared system prompt once an earlier one has computed it

@@ -20,9 +20,10 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from worker.engine.decode import use_decode_batch
-from worker.engine.prefill import size_prefill_group
-from worker.engine.slot_batch import Entry, SlotBatch, Token
+from worker.engine.batch.mlx_lm_decode import use_decode_batch
+from worker.engine.batch.mlx_lm_prefill import size_prefill_group
+from worker.engine.batch.slot_batch import SlotBatch
+from worker.engine.batch.types import Entry, Token
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 512  # prompt tokens one prefill forward takes at most
@@ -47,7 +48,8 @@ class MlxLmBatch:
         self._batch = BatchGenerator(
             model,
             completion_batch_size=slots,
-            # Set before every step from the prefill token budget (worker/engine/prefill.py).
+            # Set before every step from the prefill token budget
+            # (worker/engine/batch/mlx_lm_prefill.py).
             prefill_batch_size=slots,
             prefill_step_size=PREFILL_CHUNK,
         )

@@ -3,7 +3,8 @@
 A `LogprobRecorder` wraps a sequence's sampler. Each draw also keeps, as lazy MLX arrays, the
 sampled token's log probability and the k most likely alternatives, computed from the logits the
 sampler was given: after penalties, logit bias and a grammar's mask, before temperature (vLLM's
-"processed logprobs"). The decode step runs one token ahead (worker/engine/decode.py), so draws are
+"processed logprobs"). The decode step runs one token ahead (worker/engine/batch/mlx_lm_decode.py),
+so draws are
 queued and `take` hands them out in order as the engine reads each token. Tokens are reported as
 their decoded text and UTF-8 bytes, never as raw vocabulary symbols. `prompt_logprobs` scores
 a prompt's own tokens (an echoed text completion with logprobs: what eval harnesses ask for).
@@ -20,7 +21,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from shared.wire.logprobs import TokenLogprob, TopLogprob
-from worker.engine.sampling import Sampler
+from worker.engine.sequence.sampling import Sampler
 
 T = TypeVar("T", bound=TopLogprob)
 # The log probability reported for a token that could not be drawn (OpenAI reports -9999.0).

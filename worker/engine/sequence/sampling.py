@@ -1,6 +1,7 @@
 """Samplers: one per sequence, so each job keeps its own temperature, top_p, top_k, min_p and seed.
 
-A sampler takes a step's raw logits (worker/engine/decode.py): argmax and categorical sampling need
+A sampler takes a step's raw logits (worker/engine/batch/mlx_lm_decode.py): argmax and categorical
+sampling need
 no normalisation, top-p normalises for itself. Greedy sequences share one sampler object, which
 lets the batch sample them in one call.
 A seeded sampler draws from its own PRNG key, so a seed gives the same output whatever else

@@ -21,15 +21,15 @@ from typing import Protocol
 from shared.queue.jobs import GenerationJob
 from shared.wire.logprobs import TokenLogprob
 from shared.wire.tools import ToolCall, ToolCallDelta
-from worker.engine.batches import kv_window, open_batch, plain_kv
-from worker.engine.detokenize import TextDecoder
-from worker.engine.logprobs import LogprobRecorder, prompt_logprobs
+from worker.engine.batch.token_batch import kv_window, open_batch, plain_kv
+from worker.engine.batch.types import Entry
 from worker.engine.model import LoadedModel
 from worker.engine.prefix_cache import PrefixCache, Reuse, level, prefill
 from worker.engine.prepare import PreparedJob, Preparer
-from worker.engine.slot_batch import Entry
-from worker.engine.stop import StopStringMatcher
-from worker.engine.tool_calls import Scanned, ToolCallScanner
+from worker.engine.sequence.detokenize import TextDecoder
+from worker.engine.sequence.logprobs import LogprobRecorder, prompt_logprobs
+from worker.engine.sequence.stop import StopStringMatcher
+from worker.engine.sequence.tool_calls import Scanned, ToolCallScanner
 
 log = logging.getLogger(__name__)
 # A step prefills at least this many prompt tokens while others decode, however slow the
@@ -99,7 +99,7 @@ class BatchEngine(Protocol):
 
 
 class Engine:
-    """Continuous batching (worker/engine/batches.py), with our stop handling on top."""
+    """Continuous batching (worker/engine/batch/token_batch.py), with our stop handling on top."""
 
     def __init__(
         self,
@@ -114,7 +114,8 @@ class Engine:
         prefill_tokens_decoding: int | None = None,
         prefill_seconds_decoding: float | None = None,
     ):
-        """`batch`: "slots" or "mlx-lm" (worker/engine/batches.py); `kv_memory`: MiB of KV the
+        """`batch`: "slots" or "mlx-lm" (worker/engine/batch/token_batch.py); `kv_memory`: MiB of
+        KV the
         slot batch may hold, which then refuses sequences longer than a row;
         `prefill_tokens_decoding`: the step's prefill budget while sequences decode (None:
         `prefill_tokens`), and `prefill_seconds_decoding` about the most that prefill may take

@@ -1,7 +1,8 @@
 """Logits processors for the sampling parameters that change the distribution itself.
 
 Each is mlx-lm's `LogitsProcessor` shape, `(tokens so far, logits row) -> logits row`, called
-once per generated token for the sequence that asked (worker/engine/decode.py); a sequence that
+once per generated token for the sequence that asked (worker/engine/batch/mlx_lm_decode.py); a
+sequence that
 asked
 for none of this has no processor and pays nothing. The first call of each sequence sees exactly
 its prompt: what comes after it is what the sequence generated.

@@ -15,9 +15,9 @@ from functools import cached_property
 from typing_extensions import override
 
 from shared.queue.jobs import GenerationJob
-from worker.engine.batch import Engine
-from worker.engine.detokenize import TextDecoder
+from worker.engine.generation import Engine
 from worker.engine.prepare import PreparedJob
+from worker.engine.sequence.detokenize import TextDecoder
 
 RAISE = "[[fault:raise]]"
 WEDGE = "[[fault:wedge]]"

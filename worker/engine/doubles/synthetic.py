@@ -9,7 +9,7 @@ Labelled "synthetic" wherever it appears; never used unless MLXQ_ENGINE=syntheti
 Given a `SyntheticPrefill` (MLXQ_SYNTHETIC_PREFILL_S_PER_TOKEN above 0), prompts are the served
 model's real token ids, and a step that prefills N tokens its cache lacks takes N x that cost
 longer, so every running sequence waits for it, as on a real worker; a sequence's first token
-comes with the step that ends its prefill (worker/engine/synthetic_prefill.py).
+comes with the step that ends its prefill (worker/engine/doubles/synthetic_prefill.py).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 
 from shared.queue.jobs import GenerationJob
-from worker.engine.batch import StepOutput
+from worker.engine.doubles.synthetic_prefill import PrefillState, SyntheticPrefill
+from worker.engine.generation import StepOutput
 from worker.engine.prepare import ChoiceSetup, PreparedJob
-from worker.engine.sampling import greedy
-from worker.engine.synthetic_prefill import PrefillState, SyntheticPrefill
+from worker.engine.sequence.sampling import greedy
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 A `ToolCallScanner` sits after the stop-string matcher: text outside a call passes through,
 text from the call's start marker to its end marker goes to a reader for the model's format
-(worker/engine/call_readers.py; shared/wire/tools.py says which format a model gets), which says
+(worker/engine/sequence/call_readers.py; shared/wire/tools.py says which format a model gets),
+which says
 what may be sent of the call as it is written. The scanner numbers the calls of its sequence and
 turns them into OpenAI's stream pieces (`ToolCallDelta`: the first with the call's id and name,
 then its arguments) and, at each end marker, the whole `ToolCall`. A suffix that could still
@@ -28,7 +29,7 @@ from shared.wire.tools import (
     ToolCallDelta,
     ToolUse,
 )
-from worker.engine.call_readers import (
+from worker.engine.sequence.call_readers import (
     CallPiece,
     CallReader,
     JsonCallReader,

@@ -1,4 +1,5 @@
-"""mlxq's own continuous batch: sequences in slots of preallocated KV (worker/engine/slots.py).
+"""mlxq's own continuous batch: sequences in slots of preallocated KV
+(worker/engine/batch/kv_rows.py).
 
 A step (`next`) does three things. First it prefills waiting prompts, oldest first, at most
 `chunk` tokens of each per forward, until the step's prompt-token budget is spent: a long prompt
@@ -23,7 +24,8 @@ gather. A row promoted from prefill swaps with the first prefilling row; a row t
 the last decoding row into its slot, and that one's slot the last prefilling row (each a copy of
 one row's positions). Admitting a sequence writes only its own row (the prefix cache's copy of
 its opening, if any). Samplers and logits processors are mlx-lm's shape, called as mlx-lm's
-generation batch calls them (worker/engine/decode.py); the first call of a sequence's processors
+generation batch calls them (worker/engine/batch/mlx_lm_decode.py); the first call of a sequence's
+processors
 sees exactly its prompt.
 """
 
@@ -36,10 +38,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import mlx.core as mx
-from mlx_lm.sample_utils import LogitsProcessor
 
-from worker.engine.sampling import Sampler, greedy
-from worker.engine.slots import (
+from worker.engine.batch.kv_rows import (
     DecodeRows,
     DecodeView,
     PrefillRows,
@@ -47,34 +47,13 @@ from worker.engine.slots import (
     SlotKV,
     extract,
 )
+from worker.engine.batch.types import Entry, Token
+from worker.engine.sequence.sampling import greedy
 
 # Prompt chunks of several rows go through one forward (reading the weights once), up to this
 # many positions, padding included, and while padding adds at most this share of work.
 GROUP_TOKENS = 512
 PADDING = 1.25
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A sequence for the batch: `prompt` still to compute after `cached` (whose KV is in
-    `cache`, or None), then up to `max_tokens` tokens."""
-
-    prompt: list[int]
-    cached: list[int]
-    cache: list[Any] | None
-    max_tokens: int
-    sampler: Sampler
-    processors: list[LogitsProcessor]
-
-
-@dataclass(frozen=True)
-class Token:
-    uid: int
-    token: int
-    finish_reason: str | None
-    # A sequence that ended on its own: the tokens whose KV `prompt_cache` holds.
-    prompt_cache: list[Any] | None = None
-    all_tokens: list[int] | None = None
 
 
 @dataclass(eq=False)  # a row is itself: compared by identity

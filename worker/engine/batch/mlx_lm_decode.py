@@ -2,13 +2,15 @@
 
 mlx-lm's generation batch turns every step's logits into log-probabilities for every sequence
 (a logsumexp over the whole vocabulary, then one array per sequence) before sampling. mlxq
-returns no logprobs, and its samplers (worker/engine/sampling.py) take raw logits: argmax and
+returns no logprobs, and its samplers (worker/engine/sequence/sampling.py) take raw logits: argmax
+and
 categorical sampling give the same tokens from logits, and top-p normalises for itself. On the
 Linux CPU backend that normalisation is ~10% of a decode step (measured with the default
 model: 95 -> 85.5 ms at 16 sequences, 151 -> 137 ms at 32), because MLX's CPU `exp` is scalar.
 
-Logits processors (penalties, logit bias, a grammar's mask: worker/engine/processors.py,
-worker/engine/grammar.py) run here on raw logits too, row by row for the sequences that have any;
+Logits processors (penalties, logit bias, a grammar's mask: worker/engine/sequence/processors.py,
+worker/engine/sequence/grammar.py) run here on raw logits too, row by row for the sequences that
+have any;
 the
 forward pass is started first, so a grammar's mask is computed while it runs. The other rows
 are untouched. A sequence's first token is drawn by mlx-lm's own step when it joins the batch,

@@ -10,7 +10,7 @@ and the gate are evaluated, handed to NumPy for the exponentials and handed back
 layer, which a prefill chunk pays easily.
 
 A decode forward (one position per row) is built lazily a step ahead of the one being read
-(worker/engine/slot_batch.py): a sync per layer would undo that. Its softmax and SiLU take an
+(worker/engine/batch/slot_batch.py): a sync per layer would undo that. Its softmax and SiLU take an
 `exp` made of multiplies and adds instead (2^n from the exponent bits times a polynomial of the
 remainder, Cephes' coefficients, relative error under 4e-6), inside `mx.compile`: MLX fuses
 the elementwise chain into one C++ kernel that the host compiler vectorises, about 3.5x MLX's

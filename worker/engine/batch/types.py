@@ -1,0 +1,35 @@
+"""What every token batch takes and gives: a sequence to run (`Entry`) and one step's token of
+one sequence (`Token`). The slot batch and mlx-lm's batch (worker/engine/batch/token_batch.py)
+both speak these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_lm.sample_utils import LogitsProcessor
+
+from worker.engine.sequence.sampling import Sampler
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A sequence for the batch: `prompt` still to compute after `cached` (whose KV is in
+    `cache`, or None), then up to `max_tokens` tokens."""
+
+    prompt: list[int]
+    cached: list[int]
+    cache: list[Any] | None
+    max_tokens: int
+    sampler: Sampler
+    processors: list[LogitsProcessor]
+
+
+@dataclass(frozen=True)
+class Token:
+    uid: int
+    token: int
+    finish_reason: str | None
+    # A sequence that ended on its own: the tokens whose KV `prompt_cache` holds.
+    prompt_cache: list[Any] | None = None
+    all_tokens: list[int] | None = None
