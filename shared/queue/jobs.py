@@ -15,7 +15,7 @@ limits) and its inputs, already split into a list.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -24,6 +24,7 @@ from shared.wire.batches import BatchLine
 from shared.wire.completions import ChatCompletionRequest, ChatMessage, CompletionRequest
 from shared.wire.embeddings import MAX_INPUTS, EmbeddingRequest
 from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
+from shared.wire.reasoning import ReasoningControl
 from shared.wire.responses import ResponsesRequest
 from shared.wire.sampling import SamplingParams
 from shared.wire.tools import ToolUse
@@ -64,6 +65,10 @@ class GenerationJob(BaseModel):
     grammar: str | None = None
     # Set when a chat request gave tools: how they are rendered, parsed and maybe forced.
     tools: ToolUse | None = None
+    # How a reasoning model may think (shared/wire/reasoning.py); None: its template's default.
+    reasoning: ReasoningControl | None = None
+    # Passed to the chat template as they are (vLLM's and mlx_lm.server's `chat_template_kwargs`).
+    chat_template_kwargs: dict[str, Any] | None = None
     # None: no log probabilities; k: each token's logprob and its k most likely alternatives.
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     limits: JobLimits = JobLimits()

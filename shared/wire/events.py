@@ -43,6 +43,8 @@ class TokenEvent(BaseModel):
 
     type: Literal["token"] = "token"
     text: str
+    # Reasoning written since the last event (a reasoning model's thinking, split from `text`).
+    reasoning: str | None = None
     logprobs: list[TokenLogprob] | None = None
     call_deltas: list[ToolCallDelta] | None = None
     tool_calls: list[ToolCall] | None = None  # calls completed since the last event
