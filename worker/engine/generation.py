@@ -83,6 +83,7 @@ class StepOutput:
     index: int = 0
     choices_left: int = 0
     stop_sequence: str | None = None  # the stop string that ended the choice, if one did
+    reasoning: str = ""  # new reasoning text (a reasoning model's thinking, apart from `text`)
 
     @property
     def ends_job(self) -> bool:

@@ -156,9 +156,10 @@ class EngineLoop:
             if admission.first_token_at is None:
                 admission.first_token_at = now
             route = admission.route
-            if out.text or out.logprobs or out.call_deltas or out.tool_calls:
+            if out.text or out.reasoning or out.logprobs or out.call_deltas or out.tool_calls:
                 token = TokenEvent(
                     text=out.text,
+                    reasoning=out.reasoning or None,
                     logprobs=out.logprobs,
                     call_deltas=out.call_deltas,
                     tool_calls=out.tool_calls,
