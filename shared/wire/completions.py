@@ -84,11 +84,17 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    # Completion tokens a reasoning model spent thinking (worker/engine/sequence/reasoning.py).
+    reasoning_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
+    completion_tokens_details: CompletionTokensDetails = CompletionTokensDetails()
 
 
 class StreamOptions(BaseModel):

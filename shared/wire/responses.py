@@ -247,6 +247,9 @@ class ResponseUsage(BaseModel):
                 cached_tokens=usage.prompt_tokens_details.cached_tokens
             ),
             output_tokens=usage.completion_tokens,
+            output_tokens_details=OutputTokensDetails(
+                reasoning_tokens=usage.completion_tokens_details.reasoning_tokens
+            ),
             total_tokens=usage.total_tokens,
         )
 

@@ -28,6 +28,7 @@ from worker.engine.prefix_cache import PrefixCache, Reuse, level, prefill
 from worker.engine.prepare import PreparedJob, Preparer
 from worker.engine.sequence.detokenize import TextDecoder
 from worker.engine.sequence.logprobs import LogprobRecorder, prompt_logprobs
+from worker.engine.sequence.reasoning import Split
 from worker.engine.sequence.stop import StopStringMatcher
 from worker.engine.sequence.tool_calls import Scanned, ToolCallScanner
 
@@ -47,6 +48,7 @@ class Sequence:
     matcher: StopStringMatcher
     recorder: LogprobRecorder | None
     calls: ToolCallScanner | None
+    split: Split | None  # a reasoning model's: its reasoning apart from its content
     # The prompt's own logprobs (an echo that asked for them), sent with the first token.
     opening: list[TokenLogprob] | None = None
 
@@ -59,6 +61,7 @@ class JobInBatch:
     cached_tokens: int
     uids: list[int] = field(default_factory=list)
     completion_tokens: int = 0  # all choices together
+    reasoning_tokens: int = 0  # of those, the ones spent reasoning
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class StepOutput:
     choices_left: int = 0
     stop_sequence: str | None = None  # the stop string that ended the choice, if one did
     reasoning: str = ""  # new reasoning text (a reasoning model's thinking, apart from `text`)
+    reasoning_tokens: int = 0  # the job's completion tokens spent reasoning (all choices)
 
     @property
     def ends_job(self) -> bool:
@@ -215,6 +219,7 @@ class Engine:
                 matcher=StopStringMatcher(prepared.stops),
                 recorder=choice.recorder,
                 calls=choice.calls,
+                split=choice.split,
                 opening=scored[key],
             )
             self._jobs[prepared.job_id].uids.append(uid)
@@ -330,12 +335,20 @@ class Engine:
             logprobs = [] if token in self._loaded.stop_ids else [entry]
         if seq.opening is not None:
             logprobs, seq.opening = seq.opening + (logprobs or []), None
+        reasoning = ""
         if token not in self._loaded.stop_ids:
-            text = seq.matcher.feed(seq.decoder.add(token))
+            piece = seq.decoder.add(token)
+            if seq.split is not None:
+                piece, reasoning = self._split(seq.split, job, token, piece)
+            text = seq.matcher.feed(piece)
         if seq.matcher.matched:
             finish_reason = "stop"
         elif finish_reason is not None:
-            text += seq.matcher.feed(seq.decoder.finish()) + seq.matcher.flush()
+            rest = seq.decoder.finish()
+            if seq.split is not None:
+                rest, held = seq.split.finish(rest)
+                reasoning += held
+            text += seq.matcher.feed(rest) + seq.matcher.flush()
             finish_reason = "stop" if seq.matcher.matched else finish_reason
         deltas = calls = None
         if seq.calls is not None:
@@ -357,7 +370,17 @@ class Engine:
             index=seq.index,
             choices_left=left,
             stop_sequence=seq.matcher.matched_stop if finish_reason == "stop" else None,
+            reasoning=reasoning,
+            reasoning_tokens=job.reasoning_tokens,
         )
+
+    @staticmethod
+    def _split(split: Split, job: JobInBatch, token: int, piece: str) -> tuple[str, str]:
+        """`piece` as content and reasoning; the job counts the reasoning tokens."""
+        before = split.reasoning_tokens
+        content, reasoning = split.feed(token, piece)
+        job.reasoning_tokens += split.reasoning_tokens - before
+        return content, reasoning
 
     @staticmethod
     def _scan(scanner: ToolCallScanner, text: str, last: bool) -> Scanned:

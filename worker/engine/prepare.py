@@ -19,9 +19,11 @@ from shared.queue.jobs import GenerationJob
 from shared.queue.prompt_tokens import ChatInput, chat_input, knows_developer_role
 from shared.wire.errors import ContextLengthError, InvalidRequestError
 from worker.engine.model import LoadedModel
-from worker.engine.sequence.grammar import Grammars
+from worker.engine.sequence.grammar import GrammarConstraint, Grammars
+from worker.engine.sequence.harmony import HarmonySplit, HarmonyTokens
 from worker.engine.sequence.logprobs import LogprobRecorder
 from worker.engine.sequence.processors import processors_for
+from worker.engine.sequence.reasoning import ReasoningGate, Split, ThinkMarkers, ThinkSplit
 from worker.engine.sequence.sampling import Sampler, make_sampler
 from worker.engine.sequence.tool_calls import ToolCallScanner, ToolFormat
 
@@ -38,6 +40,8 @@ class ChoiceSetup:
     # Set when the job's tool calls are to be parsed out of its text.
     calls: ToolCallScanner | None = None
     prompt: int = 0  # which of the job's prompts this choice continues
+    # Set for a chat job of a model that reasons: its reasoning kept apart from its content.
+    split: Split | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ class Preparer:
         self._with_history = with_history  # only a prefix cache uses the history's length
         self._grammars = Grammars(loaded.tokenizer._tokenizer, loaded.stop_ids, loaded.vocab_size)
         self._tool_format = ToolFormat.of(loaded.tokenizer)
+        self._think = ThinkMarkers.of(loaded.tokenizer)
+        self._harmony = HarmonyTokens.of(loaded.tokenizer)
         template = getattr(loaded.tokenizer._tokenizer, "chat_template", None)
         self._developer_role = knows_developer_role(template if isinstance(template, str) else None)
 
@@ -93,7 +99,7 @@ class Preparer:
             longest = max(len(p) for p in prompts)
             budget = fit_kv(longest, job.max_tokens, budget, self._kv_window, where)
         choices = [
-            self._choice(job, k * job.n + i, prompt=k)
+            self._choice(job, k * job.n + i, prompt=k, tokens=prompts[k])
             for k in range(len(prompts))
             for i in range(job.n)
         ]
@@ -108,7 +114,9 @@ class Preparer:
             interactive=job.lane == "interactive",
         )
 
-    def _choice(self, job: GenerationJob, index: int, prompt: int) -> ChoiceSetup:
+    def _choice(
+        self, job: GenerationJob, index: int, prompt: int, tokens: list[int]
+    ) -> ChoiceSetup:
         sampling = job.sampling
         if sampling.seed is not None and index:  # each choice its own draws, still reproducible
             sampling = sampling.model_copy(update={"seed": sampling.seed + index})
@@ -119,9 +127,32 @@ class Preparer:
         calls = None
         if job.tools is not None and job.tools.parses_calls():
             calls = self._tool_format.scanner(job.tools)
-        return ChoiceSetup(sampler, self._processors(job), recorder, calls, prompt)
+        processors, grammar = self._processors(job)
+        split: Split | None = None
+        if job.messages is not None and self._harmony is not None:
+            split = HarmonySplit(self._harmony)
+            if grammar is not None:
+                raise InvalidRequestError(
+                    "This model writes harmony messages; an output format or a forced tool "
+                    "call cannot be enforced on them yet.",
+                    param="response_format" if job.grammar is not None else "tool_choice",
+                )
+        elif job.messages is not None and self._think is not None:
+            inside = self._think.opens_inside(tokens)
+            split = ThinkSplit(self._think, inside)
+            budget = job.reasoning.budget_tokens if job.reasoning is not None else None
+            if budget is not None or grammar is not None:
+                processors += (ReasoningGate(self._think, inside, budget, grammar),)
+                grammar = None
+        if grammar is not None:
+            processors += (grammar,)
+        return ChoiceSetup(sampler, processors, recorder, calls, prompt, split)
 
-    def _processors(self, job: GenerationJob) -> tuple[LogitsProcessor, ...]:
+    def _processors(
+        self, job: GenerationJob
+    ) -> tuple[tuple[LogitsProcessor, ...], GrammarConstraint | None]:
+        """The job's sampling processors, and its grammar apart (a reasoning model's waits for
+        the end of its reasoning)."""
         outside = [t for t in job.sampling.logit_bias if t >= self._loaded.vocab_size]
         if outside:
             raise InvalidRequestError(
@@ -139,9 +170,8 @@ class Preparer:
                     param="tool_choice",
                 )
             grammar = job.tools.call_grammar()
-        if grammar is not None:
-            found.append(self._grammars.constraint(grammar))
-        return tuple(found)
+        constraint = self._grammars.constraint(grammar) if grammar is not None else None
+        return tuple(found), constraint
 
     def _tokenize(self, job: GenerationJob, chat: ChatInput | None) -> list[list[int]]:
         tokenizer = self._loaded.tokenizer

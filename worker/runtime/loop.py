@@ -24,7 +24,12 @@ from typing import Protocol, TypeVar
 
 from shared.queue.jobs import JobOutcome
 from shared.queue.keys import Keys
-from shared.wire.completions import FinishReason, PromptTokensDetails, Usage
+from shared.wire.completions import (
+    CompletionTokensDetails,
+    FinishReason,
+    PromptTokensDetails,
+    Usage,
+)
 from shared.wire.errors import GenerationError
 from shared.wire.events import (
     ChoiceEndEvent,
@@ -245,6 +250,7 @@ def _final(out: StepOutput) -> DoneEvent | ErrorEvent:
         completion_tokens=out.completion_tokens,
         total_tokens=out.prompt_tokens + out.completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=out.cached_tokens),
+        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=out.reasoning_tokens),
     )
     return DoneEvent(
         finish_reason=_reason(out.finish_reason), usage=usage, stop_sequence=out.stop_sequence

@@ -87,6 +87,11 @@ class GrammarConstraint:
         allowed = self._allowed()
         return mx.where(mx.array(allowed[: logits.shape[-1]]), logits, -mx.inf)
 
+    def restart(self, at: int) -> None:
+        """Read the context from position `at` on: the answer that follows a model's reasoning
+        (worker/engine/sequence/reasoning.py). Only before the matcher has taken any token."""
+        self._seen = at
+
     def _allowed(self) -> np.ndarray[Any, np.dtype[np.bool_]]:
         # A matcher in error (it never should be: it chose the tokens) ends the sequence.
         if self._matcher.is_error():
