@@ -37,6 +37,7 @@ from worker.engine.sequence.call_readers import (
     Parser,
     ReadCall,
 )
+from worker.engine.sequence.harmony import HarmonyTokens
 
 
 @dataclass
@@ -151,6 +152,10 @@ class ToolFormat:
 
     @classmethod
     def of(cls, tokenizer: Any) -> ToolFormat:
+        if HarmonyTokens.of(tokenizer) is not None:
+            # gpt-oss: its template renders the tools; its calls are harmony messages, which
+            # the harmony split hands on in the JSON-tools format (sequence/harmony.py).
+            return cls(True, CALL_START, CALL_END, json_tools.parse_tool_call)
         if tokenizer.has_tool_calling:
             start, end = tokenizer.tool_call_start, tokenizer.tool_call_end
             return cls(True, start, end, tokenizer.tool_parser)
