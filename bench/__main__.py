@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench import bulk, embed, parity, placement, relay, scale, serve
+from bench import bulk, embed, parity, placement, reasoning, relay, scale, serve
 from shared.queue.config import Settings
 
 WORKLOADS_HELP = "short (~40 prompt tokens), medium (~600), long (~2,000), multiturn"
@@ -58,6 +58,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--rounds", type=int, default=3, help="runs per figure; the best is kept")
     e.set_defaults(func=embed.main)
     placement.add_parser(sub)
+    reasoning.add_parser(sub)
     return p
 
 
