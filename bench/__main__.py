@@ -1,12 +1,25 @@
-"""`python -m bench MODE`: the benchmarks mlxq ships (README, Benchmarks)."""
+"""`python -m bench MODE`: the benchmarks mlxq ships (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from bench import bulk, embed, parity, placement, reasoning, relay, scale, serve
 from shared.queue.config import Settings
+
+# The bench extra's modules. scripts/run.sh installs only what running needs, so after it the
+# benchmarks' first import fails: one line saying what to install beats a traceback.
+BENCH_EXTRA = ("matplotlib", "httpx", "httpx_sse")
+
+try:
+    from bench import bulk, embed, parity, placement, reasoning, relay, scale, serve
+except ModuleNotFoundError as missing:
+    if (missing.name or "").split(".")[0] not in BENCH_EXTRA:
+        raise
+    raise SystemExit(
+        f"python -m bench needs the bench extra ({missing.name} is missing): "
+        ".venv/bin/pip install -e '.[bench]'"
+    ) from None
 
 WORKLOADS_HELP = "short (~40 prompt tokens), medium (~600), long (~2,000), multiturn"
 
