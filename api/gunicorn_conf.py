@@ -3,7 +3,7 @@
 gevent workers: an open SSE stream is a greenlet that waits on its job's subscription, and the
 relay's reader hands it each event with a greenlet switch. With a thread per stream (gthread),
 500 streams were 500 OS threads contending for the GIL on every token, and the relay topped out
-near 7,000 events/s with added latency in the hundreds of milliseconds (README, Benchmarks).
+near 7,000 events/s with added latency in the hundreds of milliseconds (commit ea117f9).
 
 gevent must patch the standard library before anything imports it, so the patch is the first
 statement here, and gunicorn is given this file by path (`--config api/gunicorn_conf.py`):

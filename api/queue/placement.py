@@ -5,7 +5,7 @@ worker/runtime/prefix_report.py). At enqueue the API hashes the prompt's tokens,
 the worker renders them (api/queue/context_window.py), and finds the live worker holding most of
 the prompt's first tokens, its holder (`holder`). The job stays on its model's one interactive
 queue, in its fair place; a placement record names the worker that may take it first and until
-when (worker/runtime/placed_take.py). Why this shape: README, Architecture, "Placement".
+when (worker/runtime/placed_take.py). Why this shape: docs/architecture.md, "Placement".
 
 The rule, applied by one script against the fleet as it is at that instant (`_PLACE`), so that
 requests arriving together, read side by side by one API process or several, are placed one

@@ -45,7 +45,7 @@ class Subscription:
 
         Taking them together lets a busy stream write many events with one socket write.
         The queue is asked whether it is empty rather than made to raise: one exception per
-        event was 8% of the API's time relaying 500 streams (README, Benchmarks)."""
+        event was 8% of the API's time relaying 500 streams (measured: commit bcd5691)."""
         inbox = self.inbox
         try:
             messages = [inbox.get(timeout=timeout)]

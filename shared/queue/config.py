@@ -1,7 +1,8 @@
 """Configuration from the environment: every setting, its default and its variable, in one place.
 
 Processes build a `Settings` once at start (`Settings()` reads the environment) and pass it
-down explicitly; tests construct one directly. The README's configuration table mirrors this.
+down explicitly; tests construct one directly. The configuration table of docs/operations.md
+mirrors this.
 """
 
 from __future__ import annotations
@@ -98,12 +99,11 @@ class Settings(BaseSettings):
     # An embedding worker: inputs encoded together in one forward, from any of its jobs.
     embed_batch: int = Field(default=64, ge=1, le=2048)
     # Prompt tokens one step prefills at most (worker/engine/batch/mlx_lm_prefill.py), and at most
-    # while
-    # other sequences decode: their next token waits for that step's prefill (256: measured,
-    # README, Benchmarks: "A few rows, one pass over the weights"). While they decode, a step
-    # also prefills only what takes about `prefill_seconds_decoding` at the rate its prefill
-    # ran lately: machines differ tenfold in prefill speed (README, Benchmarks: "A prefill
-    # budget in time").
+    # while other sequences decode: their next token waits for that step's prefill (256:
+    # measured, 67aa90f's README, "The prefill budget while sequences decode"). While they
+    # decode, a step also prefills only what takes about `prefill_seconds_decoding` at the rate
+    # its prefill ran lately: machines differ tenfold in prefill speed (67aa90f's README, "The
+    # prefill budget in time").
     prefill_tokens: int = Field(default=4096, ge=1)
     prefill_tokens_decoding: int = Field(default=256, ge=1)
     prefill_seconds_decoding: float = Field(default=0.4, gt=0)
@@ -131,8 +131,8 @@ class Settings(BaseSettings):
     blas_threads: int | None = Field(default=None, ge=1)
     heartbeat_s: float = Field(default=2.0, gt=0)
     queue_cap: int = Field(default=1024, ge=1)
-    # Faults, load and shutdown (worker/runtime/reaper.py, worker/runtime/watchdog.py,
-    # api/admission.py).
+    # Faults, load and shutdown (worker/runtime/reaper.py, worker/runtime/watchdog.py, and the
+    # queue caps of shared/queue/backlog.py).
     queue_token_cap: int = Field(default=262_144, ge=1)
     retry_after_s: int = Field(default=2, ge=1)
     queue_timeout_s: float = Field(default=120.0, gt=0)

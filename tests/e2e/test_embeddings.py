@@ -175,7 +175,7 @@ def test_the_model_is_listed_and_in_the_fleet_view(
 def test_an_embedding_job_is_never_placed_and_its_worker_publishes_no_prefix_blocks(
     stack: Cluster, client: openai.OpenAI, embedder: Worker
 ) -> None:
-    """Placement (README, Placement) is for generation jobs: a long input sent twice, which a
+    """Placement (docs/architecture.md) is for generation jobs: a long input sent twice, which a
     chat model's worker would be placed for, leaves no placement and no block set behind."""
     long_input = " ".join(["the same long shared opening of a document"] * 40)
     for _ in range(2):

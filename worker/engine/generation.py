@@ -275,7 +275,7 @@ class Engine:
         self._enter_pending()
         outputs, self._ready = self._ready, []
         # Bulk work alone is prefilled in groups as large as the batch allows: nobody waits on
-        # a first token, and each group's fixed cost is paid once (README, Benchmarks: bulk).
+        # a first token, and each group's fixed cost is paid once (measured: commit 54a7b4d).
         generated = self._batch.next(self._budget())
         for r in generated:
             if r.uid not in self._by_uid:  # its job ended earlier in this step
