@@ -13,7 +13,7 @@ How Anthropic's shapes map:
   constrained by grammar; `disable_parallel_tool_use` -> parallel_tool_calls false.
 - `output_config.format` json_schema -> response_format json_schema (constrained by grammar).
 - `metadata.user_id` -> `user`, the caller whose turn it is in fair sharing.
-Accepted and changing nothing here, as documented in the README: `cache_control` (the worker's
+Accepted and changing nothing here, as docs/api.md says: `cache_control` (the worker's
 prefix cache reuses any repeated prompt opening without being asked), `thinking` and
 `output_config.effort` (the models served have no separate reasoning: no thinking blocks come
 back), `service_tier` (one tier serves all). Unknown fields are refused (400 naming them).

@@ -4,7 +4,7 @@ forward's as a compiled polynomial.
 On Linux x86 MLX's CPU backend computes `exp` one element at a time (about 12 ns each, with
 no SIMD path for that CPU), so in a prompt chunk of 512 tokens the attention's softmax and
 the MLP's SiLU take about two thirds of the forward, more than every weight matrix together
-(README, Benchmarks: "Where a prefill's time goes"). NumPy's `exp` is vectorised (about 1 ns an
+(docs/benchmarks.md, "Prefill on the CPU"). NumPy's `exp` is vectorised (about 1 ns an
 element). So for a forward over many positions of one sequence (`MIN_POSITIONS`), the scores
 and the gate are evaluated, handed to NumPy for the exponentials and handed back: a sync per
 layer, which a prefill chunk pays easily.

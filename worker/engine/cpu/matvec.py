@@ -4,7 +4,7 @@ MLX's CPU backend sends every float32 matmul to `cblas_sgemm`, a decode forward 
 sequences included, whose inputs are a few rows. OpenBLAS's sgemm packs the weight matrix
 before it multiplies, so for a few rows the weights cross memory more than once: the default
 model's 211 weight matrices stream at about 10-12 GB/s, where this machine reads about 25 GB/s
-(README, Benchmarks: "A few rows, one pass over the weights"). A decode forward reads every
+(measured: 67aa90f's README, "A few rows, one pass over the weights"). A decode forward reads every
 weight of the model, so for a small batch this is most of its time.
 
 So an input of 1 to `ROWS` rows goes through `native/matvec.cpp`, an MLX primitive: one row by
