@@ -1,24 +1,26 @@
-"""Plumbing of the engine loop, driven by the SYNTHETIC engine (no model) on the session's real
+"""Plumbing of the engine loop, driven by the SYNTHETIC engines (no model) on the session's real
 Redis: the events each job publishes, in order; admission while a batch runs; cancellation at
-the next step; several choices ending one by one. Each test has a namespace of its own."""
+the next step, for a generation and an embedding job alike (one loop runs both); several
+choices ending one by one. Each test has a namespace of its own."""
 
 from __future__ import annotations
 
 import secrets
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from redis import Redis
 
-from shared.queue.jobs import GenerationJob, JobOutcome
+from shared.queue.jobs import EmbeddingJob, GenerationJob, JobOutcome
 from shared.queue.keys import Keys
 from shared.wire.events import (
     ChoiceEndEvent,
     DoneEvent,
+    EmbeddingEvent,
     Event,
     StartedEvent,
     TokenEvent,
@@ -26,7 +28,14 @@ from shared.wire.events import (
     decode_frame,
 )
 from worker.engine.doubles.synthetic import SyntheticEngine
-from worker.runtime.loop import EngineLoop
+from worker.engine.doubles.synthetic_embedding import SyntheticEmbeddingEngine
+from worker.engine.embedding.engine import EmbeddingOutput, PreparedEmbedding
+from worker.engine.generation import StepOutput
+from worker.engine.prepare import PreparedJob
+from worker.ops.cluster import wait_until
+from worker.runtime.embedding_kind import EmbeddingKind
+from worker.runtime.generation_kind import GenerationKind
+from worker.runtime.loop import EngineLoop, Prepared
 from worker.runtime.publish import EventSink, Route
 
 STEP_S = 0.01
@@ -40,16 +49,26 @@ def keys(redis: Redis) -> Iterator[Keys]:
         redis.delete(key)
 
 
-@pytest.fixture
-def loop(redis: Redis, keys: Keys) -> Iterator[tuple[EngineLoop, SyntheticEngine]]:
-    engine = SyntheticEngine(STEP_S, default_max_tokens=16)
-    running = EngineLoop(engine, EventSink(redis, replay_ttl_s=60), keys)
+GenerationLoop = EngineLoop[PreparedJob, StepOutput]
+
+
+@contextmanager
+def looping(running: EngineLoop[Any, Any]) -> Iterator[None]:
+    """`running` runs in a thread of its own, as in a worker's main thread, until the block ends."""
     stop = threading.Event()
     thread = threading.Thread(target=running.run, args=(stop,), daemon=True)
     thread.start()
-    yield running, engine
+    yield
     stop.set()
     thread.join(timeout=5)
+
+
+@pytest.fixture
+def loop(redis: Redis) -> Iterator[tuple[GenerationLoop, SyntheticEngine]]:
+    engine = SyntheticEngine(STEP_S, default_max_tokens=16)
+    running = EngineLoop(engine, GenerationKind(), EventSink(redis, replay_ttl_s=60))
+    with looping(running):
+        yield running, engine
 
 
 def job(job_id: str, max_tokens: int, **extra: Any) -> GenerationJob:
@@ -65,7 +84,7 @@ def job(job_id: str, max_tokens: int, **extra: Any) -> GenerationJob:
 
 
 def submit(
-    running: EngineLoop, engine: SyntheticEngine, keys: Keys, job: GenerationJob
+    running: GenerationLoop, engine: SyntheticEngine, keys: Keys, job: GenerationJob
 ) -> Future[JobOutcome]:
     """Hand `job` to the loop as a worker's slot would, its events kept in a replay log when
     the job asks for one (these tests read the log)."""
@@ -79,7 +98,7 @@ def events(redis: Redis, keys: Keys, job_id: str) -> list[Event]:
 
 
 def test_a_job_publishes_started_then_its_tokens_then_one_done(
-    loop: tuple[EngineLoop, SyntheticEngine], redis: Redis, keys: Keys
+    loop: tuple[GenerationLoop, SyntheticEngine], redis: Redis, keys: Keys
 ) -> None:
     running, engine = loop
     outcome = submit(running, engine, keys, job("a", 5)).result(timeout=5)
@@ -92,11 +111,11 @@ def test_a_job_publishes_started_then_its_tokens_then_one_done(
 
 
 def test_a_job_submitted_while_a_batch_runs_joins_it(
-    loop: tuple[EngineLoop, SyntheticEngine], redis: Redis, keys: Keys
+    loop: tuple[GenerationLoop, SyntheticEngine], redis: Redis, keys: Keys
 ) -> None:
     running, engine = loop
     first = submit(running, engine, keys, job("long", 60))
-    time.sleep(10 * STEP_S)
+    wait_until(lambda: len(events(redis, keys, "long")) >= 3, 5, "two steps of the first job")
     second = submit(running, engine, keys, job("short", 3))
     second.result(timeout=5)
     assert not first.done()  # the second came and went while the first ran on
@@ -106,22 +125,23 @@ def test_a_job_submitted_while_a_batch_runs_joins_it(
 
 
 def test_a_cancelled_job_ends_at_the_next_step_and_publishes_nothing_more(
-    loop: tuple[EngineLoop, SyntheticEngine], redis: Redis, keys: Keys
+    loop: tuple[GenerationLoop, SyntheticEngine], redis: Redis, keys: Keys
 ) -> None:
     running, engine = loop
     future = submit(running, engine, keys, job("c", 10_000))
-    time.sleep(5 * STEP_S)
+    wait_until(lambda: len(events(redis, keys, "c")) >= 3, 5, "two steps of the job")
     running.cancel("c")
     outcome = future.result(timeout=2)
     assert outcome.finish_reason == "cancelled"
     count = len(events(redis, keys, "c"))
-    time.sleep(5 * STEP_S)
+    turns = running.turns
+    wait_until(lambda: running.turns >= turns + 2, 5, "two more turns of the loop")
     assert len(events(redis, keys, "c")) == count
     assert not running.busy
 
 
 def test_a_job_with_several_choices_ends_each_then_the_job(
-    loop: tuple[EngineLoop, SyntheticEngine], redis: Redis, keys: Keys
+    loop: tuple[GenerationLoop, SyntheticEngine], redis: Redis, keys: Keys
 ) -> None:
     running, engine = loop
     outcome = submit(running, engine, keys, job("n", 4, n=3)).result(timeout=5)
@@ -135,7 +155,7 @@ def test_a_job_with_several_choices_ends_each_then_the_job(
 
 
 def test_a_job_with_one_choice_publishes_no_choice_end(
-    loop: tuple[EngineLoop, SyntheticEngine], redis: Redis, keys: Keys
+    loop: tuple[GenerationLoop, SyntheticEngine], redis: Redis, keys: Keys
 ) -> None:
     running, engine = loop
     submit(running, engine, keys, job("one", 4)).result(timeout=5)
@@ -143,7 +163,7 @@ def test_a_job_with_one_choice_publishes_no_choice_end(
 
 
 def test_plain_jobs_publish_on_their_api_process_channel_one_frame_per_step_and_leave_no_key(
-    loop: tuple[EngineLoop, SyntheticEngine], redis: Redis, keys: Keys
+    loop: tuple[GenerationLoop, SyntheticEngine], redis: Redis, keys: Keys
 ) -> None:
     running, engine = loop
     listener = redis.pubsub()
@@ -167,3 +187,56 @@ def test_plain_jobs_publish_on_their_api_process_channel_one_frame_per_step_and_
         assert [type(e) for e in events_of_one] == [StartedEvent] + [TokenEvent] * 6 + [DoneEvent]
     assert messages < 16  # steps that ran both jobs sent one message for the two
     assert list(redis.scan_iter(f"{keys.ns}:*")) == []
+
+
+# A loop of each kind on its synthetic engine, and a long job of that kind by id.
+LongJobs = Callable[[EventSink], tuple[EngineLoop[Any, Any], Callable[[str], Prepared]]]
+
+
+def long_generations(
+    sink: EventSink,
+) -> tuple[EngineLoop[PreparedJob, StepOutput], Callable[[str], PreparedJob]]:
+    engine = SyntheticEngine(STEP_S, default_max_tokens=16)
+    return EngineLoop(engine, GenerationKind(), sink), lambda i: engine.prepare(job(i, 10_000))
+
+
+def long_embeddings(
+    sink: EventSink,
+) -> tuple[EngineLoop[PreparedEmbedding, EmbeddingOutput], Callable[[str], PreparedEmbedding]]:
+    engine = SyntheticEmbeddingEngine(STEP_S)
+    inputs: list[str | list[int]] = ["one input"] * 1000  # one vector a step
+
+    def prepare(job_id: str) -> PreparedEmbedding:
+        return engine.prepare(EmbeddingJob(job_id=job_id, model="e", inputs=inputs))
+
+    return EngineLoop(engine, EmbeddingKind(), sink), prepare
+
+
+@pytest.mark.parametrize(
+    ("long_jobs", "step_event"),
+    [(long_generations, TokenEvent), (long_embeddings, EmbeddingEvent)],
+    ids=["generation", "embedding"],
+)
+def test_a_job_of_either_kind_is_cancelled_at_the_next_step_by_the_one_loop(
+    long_jobs: LongJobs, step_event: type[Event], redis: Redis, keys: Keys
+) -> None:
+    """The cancelled job leaves the engine too: the job beside it goes on, and it does not."""
+    running, prepare = long_jobs(EventSink(redis, replay_ttl_s=60))
+    with looping(running):
+        futures = {
+            job_id: running.submit(prepare(job_id), Route.of(keys, job_id, None, replayed=True))
+            for job_id in ("c", "kept")
+        }
+        wait_until(lambda: len(events(redis, keys, "c")) >= 3, 5, "two steps of the job")
+        running.cancel("c")
+        outcome = futures["c"].result(timeout=2)
+        count, kept = len(events(redis, keys, "c")), len(events(redis, keys, "kept"))
+        wait_until(lambda: len(events(redis, keys, "kept")) >= kept + 3, 5, "three more steps")
+        seen = events(redis, keys, "c")
+        assert outcome.finish_reason == "cancelled" and outcome.prompt_tokens > 0
+        assert len(seen) == count  # nothing more once cancelled
+        assert isinstance(seen[0], StartedEvent)
+        assert {type(e) for e in seen[1:]} == {step_event}  # no done, no error
+        running.cancel("kept")
+        assert futures["kept"].result(timeout=2).finish_reason == "cancelled"
+        wait_until(lambda: not running.busy, 2, "the loop to hold no job")

@@ -6,9 +6,9 @@ A slot (worker/runtime/slots.py) runs `FixedJob`s instead, and refuses a job bef
 with it unless its data decodes as JSON (RQ's JSON serializer: nothing is unpickled), it names
 `shared.queue.jobs.JOB_FUNCTION` or `EMBEDDING_JOB_FUNCTION`, it has no instance, one dict
 argument and no keyword arguments, and it carries no callbacks. Even then the function is this
-module's own reference to `run_generation` or `run_embedding` (or a refusal, for a job of the
-kind its worker does not serve), never a name looked up at run time. Webhooks in a job record
-are ignored.
+module's own reference to `run_generation` or `run_embedding` (worker/runtime/job_function.py,
+which refuses a job of the kind its worker does not serve), never a name looked up at run time.
+Webhooks in a job record are ignored.
 """
 
 from __future__ import annotations
@@ -43,22 +43,16 @@ def refusal(job: Job) -> str | None:
 
 
 class FixedJob(Job):
-    """An RQ job that can only ever call mlxq's two job functions (or refuse the job)."""
+    """An RQ job that can only ever call mlxq's two job functions."""
 
     @property
     def func(self) -> Callable[..., Any]:
         reason = refusal(self)
         if reason is not None:
             raise RefusedJobError(f"job {self.id} refused: {reason}")
-        from worker.runtime import embedding_job
-        from worker.runtime.job_function import run_generation
+        from worker.runtime.job_function import run_embedding, run_generation
 
-        embeds = embedding_job.serves_embeddings()
-        if self.func_name == EMBEDDING_JOB_FUNCTION:
-            return embedding_job.run_embedding
-        if embeds:
-            return embedding_job.refuse("an embedding model; send it to /v1/embeddings")
-        return run_generation
+        return run_embedding if self.func_name == EMBEDDING_JOB_FUNCTION else run_generation
 
     @property
     def success_callback(self) -> None:

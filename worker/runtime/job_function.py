@@ -1,23 +1,30 @@
-"""The one job function RQ runs: hand a generation job to the engine loop and wait for it.
+"""The job functions RQ runs: hand a job to the engine loop and wait for it, whatever its kind.
 
-RQ imports it by name (`shared.queue.jobs.JOB_FUNCTION`) in a slot thread of a worker process that
-has bound its runtime with `bind`; the model stays loaded in that process across jobs.
+RQ calls `run_generation` or `run_embedding` (`shared.queue.jobs.JOB_FUNCTION`,
+`EMBEDDING_JOB_FUNCTION`, through worker/runtime/fixed_job.py) in a slot thread of a worker
+process that has bound its runtime with `bind`; the model stays loaded in that process across
+jobs. Both run the same steps; what differs by kind (how the job is read, where its events go,
+what runs around it, how it ends at its run limit) is its `JobKind` (worker/runtime/
+generation_kind.py, worker/runtime/embedding_kind.py). A job of the kind its worker does not
+serve (chat on an embedding model, embeddings on a chat model) is answered with a 400 naming
+the model, so the client hears of it at once instead of waiting out its deadline.
+
 Everything a client must see goes out on the job's channel; the return value is RQ's record.
 The job's limits are kept here: a job taken after its queue deadline is failed without being
 run (`queue_timeout`), and one that runs past its run limit is ended by the slot thread, which
-waits on it anyway: "length" (a normal end, finish_reason "length") or "error".
-A batch line's extra work (skip if its batch stopped, record its answer) is
-worker/runtime/batch_lines.py. Once a job has ended, however it ended, its figures go to the
-fleet's metrics and recent jobs in one pipeline (shared/observe/metrics.py), off the per-token path,
-which also gives back its key's queued tokens (shared/queue/queued_tokens.py).
+waits on it anyway (`JobKind.on_run_limit`: "length", a normal end, or "error"). Once a job has
+ended, however it ended, its figures go to the fleet's metrics and recent jobs in one pipeline
+(shared/observe/metrics.py), off the per-token path, which also gives back its key's queued
+tokens (shared/queue/queued_tokens.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import ValidationError
 from redis import Redis
@@ -30,7 +37,13 @@ from shared.observe import tracing
 from shared.observe.logs import log_event
 from shared.observe.metrics import JobRecord, record_job
 from shared.queue import queued_tokens
-from shared.queue.jobs import GenerationJob, JobOutcome, QueuedJob
+from shared.queue.jobs import (
+    EMBEDDING_JOB_FUNCTION,
+    JOB_FUNCTION,
+    EmbeddingJob,
+    GenerationJob,
+    JobOutcome,
+)
 from shared.queue.keys import Keys, is_valid_id
 from shared.wire.completions import Usage
 from shared.wire.errors import (
@@ -41,27 +54,62 @@ from shared.wire.errors import (
     QueueTimeoutError,
 )
 from shared.wire.events import DoneEvent, ErrorEvent, Event
-from worker.engine.generation import BatchEngine
-from worker.runtime.batch_lines import BatchLines
-from worker.runtime.loop import EngineLoop
+from worker.runtime.loop import EngineLoop, O, P, SteppedEngine, StepReader
 from worker.runtime.prefix_report import PrefixFigures
 from worker.runtime.publish import EventSink, Route
 
 log = logging.getLogger(__name__)
-job_log = logging.getLogger(
-    "mlxq.job"
-)  # one structured line per ended job (shared/observe/logs.py)
+# One structured line per ended job (shared/observe/logs.py).
+job_log = logging.getLogger("mlxq.job")
 
 # How long a slot waits for the loop to apply the cancel that ends a job at its run limit.
 END_GRACE_S = 30.0
 
+J = TypeVar("J", GenerationJob, EmbeddingJob)  # a kind of job: one of shared/queue/jobs.py's
+J_contra = TypeVar("J_contra", GenerationJob, EmbeddingJob, contravariant=True)
+Run = Callable[[], JobOutcome]
+
+
+class PreparingEngine(SteppedEngine[P, O], Protocol[J_contra, P, O]):
+    """An engine as the job function sees it: `prepare` refuses what it cannot run, in the slot
+    thread, before the job reaches the loop."""
+
+    def prepare(self, job: J_contra) -> P: ...
+
+
+class JobKind(StepReader[P, O], Protocol[J, P, O]):
+    """What a kind of job is to the skeleton: how its steps read (`StepReader`), and how the
+    job function reads, routes and ends it."""
+
+    @property
+    def function(self) -> str:
+        """The job function name its jobs are queued with (shared/queue/jobs.py)."""
+        ...
+
+    @property
+    def job_model(self) -> type[J]: ...
+
+    @property
+    def refusal(self) -> str:
+        """What a job of another kind is told this worker's model is."""
+        ...
+
+    def route(self, keys: Keys, job: J) -> Route: ...
+
+    def run(self, redis: Redis, keys: Keys, job: J, retries_left: int, run: Run) -> JobOutcome:
+        """Run the job (`run`), with whatever its kind does around it."""
+        ...
+
+    def on_run_limit(self, job: J) -> Literal["length", "error"]: ...
+
 
 @dataclass(frozen=True)
-class Runtime:
+class Runtime(Generic[J, P, O]):
     """What a job needs from its worker process."""
 
-    engine: BatchEngine
-    loop: EngineLoop
+    kind: JobKind[J, P, O]
+    engine: PreparingEngine[J, P, O]
+    loop: EngineLoop[P, O]
     sink: EventSink
     redis: Redis
     keys: Keys
@@ -70,69 +118,98 @@ class Runtime:
     worker_id: str
     figures: PrefixFigures | None = None  # this worker's prefix-cache figures (fleet view)
 
+    @classmethod
+    def start(
+        cls,
+        kind: JobKind[J, P, O],
+        engine: PreparingEngine[J, P, O],
+        sink: EventSink,
+        redis: Redis,
+        keys: Keys,
+        job_timeout_s: float,
+        release: Script,
+        worker_id: str,
+        figures: PrefixFigures | None = None,
+    ) -> Runtime[J, P, O]:
+        """The runtime of a worker that serves `kind` on `engine`, with its engine loop (which
+        the worker's main thread runs)."""
+        loop = EngineLoop(engine, kind, sink, worker_id)
+        return cls(
+            kind, engine, loop, sink, redis, keys, job_timeout_s, release, worker_id, figures
+        )
 
-_runtime: Runtime | None = None
+
+_runtime: Runtime[Any, Any, Any] | None = None
 
 
-def bind(runtime: Runtime) -> None:
+def bind(runtime: Runtime[J, P, O]) -> EngineLoop[P, O]:
+    """Make `runtime` the one this process's job functions run on; its loop, to run."""
     global _runtime
     _runtime = runtime
-
-
-def bound() -> Runtime | None:
-    return _runtime
+    return runtime.loop
 
 
 def run_generation(payload: dict[str, Any]) -> dict[str, Any]:
-    if _runtime is None:
-        raise RuntimeError("run_generation runs only inside an mlxq worker process")
+    return _run_as(JOB_FUNCTION, payload)
+
+
+def run_embedding(payload: dict[str, Any]) -> dict[str, Any]:
+    return _run_as(EMBEDDING_JOB_FUNCTION, payload)
+
+
+def _run_as(function: str, payload: dict[str, Any]) -> dict[str, Any]:
     current = get_current_job()
-    if current is None:
-        raise RuntimeError("run_generation runs only as an RQ job")
-    rt, job_id, started_at = _runtime, current.id, time.time()
+    if current is None or _runtime is None:
+        raise RuntimeError("a job function runs only as an RQ job inside an mlxq worker")
+    if function != _runtime.kind.function:
+        return _refused(_runtime, current.id, payload).model_dump()
+    return _run_job(_runtime, current, payload).model_dump()
+
+
+def _run_job(rt: Runtime[J, P, O], current: Job, payload: dict[str, Any]) -> JobOutcome:
+    started_at = time.time()
     try:
-        job = _parse(job_id, payload)
+        job = _parse(rt.kind.job_model, current.id, payload)
     except MLXQError as err:  # not a job: nobody reads it back, so no replay log
-        route = Route.of(rt.keys, job_id, reply_to(payload), replayed=False)
+        route = Route.of(rt.keys, current.id, _reply_to(payload), replayed=False)
         _publish(rt, route, ErrorEvent.from_error(err))
-        return _failed(err).model_dump()
-    route = Route.of(rt.keys, job_id, job.reply_to, job.replayed, job.replay_ttl_s)
+        return _failed(err)
+    route = rt.kind.route(rt.keys, job)
+    retries_left = current.retries_left or 0
     try:
-        outcome = _outcome(rt, job, route, current.retries_left or 0)
+        outcome = rt.kind.run(rt.redis, rt.keys, job, retries_left, lambda: _run(rt, job, route))
     except Exception as err:  # a bug, not the client's fault: the client still hears of it now
-        log.exception("job %s failed", job_id)
+        log.exception("job %s failed", current.id)
         error = GenerationError(f"the job failed: {type(err).__name__}")
         _publish(rt, route, ErrorEvent.from_error(error))
-        _report(rt, current, job, _failed(error), started_at)
+        report(rt, current, job, _failed(error), started_at)
         raise
-    _report(rt, current, job, outcome, started_at)
-    return outcome.model_dump()
+    report(rt, current, job, outcome, started_at)
+    return outcome
 
 
-def _report(
-    rt: Runtime, current: Job, job: GenerationJob, outcome: JobOutcome, started_at: float
-) -> None:
-    if rt.figures is not None:  # a generation job's prefix-cache figures (prefix_report.py)
-        rt.figures.count(outcome.prompt_tokens, outcome.cached_tokens)
-    report(rt.redis, rt.keys, rt.worker_id, current, job, outcome, started_at)
+def _refused(rt: Runtime[J, P, O], job_id: str, payload: dict[str, Any]) -> JobOutcome:
+    """A job of the kind this worker does not serve, answered with a 400 naming its model."""
+    model = str(payload.get("model", ""))
+    _release_backlog(rt, model, job_id)
+    err = InvalidRequestError(f"The model '{model}' is {rt.kind.refusal}.", param="model")
+    route = Route.of(rt.keys, job_id, _reply_to(payload), replayed=False)
+    _publish(rt, route, ErrorEvent.from_error(err))
+    return _failed(err)
 
 
 def report(
-    redis: Redis,
-    keys: Keys,
-    worker_id: str,
-    current: Job,
-    job: QueuedJob,
-    outcome: JobOutcome,
-    started_at: float,
+    rt: Runtime[J, P, O], current: Job, job: J, outcome: JobOutcome, started_at: float
 ) -> None:
     """Add the ended job to the fleet's figures; a Redis hiccup costs the figures, not the job."""
+    if rt.figures is not None:  # a generation job's prefix-cache figures (prefix_report.py)
+        rt.figures.count(outcome.prompt_tokens, outcome.cached_tokens)
     enqueued = current.enqueued_at
     record = JobRecord(
         job_id=current.id,
         model=job.model,
         lane=job.lane,
-        worker=worker_id,
+        worker=rt.worker_id,
         owner=job.owner,
         finish_reason=outcome.finish_reason,
         prompt_tokens=outcome.prompt_tokens,
@@ -148,22 +225,13 @@ def report(
     times = (record.enqueued_at, record.started_at, record.first_token_at, record.ended_at)
     usage = (record.prompt_tokens, record.completion_tokens)
     tracing.job_spans(job, times, usage, record.finish_reason)
-    pipe = redis.pipeline(transaction=False)
-    record_job(pipe, keys, record)
-    queued_tokens.release_job(pipe, keys, job)
+    pipe = rt.redis.pipeline(transaction=False)
+    record_job(pipe, rt.keys, record)
+    queued_tokens.release_job(pipe, rt.keys, job)
     try:
         pipe.execute()
     except RedisError as err:
         log.warning("could not record job %s in the fleet's metrics: %s", current.id, err)
-
-
-def _outcome(rt: Runtime, job: GenerationJob, route: Route, retries_left: int) -> JobOutcome:
-    if job.batch_line is not None:
-        return BatchLines(rt.redis, rt.keys).run(job, lambda: _run(rt, job, route), retries_left)
-    outcome = _run(rt, job, route)
-    if job.replay_ttl_s is not None:
-        rt.redis.expire(rt.keys.replay(job.job_id), job.replay_ttl_s)
-    return outcome
 
 
 def _failed(err: MLXQError) -> JobOutcome:
@@ -172,9 +240,9 @@ def _failed(err: MLXQError) -> JobOutcome:
     )
 
 
-def _parse(job_id: str, payload: dict[str, Any]) -> GenerationJob:
+def _parse(model: type[J], job_id: str, payload: dict[str, Any]) -> J:
     try:
-        job = GenerationJob.model_validate(payload)
+        job = model.model_validate(payload)
     except ValidationError as err:
         raise InvalidRequestError(f"malformed job payload: {err.error_count()} errors") from err
     if job.job_id != job_id:
@@ -182,22 +250,22 @@ def _parse(job_id: str, payload: dict[str, Any]) -> GenerationJob:
     return job
 
 
-def reply_to(payload: dict[str, Any]) -> str | None:
+def _reply_to(payload: dict[str, Any]) -> str | None:
     """Where a malformed job's error goes: the API process it names, if that is an id at all."""
     reply_to = payload.get("reply_to")
     return reply_to if isinstance(reply_to, str) and is_valid_id(reply_to) else None
 
 
-def _run(rt: Runtime, job: GenerationJob, route: Route) -> JobOutcome:
+def _run(rt: Runtime[J, P, O], job: J, route: Route) -> JobOutcome:
     try:
-        return _generate(rt, job, route)
+        return _start_and_wait(rt, job, route)
     except MLXQError as err:
         _publish(rt, route, ErrorEvent.from_error(err))
         return _failed(err)
 
 
-def _generate(rt: Runtime, job: GenerationJob, route: Route) -> JobOutcome:
-    if taken(rt.redis, rt.keys, rt.release, job):
+def _start_and_wait(rt: Runtime[J, P, O], job: J, route: Route) -> JobOutcome:
+    if _taken(rt, job):
         return JobOutcome(finish_reason="cancelled", prompt_tokens=0, completion_tokens=0)
     deadline = job.limits.queue_deadline
     if deadline is not None and time.time() > deadline:
@@ -219,19 +287,19 @@ def _generate(rt: Runtime, job: GenerationJob, route: Route) -> JobOutcome:
     return _end_at_limit(rt, route, job, outcome, limit_s)
 
 
-def taken(redis: Redis, keys: Keys, release: Script, job: QueuedJob) -> bool:
+def _taken(rt: Runtime[J, P, O], job: J) -> bool:
     """Take the job out of its model's backlog; True if it was cancelled while queued."""
-    pipe = redis.pipeline(transaction=False)
-    release(keys=_backlog(keys, job.model), args=[job.job_id, "taken"], client=pipe)
-    pipe.exists(keys.cancelled(job.job_id))
+    pipe = rt.redis.pipeline(transaction=False)
+    rt.release(keys=_backlog(rt.keys, job.model), args=[job.job_id, "taken"], client=pipe)
+    pipe.exists(rt.keys.cancelled(job.job_id))
     _, cancelled = pipe.execute()
     return bool(cancelled)
 
 
-def release_backlog(redis: Redis, keys: Keys, release: Script, model: str, job_id: str) -> None:
-    """Take a job that will not run out of its model's backlog (a wrong or unreadable job)."""
+def _release_backlog(rt: Runtime[J, P, O], model: str, job_id: str) -> None:
+    """Take a job that will not run out of its model's backlog (a job of the wrong kind)."""
     try:
-        release(keys=_backlog(keys, model), args=[job_id, "taken"], client=redis)
+        rt.release(keys=_backlog(rt.keys, model), args=[job_id, "taken"], client=rt.redis)
     except (MLXQError, RedisError) as err:  # a model name no key can hold: nothing to release
         log.warning("could not release job %s from the backlog of %r: %s", job_id, model, err)
 
@@ -241,10 +309,10 @@ def _backlog(keys: Keys, model: str) -> list[str]:
 
 
 def _end_at_limit(
-    rt: Runtime, route: Route, job: GenerationJob, outcome: JobOutcome, limit_s: float
+    rt: Runtime[J, P, O], route: Route, job: J, outcome: JobOutcome, limit_s: float
 ) -> JobOutcome:
-    if job.limits.on_run_limit == "error":
-        err = GenerationTimeoutError(f"The generation ran past its limit of {limit_s:g} s.")
+    if rt.kind.on_run_limit(job) == "error":
+        err = GenerationTimeoutError(f"The job ran past its limit of {limit_s:g} s.")
         _publish(rt, route, ErrorEvent.from_error(err))
         return outcome.model_copy(update={"finish_reason": "error", "error": err.message})
     usage = Usage(
@@ -256,5 +324,5 @@ def _end_at_limit(
     return outcome.model_copy(update={"finish_reason": "length"})
 
 
-def _publish(rt: Runtime, route: Route, event: Event) -> None:
+def _publish(rt: Runtime[J, P, O], route: Route, event: Event) -> None:
     rt.sink.send([(route, event)])

@@ -1,15 +1,23 @@
-"""The engine loop: the one thread that owns the engine and drives every running sequence.
+"""The engine loop: the one thread that owns the engine and drives every running job, whatever
+kind of engine it is (the generation batch or the embedding encoder).
 
 Each turn runs the same phases in a fixed order, one method each:
-admit (wait for work only when idle) -> step -> publish the step's events in one Redis
-pipeline -> apply cancellations -> retire finished jobs (wake their RQ slot threads).
-Nothing on this path logs, validates JSON schemas or makes a Redis round trip per token.
+admit (wait for work only when idle, then gather the jobs arriving right behind it) -> step ->
+publish the step's events in one Redis pipeline -> apply cancellations -> retire finished jobs
+(wake their RQ slot threads). Nothing on this path logs, validates JSON schemas or makes a Redis
+round trip per token.
 
-Jobs arrive through `submit` from RQ slot threads (worker/runtime/slots.py) and cancellations
-through `cancel` from the cancel listener; both are thread-safe hand-offs. `turns` counts the
-loop's turns, for the progress watchdog (worker/runtime/watchdog.py); `generated` counts the
-tokens of every step (one per running sequence), for the heartbeat's tokens/s. Both are plain
-counters bumped once per turn; a job's first-token time is one comparison per output.
+The loop is generic over what its engine takes (`P`, a prepared job) and what a step gives
+(`O`, one output per sequence or input). What those outputs mean (the events they publish, the
+progress they count on a job's `Admission`, how a job they end ends) is the engine kind's
+`StepReader` (worker/runtime/generation_kind.py, worker/runtime/embedding_kind.py). Admission,
+cancellation, failing the running jobs when a step fails, and retiring are this module's alone.
+
+Jobs arrive through `submit` from RQ slot threads (worker/runtime/job_function.py) and
+cancellations through `cancel` from the cancel listener (or a job at its run limit); both are
+thread-safe hand-offs. `turns` counts the loop's turns, for the progress watchdog
+(worker/runtime/watchdog.py); `generated` counts the tokens each step worked on, as the kind
+counts them, for the heartbeat's tokens/s. Both are plain counters bumped once per turn.
 """
 
 from __future__ import annotations
@@ -18,29 +26,14 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from shared.queue.jobs import JobOutcome
-from shared.queue.keys import Keys
-from shared.wire.completions import (
-    CompletionTokensDetails,
-    FinishReason,
-    PromptTokensDetails,
-    Usage,
-)
 from shared.wire.errors import GenerationError
-from shared.wire.events import (
-    ChoiceEndEvent,
-    DoneEvent,
-    ErrorEvent,
-    Event,
-    StartedEvent,
-    TokenEvent,
-)
-from worker.engine.generation import BatchEngine, StepOutput
-from worker.engine.prepare import PreparedJob
+from shared.wire.events import ErrorEvent, Event, StartedEvent
 from worker.runtime.publish import EventSink, Route
 
 log = logging.getLogger(__name__)
@@ -48,12 +41,91 @@ log = logging.getLogger(__name__)
 # An idle loop that got a job waits for more while they keep coming this close together.
 GATHER_GAP_S = 0.004
 GATHER_MAX_S = 0.04
+
+
+class Prepared(Protocol):
+    """A job as its engine takes it."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+
+class Output(Protocol):
+    """What one step gave one job; the job has ended with the output that `ends_job`."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def ends_job(self) -> bool: ...
+
+
 A = TypeVar("A")
+P = TypeVar("P", bound=Prepared)
+O = TypeVar("O", bound=Output)  # noqa: E741
+P_contra = TypeVar("P_contra", bound=Prepared, contravariant=True)
+
+
+class SteppedEngine(Protocol[P_contra, O]):
+    """What the loop needs of an engine: mlx-lm BatchGenerator's shape."""
+
+    def insert(self, prepared: P_contra) -> None: ...
+
+    def step(self) -> list[O]: ...
+
+    def remove(self, job_ids: list[str]) -> None: ...
+
+
+@dataclass
+class Admission(Generic[P]):
+    """A job handed to the loop, the future its slot thread waits on, and the figures of its
+    outcome so far (counted by its kind's `StepReader`)."""
+
+    prepared: P
+    route: Route
+    outcome: Future[JobOutcome] = field(default_factory=Future)
+    cancelled: bool = False
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    first_token_at: float | None = None  # unix s, when its first step's output was published
+
+
+class Ending(NamedTuple):
+    """How a job that a step ended ends: its finish reason, and why it failed if it did."""
+
+    finish_reason: str
+    error: str | None = None
+
+
+class StepReader(Protocol[P, O]):
+    """What an engine kind's step outputs mean to the loop."""
+
+    @property
+    def failure(self) -> str:
+        """What a failed step is called in its jobs' error ("generation failed")."""
+        ...
+
+    def worked(self, outputs: list[O], running: Mapping[str, Admission[P]]) -> int:
+        """The tokens a step worked on, for the heartbeat's tokens/s."""
+        ...
+
+    def events(
+        self, outputs: list[O], running: Mapping[str, Admission[P]]
+    ) -> list[tuple[Route, Event]]:
+        """A step's events, in order; each job's progress is counted on its admission."""
+        ...
+
+    def ending(self, out: O) -> Ending:
+        """How the job that `out` ends (`out.ends_job`) ends."""
+        ...
 
 
 class DrivenLoop(Protocol):
     """What the rest of a worker (slots' drain, watchdog, heartbeat, cancel listener) sees of
-    its engine loop, the generation one or the embedding one."""
+    its engine loop."""
 
     turns: int
     generated: int
@@ -66,34 +138,27 @@ class DrivenLoop(Protocol):
     def run(self, stop: threading.Event) -> None: ...
 
 
-@dataclass
-class Admission:
-    """A job handed to the loop, and the future its slot thread waits on."""
-
-    prepared: PreparedJob
-    route: Route
-    outcome: Future[JobOutcome] = field(default_factory=Future)
-    cancelled: bool = False
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    first_token_at: float | None = None  # unix s, when its first step's output was published
-
-
-class EngineLoop:
-    def __init__(self, engine: BatchEngine, sink: EventSink, keys: Keys, worker_id: str = ""):
+class EngineLoop(Generic[P, O]):
+    def __init__(
+        self,
+        engine: SteppedEngine[P, O],
+        reader: StepReader[P, O],
+        sink: EventSink,
+        worker_id: str = "",
+    ):
         self._engine = engine
-        self._worker_id = worker_id or None
+        self._reader = reader
         self._sink = sink
-        self._keys = keys
-        self._inbox: queue.SimpleQueue[Admission] = queue.SimpleQueue()
+        self._worker_id = worker_id or None
+        self._inbox: queue.SimpleQueue[Admission[P]] = queue.SimpleQueue()
         self._cancels: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._waiting: dict[str, Admission] = {}
-        self._running: dict[str, Admission] = {}
+        self._waiting: dict[str, Admission[P]] = {}
+        self._running: dict[str, Admission[P]] = {}
         self.turns = 0
         self.generated = 0
 
-    def submit(self, prepared: PreparedJob, route: Route) -> Future[JobOutcome]:
+    def submit(self, prepared: P, route: Route) -> Future[JobOutcome]:
         admission = Admission(prepared, route)
         with self._lock:
             self._waiting[prepared.job_id] = admission
@@ -114,7 +179,7 @@ class EngineLoop:
             if not self._running:
                 continue
             outputs = self._step()
-            self.generated += len(outputs)
+            self.generated += self._reader.worked(outputs, self._running)
             self._publish(outputs)
             self._apply_cancellations()
             self._retire(outputs)
@@ -133,15 +198,15 @@ class EngineLoop:
                 a.outcome.set_result(_outcome(a, "cancelled"))
         self._sink.send([(a.route, self._started(a)) for a in started])
 
-    def _started(self, a: Admission) -> StartedEvent:
+    def _started(self, a: Admission[P]) -> StartedEvent:
         return StartedEvent(prompt_tokens=a.prepared.prompt_tokens, worker=self._worker_id)
 
-    def _step(self) -> list[StepOutput]:
+    def _step(self) -> list[O]:
         try:
             return self._engine.step()
         except Exception as err:  # one failed step must not take the worker down
             log.exception("engine step failed; failing the %d running jobs", len(self._running))
-            self._fail_running(GenerationError(f"generation failed: {err}"))
+            self._fail_running(GenerationError(f"{self._reader.failure}: {err}"))
             return []
 
     def _fail_running(self, err: GenerationError) -> None:
@@ -152,34 +217,8 @@ class EngineLoop:
         for a in failed:
             a.outcome.set_result(_outcome(a, "error", err.message))
 
-    def _publish(self, outputs: list[StepOutput]) -> None:
-        events: list[tuple[Route, Event]] = []
-        now = time.time()
-        for out in outputs:
-            admission = self._running[out.job_id]
-            admission.completion_tokens = out.completion_tokens
-            if admission.first_token_at is None:
-                admission.first_token_at = now
-            route = admission.route
-            if out.text or out.reasoning or out.logprobs or out.call_deltas or out.tool_calls:
-                token = TokenEvent(
-                    text=out.text,
-                    reasoning=out.reasoning or None,
-                    logprobs=out.logprobs,
-                    call_deltas=out.call_deltas,
-                    tool_calls=out.tool_calls,
-                    index=out.index or None,
-                )
-                events.append((route, token))
-            if out.finish_reason is None:
-                continue
-            if len(admission.prepared.choices) > 1 and out.error is None:
-                end = ChoiceEndEvent(index=out.index, finish_reason=_reason(out.finish_reason))
-                events.append((route, end))
-            if out.ends_job:
-                admission.cached_tokens = out.cached_tokens
-                events.append((route, _final(out)))
-        self._sink.send(events)
+    def _publish(self, outputs: list[O]) -> None:
+        self._sink.send(self._reader.events(outputs, self._running))
 
     def _apply_cancellations(self) -> None:
         while True:
@@ -199,18 +238,11 @@ class EngineLoop:
             self._engine.remove([job_id])
             running.outcome.set_result(_outcome(running, "cancelled"))
 
-    def _retire(self, outputs: list[StepOutput]) -> None:
+    def _retire(self, outputs: list[O]) -> None:
         for out in outputs:
-            if not out.ends_job:
-                continue
-            admission = self._running.pop(out.job_id, None)
-            if admission is not None:
-                reason = out.finish_reason or "error"
-                admission.outcome.set_result(_outcome(admission, reason, _error_message(out)))
-
-
-def _error_message(out: StepOutput) -> str | None:
-    return None if out.error is None else f"generation failed: {out.error}"
+            if out.ends_job and (admission := self._running.pop(out.job_id, None)) is not None:
+                ending = self._reader.ending(out)
+                admission.outcome.set_result(_outcome(admission, *ending))
 
 
 def gather(inbox: queue.SimpleQueue[A], block: bool) -> list[A]:
@@ -241,29 +273,7 @@ def gather(inbox: queue.SimpleQueue[A], block: bool) -> list[A]:
         return admitted
 
 
-def _final(out: StepOutput) -> DoneEvent | ErrorEvent:
-    message = _error_message(out)
-    if message is not None:  # this sequence failed, the rest of the batch goes on
-        return ErrorEvent.from_error(GenerationError(message))
-    usage = Usage(
-        prompt_tokens=out.prompt_tokens,
-        completion_tokens=out.completion_tokens,
-        total_tokens=out.prompt_tokens + out.completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=out.cached_tokens),
-        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=out.reasoning_tokens),
-    )
-    return DoneEvent(
-        finish_reason=_reason(out.finish_reason), usage=usage, stop_sequence=out.stop_sequence
-    )
-
-
-def _reason(engine_reason: str | None) -> FinishReason:
-    if engine_reason == "tool_calls":
-        return "tool_calls"
-    return "stop" if engine_reason == "stop" else "length"
-
-
-def _outcome(admission: Admission, finish_reason: str, error: str | None = None) -> JobOutcome:
+def _outcome(admission: Admission[P], finish_reason: str, error: str | None = None) -> JobOutcome:
     return JobOutcome(
         error=error,
         finish_reason=finish_reason,

@@ -45,13 +45,14 @@ from worker.engine.generation import BatchEngine, Engine
 from worker.engine.model import Routes, load_model, load_tokenizer_only, native_folder
 from worker.engine.prefix_cache import PrefixCache
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
-from worker.runtime import embedding_job, job_function
 from worker.runtime.cancellations import listen_for_cancels
 from worker.runtime.drain import Drain
-from worker.runtime.embedding_loop import EmbeddingLoop
+from worker.runtime.embedding_kind import EmbeddingKind
 from worker.runtime.fence import FencedSink
+from worker.runtime.generation_kind import GenerationKind
 from worker.runtime.heartbeat import beat, born, keep_beating, retire
-from worker.runtime.loop import DrivenLoop, EngineLoop
+from worker.runtime.job_function import Runtime, bind
+from worker.runtime.loop import DrivenLoop
 from worker.runtime.prefix_report import HeldPrefixes, PrefixFigures, PrefixReport
 from worker.runtime.reaper import Reaper
 from worker.runtime.report import Reporter
@@ -168,19 +169,16 @@ def serve(settings: Settings) -> None:
     release = redis.register_script(backlog.RELEASE)
     timeout_s = float(settings.job_timeout_s)
     figures = PrefixFigures()
+    plumbing = (sink, redis, keys, timeout_s, release, worker_id)
+    # A runtime of each kind under its own name: one name for both would make mypy type it
+    # Runtime[Any, ...] and stop checking that the kind fits its engine.
     loop: DrivenLoop
-    if isinstance(engine, EmbeddingEngine):
-        loop = EmbeddingLoop(engine, sink, worker_id)
-        rt = embedding_job.EmbeddingRuntime(
-            engine, loop, sink, redis, keys, timeout_s, release, worker_id
-        )
-        embedding_job.bind(rt)
+    if isinstance(engine, EmbeddingEngine):  # no prefix cache: no figures of one
+        embedding = Runtime.start(EmbeddingKind(), engine, *plumbing)
+        loop = bind(embedding)
     else:
-        loop = EngineLoop(engine, sink, keys, worker_id)
-        runtime = job_function.Runtime(
-            engine, loop, sink, redis, keys, timeout_s, release, worker_id, figures
-        )
-        job_function.bind(runtime)
+        generation = Runtime.start(GenerationKind(), engine, *plumbing, figures)
+        loop = bind(generation)
 
     services = threading.Event()  # stops the heartbeat, listener, reaper and watchdog
     slots: list[SlotWorker] = []

@@ -2,7 +2,7 @@
 
 RQ still owns each job's life (queued, started, finished, failed, registries, `rq info`),
 while the model is loaded once per process. Each slot is an RQ `SimpleWorker` running in
-its own thread: it takes one job, runs `run_generation` (which blocks until the engine loop
+its own thread: it takes one job, runs its job function (which blocks until the engine loop
 finishes that sequence), and takes the next. B slots = up to B sequences in the continuous
 batch. Signals are the main thread's: slots are stopped with `stop_slots`.
 
