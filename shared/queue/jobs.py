@@ -1,16 +1,17 @@
-"""The generation job: what the API puts on a model's RQ queue and the worker reads back.
+"""The jobs the API puts on a model's RQ queue and the worker reads back.
 
-RQ carries it as plain JSON (RQ's JSON serializer), as the single argument of the one job
-function the worker runs (`JOB_FUNCTION`). Exactly one of `messages` (chat) and `prompt`
-(text completion) is set. Its time limits travel with it (`JobLimits`), so each producer sets
-its own: an interactive request gives up after seconds, a batch line may wait for hours. A stored
-response sets `replay_ttl_s` (its event log is its record); a batch line sets `batch_line`
-(the worker records its answer in the batch).
+RQ carries a job as plain JSON (RQ's JSON serializer), as the single argument of the job
+function that runs its kind (`job_function`). Every kind extends `QueuedJobBase`: its id and
+model, its place in the queue (lane, fair share, priority), its limits, the queued tokens it
+holds, who waits on its events (`reply_to`) and its trace. Its time limits travel with it
+(`JobLimits`), so each producer sets its own: an interactive request gives up after seconds, a
+batch line may wait for hours.
 
-An embedding job (`EmbeddingJob`) is a job model of its own, run by a job function of its own
-(`EMBEDDING_JOB_FUNCTION`) on a worker that serves an embedding model: a generation job carries
-nothing of it. It has the same place in the queue (lane, fair share, priority, reply channel,
-limits) and its inputs, already split into a list.
+A generation job (`GenerationJob`, run by `JOB_FUNCTION`) has exactly one of `messages` (chat)
+and `prompt` (text completion). A stored response sets `replay_ttl_s` (its event log is its
+record); a batch line sets `batch_line` (the worker records its answer in the batch). An
+embedding job (`EmbeddingJob`, run by `EMBEDDING_JOB_FUNCTION` on a worker that serves an
+embedding model) carries its inputs, already split into a list.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ Lane = Literal["interactive", "background", "batch"]
 LANES: tuple[Lane, ...] = ("interactive", "background", "batch")
 
 JOB_FUNCTION = "worker.runtime.job_function.run_generation"
-EMBEDDING_JOB_FUNCTION = "worker.runtime.embedding_job.run_embedding"
+EMBEDDING_JOB_FUNCTION = "worker.runtime.job_function.run_embedding"
 
 
 class JobLimits(BaseModel):
@@ -43,14 +44,46 @@ class JobLimits(BaseModel):
 
     # Unix time after which the job must not start: a worker that takes it later fails it.
     queue_deadline: float | None = None
-    # Seconds the generation may run once started; then it ends as `on_run_limit` says.
+    # Seconds the job may run once started; then a generation ends as `on_run_limit` says (an
+    # embedding job, whose vectors are all or nothing, ends in an error).
     run_limit_s: Annotated[float, Field(gt=0)] | None = None
     on_run_limit: Literal["length", "error"] = "length"
 
 
-class GenerationJob(BaseModel):
+class QueuedJobBase(BaseModel):
+    """What every job on a model's queue carries, whatever its kind: its place in the queue,
+    its limits and who waits on it."""
+
     job_id: Annotated[str, Field(pattern=ID_PATTERN)]
     model: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
+    limits: JobLimits = JobLimits()
+    # Who sent it: the hashed id of its API key (api/http/auth.py), for the job's log line and
+    # record.
+    owner: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
+    # Its place among the model's interactive jobs (shared/queue/fair_order.py): whose turn,
+    # priority.
+    share: str | None = None
+    priority: int = 0
+    lane: Lane = "interactive"
+    # The tokens it holds of its key's queued-token limit until it ends
+    # (shared/queue/queued_tokens.py); None: its key has no such limit.
+    queued_tokens: int | None = None
+    # The API process waiting on its events (their channel is keys.py `reply`); None: nobody
+    # waits live, and they go on the job's own channel.
+    reply_to: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
+    # The W3C traceparent of the API's span for the request, when tracing is on
+    # (shared/observe/tracing.py).
+    trace: str | None = None
+
+    @property
+    def replayed(self) -> bool:
+        """Whether its events are also kept in a replay log, for a reader that comes later."""
+        return False
+
+
+class GenerationJob(QueuedJobBase):
+    """A chat or text completion to generate, with everything that shapes its output."""
+
     messages: list[ChatMessage] | None = None
     # One text, or several prompts (texts or token ids), each with its own n choices.
     prompt: str | list[str | list[int]] | None = None
@@ -71,27 +104,9 @@ class GenerationJob(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     # None: no log probabilities; k: each token's logprob and its k most likely alternatives.
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    limits: JobLimits = JobLimits()
     # Keep the job's event log this long once it ends (instead of the worker's default).
     replay_ttl_s: Annotated[int, Field(ge=1)] | None = None
     batch_line: BatchLine | None = None
-    # Who sent it: the hashed id of its API key (api/http/auth.py), for the job's log line and
-    # record.
-    owner: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
-    # Its place among the model's interactive jobs (shared/queue/fair_order.py): whose turn,
-    # priority.
-    share: str | None = None
-    priority: int = 0
-    lane: Lane = "interactive"
-    # The tokens it holds of its key's queued-token limit until it ends
-    # (shared/queue/queued_tokens.py); None: its key has no such limit.
-    queued_tokens: int | None = None
-    # The API process waiting on its events (their channel is keys.py `reply`); None: nobody
-    # waits live, and they go on the job's own channel.
-    reply_to: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
-    # The W3C traceparent of the API's span for the request, when tracing is on
-    # (shared/observe/tracing.py).
-    trace: str | None = None
 
     @property
     def replayed(self) -> bool:
@@ -116,26 +131,11 @@ class GenerationJob(BaseModel):
         return self.n * max(1, len(self.prompt_items()))
 
 
-class EmbeddingJob(BaseModel):
-    """A request's inputs to embed, one vector each; its other fields mean what a
-    GenerationJob's mean."""
+class EmbeddingJob(QueuedJobBase):
+    """A request's inputs to embed, one vector each. It keeps no replay log: only a client
+    waiting on the request reads its vectors."""
 
-    job_id: Annotated[str, Field(pattern=ID_PATTERN)]
-    model: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
     inputs: Annotated[list[str | list[int]], Field(min_length=1, max_length=MAX_INPUTS)]
-    limits: JobLimits = JobLimits()
-    owner: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
-    share: str | None = None
-    priority: int = 0
-    lane: Lane = "interactive"
-    queued_tokens: int | None = None
-    reply_to: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
-    trace: str | None = None
-
-    @property
-    def replayed(self) -> bool:
-        """Never: only a client waiting on the request reads its vectors."""
-        return False
 
 
 # Whatever a model's queue carries, with the job function that runs it.
