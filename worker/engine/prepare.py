@@ -62,6 +62,11 @@ class PreparedJob:
     def prompt_tokens(self) -> int:
         return sum(len(p) for p in self.prompts)
 
+    @property
+    def reasons(self) -> bool:
+        """Whether its output may carry reasoning (its model keeps reasoning apart)."""
+        return any(choice.split is not None for choice in self.choices)
+
 
 class Preparer:
     def __init__(
@@ -129,8 +134,15 @@ class Preparer:
             calls = self._tool_format.scanner(job.tools)
         processors, grammar = self._processors(job)
         split: Split | None = None
+        budget = job.reasoning.budget_tokens if job.reasoning is not None else None
         if job.messages is not None and self._harmony is not None:
             split = HarmonySplit(self._harmony)
+            if budget is not None:
+                raise InvalidRequestError(
+                    "This model (harmony) sets its reasoning length by effort, not by a token "
+                    "budget; leave out budget_tokens or use reasoning effort.",
+                    param="thinking.budget_tokens",
+                )
             if grammar is not None:
                 raise InvalidRequestError(
                     "This model writes harmony messages; an output format or a forced tool "
@@ -140,7 +152,6 @@ class Preparer:
         elif job.messages is not None and self._think is not None:
             inside = self._think.opens_inside(tokens)
             split = ThinkSplit(self._think, inside)
-            budget = job.reasoning.budget_tokens if job.reasoning is not None else None
             if budget is not None or grammar is not None:
                 processors += (ReasoningGate(self._think, inside, budget, grammar),)
                 grammar = None

@@ -52,6 +52,11 @@ class Prepared(Protocol):
     @property
     def prompt_tokens(self) -> int: ...
 
+    @property
+    def reasons(self) -> bool:
+        """Whether its output may carry reasoning: its started event says so."""
+        ...
+
 
 class Output(Protocol):
     """What one step gave one job; the job has ended with the output that `ends_job`."""
@@ -199,7 +204,11 @@ class EngineLoop(Generic[P, O]):
         self._sink.send([(a.route, self._started(a)) for a in started])
 
     def _started(self, a: Admission[P]) -> StartedEvent:
-        return StartedEvent(prompt_tokens=a.prepared.prompt_tokens, worker=self._worker_id)
+        prepared = a.prepared
+        reasoning = prepared.reasons or None
+        return StartedEvent(
+            prompt_tokens=prepared.prompt_tokens, worker=self._worker_id, reasoning=reasoning
+        )
 
     def _step(self) -> list[O]:
         try:

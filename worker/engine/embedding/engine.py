@@ -35,6 +35,10 @@ class PreparedEmbedding:
     def prompt_tokens(self) -> int:
         return sum(len(ids) for ids in self.inputs)
 
+    @property
+    def reasons(self) -> bool:
+        return False  # vectors, not text
+
 
 @dataclass(frozen=True)
 class Pending:
