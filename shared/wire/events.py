@@ -32,6 +32,9 @@ class StartedEvent(BaseModel):
     type: Literal["started"] = "started"
     prompt_tokens: int
     worker: str | None = None  # the worker running the job, for the API's request log line
+    # True when the job's model keeps reasoning apart (its tokens may carry `reasoning`): the
+    # Responses stream opens a reasoning item before the message.
+    reasoning: bool | None = None
 
 
 class TokenEvent(BaseModel):
