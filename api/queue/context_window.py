@@ -35,7 +35,9 @@ class ContextWindows:
         ids = counter.ids(job)
         count = len(ids) if ids is not None else counter.count(job)
         where = "messages" if job.messages is not None else "prompt"
-        completion_budget(count, job.max_tokens, counter.context_length, where)
+        completion_budget(
+            count, job.max_tokens, counter.context_length, where, ceiling=job.max_tokens_ceiling
+        )
         return ids
 
     def count(self, job: GenerationJob) -> int | None:

@@ -242,7 +242,9 @@ def admission_tokens(b: Broker, job: QueuedJob) -> int:
         return backlog.estimate_tokens(job) + cap * job.choices()
     prompt = counter.count(job)
     where = "messages" if job.messages is not None else "prompt"
-    room = completion_budget(prompt, job.max_tokens, counter.context_length, where)
+    room = completion_budget(
+        prompt, job.max_tokens, counter.context_length, where, ceiling=job.max_tokens_ceiling
+    )
     return prompt * max(1, len(job.prompt_items())) + min(cap, room) * job.choices()
 
 

@@ -69,7 +69,7 @@ def create_message() -> Response:
     if req.stream:
         refuse_key(STREAMED)
     chat = req.chat_request()
-    running = start(broker(), job_for(new_id("msg_"), chat, owner_id()))
+    running = start(broker(), job_for(new_id("msg_"), req, owner_id()))
     if req.stream:
         return sse_response(stream_message(running))
     return _json(collect_message(running, chat).model_dump_json())
@@ -80,7 +80,7 @@ def count_tokens() -> Response:
     req = parse_body(MessagesInput)
     b = broker()
     b.require_model(req.model)
-    count = b.windows.count(job_for(new_id("msg_"), req.chat_request()))
+    count = b.windows.count(job_for(new_id("msg_"), req))
     if count is None:
         raise InvalidRequestError(
             f"The worker serving '{req.model}' has not published a tokenizer this server can "

@@ -30,7 +30,6 @@ from shared.wire.batches import (
     Endpoint,
     LineResult,
     StoredBatch,
-    job_request,
     line_job_id,
 )
 from shared.wire.errors import ErrorBody, InvalidRequestError, MLXQError, UnsupportedParameterError
@@ -147,7 +146,7 @@ def _take_request(intake: Intake, batch: StoredBatch, line: BatchInputLine) -> N
     except MLXQError as err:
         intake.refused[index] = LineResult.failed(line.custom_id, err.status, err.body())
         return
-    job = job_for(line_job_id(batch.id, index), job_request(request))
+    job = job_for(line_job_id(batch.id, index), request)
     job.batch_line = BatchLine(
         batch_id=batch.id,
         index=index,

@@ -25,6 +25,7 @@ from shared.wire.batches import BatchLine
 from shared.wire.completions import ChatCompletionRequest, ChatMessage, CompletionRequest
 from shared.wire.embeddings import MAX_INPUTS, EmbeddingRequest
 from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
+from shared.wire.messages import MessagesInput
 from shared.wire.reasoning import ReasoningControl
 from shared.wire.responses import ResponsesRequest
 from shared.wire.sampling import SamplingParams
@@ -89,6 +90,10 @@ class GenerationJob(QueuedJobBase):
     prompt: str | list[str | list[int]] | None = None
     # None means "up to the context window"; 0 (a text completion with echo) scores the prompt.
     max_tokens: Annotated[int, Field(ge=0)] | None = None
+    # Set for Anthropic's messages, whose max_tokens is a ceiling: a prompt that leaves less room
+    # generates what fits (ending "length") instead of being refused
+    # (shared/queue/context_window.py).
+    max_tokens_ceiling: bool = False
     sampling: SamplingParams = SamplingParams()
     stop: Annotated[list[str], Field(max_length=4)] = []
     n: Annotated[int, Field(ge=1, le=128)] = 1  # choices per prompt, each its own sequence
@@ -172,10 +177,16 @@ class JobOutcome(BaseModel):
 
 def job_for(
     job_id: str,
-    req: ChatCompletionRequest | CompletionRequest | ResponsesRequest,
+    req: ChatCompletionRequest | CompletionRequest | ResponsesRequest | MessagesInput,
     owner: str | None = None,
 ) -> GenerationJob:
-    """The generation job that answers a validated request of any of the three endpoints."""
+    """The generation job that answers a validated request of any of the four endpoints. A
+    message is a chat request inside, with Anthropic's thinking and its max_tokens a ceiling."""
+    if isinstance(req, MessagesInput):
+        job = job_for(job_id, req.chat_request(), owner)
+        job.reasoning = req.reasoning_control()
+        job.max_tokens_ceiling = True
+        return job
     job = _job_for(job_id, req)
     job.owner = owner
     job.share = fair_order.share(owner, req.user, keyed=owner not in (None, "anonymous"))
@@ -200,6 +211,7 @@ def _job_for(
             sampling=SamplingParams(temperature=req.temperature, top_p=req.top_p),
             grammar=req.grammar(),
             tools=req.tool_use(),
+            reasoning=req.reasoning_control(),
         )
     if isinstance(req, ChatCompletionRequest):
         return GenerationJob(
@@ -212,6 +224,8 @@ def _job_for(
             grammar=req.response_format.grammar("response_format") if req.response_format else None,
             logprobs=req.logprob_alternatives(),
             tools=req.tool_use(),
+            reasoning=req.reasoning_control(),
+            chat_template_kwargs=req.chat_template_kwargs,
             n=req.n,
         )
     return GenerationJob(

@@ -13,13 +13,19 @@ The worker publishes the tokenizer only after checking on probe conversations th
 counter agrees with its own tokenizer; otherwise `tokenizer_json` is None and the API leaves
 the check to the worker (which always makes it again before prefill). The API never imports
 mlx or transformers.
+
+What the template is given is decided once, in `chat_input`, for both sides: the messages (an
+assistant turn's reasoning under both names templates read it by: Qwen3's `reasoning_content`,
+gpt-oss's `thinking`), the tools, and variables (the job's reasoning control as
+`ReasoningControl.template_kwargs` says, then the client's `chat_template_kwargs`, which win).
+A template that fails on a client's variables is the request's fault: a 400 on either side.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -32,6 +38,7 @@ from tokenizers import Tokenizer
 from shared.queue.jobs import GenerationJob
 from shared.wire.completions import ChatMessage
 from shared.wire.errors import InvalidRequestError
+from shared.wire.reasoning import ReasoningControl
 from shared.wire.tools import ToolUse, fallback_call_text, fallback_system_prompt, template_call
 
 
@@ -52,10 +59,12 @@ class TokenizerSpec(BaseModel):
 
 @dataclass(frozen=True)
 class ChatInput:
-    """What a chat template renders: the messages as dicts, and the tools it is given."""
+    """What a chat template renders: the messages as dicts, the tools and the variables it is
+    given (beyond those every rendering has: special tokens, `add_generation_prompt`)."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
+    variables: dict[str, Any] = field(default_factory=dict)
 
 
 def knows_developer_role(chat_template: str | None) -> bool:
@@ -70,25 +79,56 @@ def chat_input(
     tools: ToolUse | None,
     tools_in_template: bool,
     developer_role: bool,
+    reasoning: ReasoningControl | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> ChatInput:
-    """A chat job's messages and tools as the template sees them; the API's counter and the
-    worker's engine both call this, so they render the same prompt. `developer_role`: the
-    template's own (`knows_developer_role`), else a developer message is rendered as system."""
+    """A chat job's messages, tools and variables as the template sees them; the API's counter
+    and the worker's engine both call this, so they render the same prompt. `developer_role`:
+    the template's own (`knows_developer_role`), else a developer message is rendered as system.
+    """
+    variables = {
+        **(reasoning.template_kwargs() if reasoning else {}),
+        **(chat_template_kwargs or {}),
+    }
     if not developer_role:
         messages = [_as_system(m) if m.role == "developer" else m for m in messages]
     if tools is not None and tools_in_template:
         return ChatInput(
             [_template_message(m) for m in messages],
             [t.model_dump(exclude_none=True) for t in tools.tools],
+            variables,
         )
     rendered = [_fallback_message(m) for m in messages]
     if tools is not None:
         rendered.insert(0, {"role": "system", "content": fallback_system_prompt(tools.tools)})
-    return ChatInput(rendered, None)
+    return ChatInput(rendered, None, variables)
+
+
+def job_chat_input(
+    job: GenerationJob, tools_in_template: bool, developer_role: bool
+) -> ChatInput | None:
+    """`chat_input` for a job: None for a text completion."""
+    if job.messages is None:
+        return None
+    return chat_input(
+        job.messages,
+        job.tools,
+        tools_in_template,
+        developer_role,
+        job.reasoning,
+        job.chat_template_kwargs,
+    )
 
 
 def _as_system(m: ChatMessage) -> ChatMessage:
     return m.model_copy(update={"role": "system"})
+
+
+def _with_reasoning(message: dict[str, Any], m: ChatMessage) -> dict[str, Any]:
+    reasoning = m.reasoning_text()
+    if reasoning:
+        message["reasoning_content"] = message["thinking"] = reasoning
+    return message
 
 
 def _template_message(m: ChatMessage) -> dict[str, Any]:
@@ -97,14 +137,23 @@ def _template_message(m: ChatMessage) -> dict[str, Any]:
         message["tool_calls"] = [template_call(c) for c in m.tool_calls]
     if m.tool_call_id is not None:
         message["tool_call_id"] = m.tool_call_id
-    return message
+    return _with_reasoning(message, m)
 
 
 def _fallback_message(m: ChatMessage) -> dict[str, Any]:
     if m.role == "tool":  # any template takes a user turn; not every one takes a tool turn
         return {"role": "user", "content": f"<tool_response>\n{m.text()}\n</tool_response>"}
     calls = "".join(fallback_call_text(c) for c in m.tool_calls or [])
-    return {"role": m.role, "content": m.text() + calls}
+    return _with_reasoning({"role": m.role, "content": m.text() + calls}, m)
+
+
+def template_refused(err: Exception) -> InvalidRequestError:
+    """The 400 for a chat template that failed on a request (its `raise_exception`, or a
+    variable of a type it cannot use)."""
+    why = str(err) if isinstance(err, TemplateError) else f"{type(err).__name__}: {err}"
+    return InvalidRequestError(
+        f"The model's chat template refused these messages: {why[:500]}", param="messages"
+    )
 
 
 def _raise_exception(message: str) -> None:
@@ -166,12 +215,10 @@ class PromptCounter:
                 tools=chat.tools,
                 documents=None,
                 add_generation_prompt=True,
-                **self._vars,
+                **{**self._vars, **chat.variables},  # as Hugging Face merges them
             )
-        except TemplateError as err:
-            raise InvalidRequestError(
-                f"The model's chat template refused these messages: {err}", param="messages"
-            ) from err
+        except Exception as err:  # the template's own code, run on the client's variables
+            raise template_refused(err) from err
 
     def count_chat(self, chat: ChatInput) -> int:
         rendered = self.render_chat(chat)
@@ -180,10 +227,8 @@ class PromptCounter:
     def ids(self, job: GenerationJob) -> list[int] | None:
         """The prompt's token ids when the job has one prompt (a chat, or one text or token
         prompt), as the worker renders it; None for several prompts."""
-        if job.messages is not None:
-            chat = chat_input(
-                job.messages, job.tools, self._tools_in_template, self._developer_role
-            )
+        chat = job_chat_input(job, self._tools_in_template, self._developer_role)
+        if chat is not None:
             return self.encode(self.render_chat(chat), special_tokens=False)
         items = job.prompt_items()
         return self.item_ids(items[0]) if len(items) == 1 else None
@@ -195,10 +240,8 @@ class PromptCounter:
     def count(self, job: GenerationJob) -> int:
         """The job's prompt tokens; for several prompts, the longest one's (the window holds
         each prompt with its own completion)."""
-        if job.messages is not None:
-            chat = chat_input(
-                job.messages, job.tools, self._tools_in_template, self._developer_role
-            )
+        chat = job_chat_input(job, self._tools_in_template, self._developer_role)
+        if chat is not None:
             return self.count_chat(chat)
         items = job.prompt_items()
         return max(self.count_text(i) if isinstance(i, str) else len(i) for i in items)

@@ -253,13 +253,6 @@ def line_job_id(batch_id: str, index: int) -> str:
     return f"{line_job_prefix(batch_id)}{index}"
 
 
-def job_request(
-    request: LineRequest,
-) -> ChatCompletionRequest | CompletionRequest | ResponsesRequest:
-    """The request a line's job is made from (a message is a chat request inside)."""
-    return request.chat_request() if isinstance(request, MessagesRequest) else request
-
-
 def answer_body(
     endpoint: Endpoint, body: dict[str, Any], got: Transcripts, done: DoneEvent, created: int
 ) -> BaseModel:

@@ -4,7 +4,8 @@ Requests forbid unknown fields (OpenAI answers those with 400 too). Fields OpenA
 mlxq does not implement are declared so that their default value passes and any other value
 is refused with a 400 naming the parameter, never silently ignored.
 
-Every size a request can choose is bounded here (the limits below, in the OpenAPI document too),
+Every size a request can choose is bounded here (the limits below and a message's in
+shared/wire/chat_messages.py, in the OpenAPI document too),
 each refused with OpenAI's code: `array_above_max_length`, `string_above_max_length`,
 `integer_above_max_value` (api/http/errors.py). The body as a whole is bounded by
 MLXQ_MAX_BODY_BYTES.
@@ -18,21 +19,23 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
+from shared.wire.chat_messages import MAX_CONTENT_CHARS as MAX_CONTENT_CHARS
+from shared.wire.chat_messages import MAX_CONTENT_PARTS as MAX_CONTENT_PARTS
+from shared.wire.chat_messages import ChatMessage as ChatMessage
+from shared.wire.chat_messages import HistoryText, TextPart
 from shared.wire.errors import InvalidRequestError, UnsupportedParameterError
 from shared.wire.grammar import ResponseFormat
 from shared.wire.ids import MODEL_NAME_PATTERN as MODEL_NAME_PATTERN
+from shared.wire.reasoning import Effort, ReasoningControl
 from shared.wire.sampling import SamplingParams
 from shared.wire.tools import (
     MAX_TOOLS,
     ChatTool,
     NamedToolChoice,
-    ToolCall,
     ToolChoice,
     ToolUse,
     check_tools,
@@ -43,8 +46,6 @@ ServiceTier = Literal["auto", "default", "flex"]
 
 # Limits on what a request may ask for.
 MAX_MESSAGES = 2048  # messages in one chat request (OpenAI's limit)
-MAX_CONTENT_CHARS = 1_048_576  # characters in one message (all its parts) or one prompt
-MAX_CONTENT_PARTS = 1024  # text parts in one message
 MAX_STOP = 4  # stop strings (OpenAI's limit)
 MAX_STOP_CHARS = 256  # characters in one stop string
 MAX_N = 128  # OpenAI's cap on n
@@ -66,6 +67,36 @@ TokenIds = Annotated[
     Field(min_length=1, max_length=MAX_CONTENT_CHARS),
 ]
 Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
+# Variables a client adds to the chat template (`chat_template_kwargs`, vLLM's and
+# mlx_lm.server's), under names a template can read.
+MAX_TEMPLATE_KWARGS = 64
+TemplateKwargs = Annotated[
+    dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")], Any],
+    Field(max_length=MAX_TEMPLATE_KWARGS),
+]
+# What mlxq itself gives the template, or the renderer takes as its own arguments: a client's
+# variable of one of these names would replace the conversation or break the rendering.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "raise_exception",
+        "strftime_now",
+    }
+)
 
 
 def _stop_list(value: str | list[str] | None) -> list[str]:
@@ -173,57 +204,27 @@ class SamplingRequest(BaseModel):
         )
 
 
-class TextPart(BaseModel):
+class PromptCacheOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    type: Literal["text"]
-    text: Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m"] | None = None
 
 
-class ChatMessage(BaseModel):
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: text the answer is expected to repeat, to decode it faster."""
+
     model_config = ConfigDict(extra="forbid")
+    type: Literal["content"]
+    content: HistoryText | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)]
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    # Only an assistant message that calls tools may leave it out (or null).
-    content: (
-        Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
-        | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)]
-        | None
-    ) = Field(default=None, validate_default=True)
-    name: Annotated[str, Field(max_length=256)] | None = None
-    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)] | None = None
-    tool_call_id: Annotated[str, Field(max_length=128)] | None = None
 
-    @field_validator("content")
-    @classmethod
-    def _bounded_text(cls, value: str | list[TextPart] | None, info: ValidationInfo) -> Any:
-        if value is None and info.data.get("role") != "assistant":
-            raise PydanticCustomError("missing", "Field required")
-        if isinstance(value, list):
-            length = sum(len(part.text) for part in value)
-            if length > MAX_CONTENT_CHARS:
-                raise PydanticCustomError(
-                    "string_too_long",
-                    "the text parts of one message have at most {max_length} characters together",
-                    {"max_length": MAX_CONTENT_CHARS, "actual_length": length},
-                )
-        return value
-
-    @model_validator(mode="after")
-    def _tool_fields(self) -> ChatMessage:
-        if self.role == "tool" and not self.tool_call_id:
-            raise PydanticCustomError("missing", "a tool message needs its tool_call_id")
-        if self.tool_calls and self.role != "assistant":
-            raise PydanticCustomError("tool_calls", "only assistant messages carry tool_calls")
-        if self.content is None and not self.tool_calls:
-            raise PydanticCustomError("missing", "an assistant message needs content or tool_calls")
-        return self
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+# Chat fields OpenAI defines whose only value mlxq can honour is "not set" (or the one named
+# here): any other is refused with a 400 naming the field.
+_HONOURED_ONLY_UNSET = {
+    "audio": "the models served write text only",
+    "moderation": "mlxq runs no moderation model",
+    "web_search_options": "mlxq has no web search",
+}
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -241,6 +242,32 @@ class ChatCompletionRequest(SamplingRequest):
     # Accepted and changing nothing here: chat completions are not stored, one tier serves all.
     store: bool | None = None
     service_tier: ServiceTier | None = None
+    # How a reasoning model thinks (shared/wire/reasoning.py): OpenAI's effort, vLLM's budget of
+    # reasoning tokens, and variables for the chat template (vLLM's and mlx_lm.server's).
+    reasoning_effort: Effort | None = None
+    thinking_token_budget: Annotated[int, Field(ge=0, le=MAX_TOKENS)] | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
+    # Accepted and changing nothing here: the worker's prefix cache reuses a repeated prompt
+    # opening without a key, breakpoints or a retention policy; a prediction only speeds up
+    # OpenAI's decoding; mlxq checks no policies per end user.
+    prompt_cache_key: Annotated[str, Field(max_length=1024)] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prediction: Prediction | None = None
+    safety_identifier: Annotated[str, Field(max_length=256)] | None = None
+    # Their default passes; any other value is a 400 naming them.
+    verbosity: Literal["low", "medium", "high"] | None = None
+    modalities: Annotated[list[Literal["text", "audio"]], Field(max_length=2)] | None = None
+    audio: dict[str, Any] | None = None
+    moderation: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_reserved_names(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        for name in sorted(RESERVED_TEMPLATE_KWARGS & set(value or {})):
+            _refuse(f"chat_template_kwargs.{name}", "mlxq gives the chat template this itself")
+        return value
 
     @model_validator(mode="after")
     def _refuse_unsupported_chat(self) -> ChatCompletionRequest:
@@ -251,6 +278,13 @@ class ChatCompletionRequest(SamplingRequest):
         for name in ("functions", "function_call"):
             if getattr(self, name) is not None:
                 _refuse(name, "the deprecated functions API is replaced by tools")
+        for name, why in _HONOURED_ONLY_UNSET.items():
+            if getattr(self, name) is not None:
+                _refuse(name, why)
+        if self.verbosity not in (None, "medium"):
+            _refuse("verbosity", "the models served have no verbosity setting")
+        if self.modalities is not None and "audio" in self.modalities:
+            _refuse("modalities", "the models served write text only")
         if self.response_format is not None:
             self.response_format.grammar("response_format")  # refuse what cannot be compiled
         return self
@@ -276,6 +310,12 @@ class ChatCompletionRequest(SamplingRequest):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def reasoning_control(self) -> ReasoningControl | None:
+        """The reasoning control the job carries; None: the template's default."""
+        if self.reasoning_effort is None and self.thinking_token_budget is None:
+            return None
+        return ReasoningControl.of_effort(self.reasoning_effort, self.thinking_token_budget)
 
     def tool_names(self) -> set[str]:
         return {t.function.name for t in self.tools or []}

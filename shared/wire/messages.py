@@ -7,27 +7,27 @@ field as Anthropic's API calls it), then `chat_request()` turns it into the
 Everything that could fail is checked on this side, so the translation itself cannot.
 
 How Anthropic's shapes map:
-- `system` (text or text blocks) -> a system message; `tool_result` blocks -> tool messages;
-  an assistant's `tool_use` blocks -> its tool_calls (arguments as JSON text).
+- `system` (text or text blocks) -> a system message; the messages' blocks as
+  shared/wire/message_blocks.py says (thinking blocks -> the turn's reasoning).
 - `tool_choice` auto/any/tool/none -> auto/required/named/none, each `any` and `tool`
   constrained by grammar; `disable_parallel_tool_use` -> parallel_tool_calls false.
 - `output_config.format` json_schema -> response_format json_schema (constrained by grammar).
 - `metadata.user_id` -> `user`, the caller whose turn it is in fair sharing.
+- `thinking` and `output_config.effort` -> the job's `ReasoningControl` (shared/queue/jobs.py
+  sets it, with `max_tokens` as the ceiling Anthropic makes it): disabled -> no thinking;
+  enabled -> thinking within `budget_tokens`; adaptive or between_tools -> thinking, unbounded.
 Accepted and changing nothing here, as docs/api.md says: `cache_control` (the worker's
-prefix cache reuses any repeated prompt opening without being asked), `thinking` and
-`output_config.effort` (the models served have no separate reasoning: no thinking blocks come
-back), `service_tier` (one tier serves all). Unknown fields are refused (400 naming them).
+prefix cache reuses any repeated prompt opening without being asked), thinking's `display`,
+`service_tier` (one tier serves all). Unknown fields are refused (400 naming them).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.wire.completions import (
-    MAX_CONTENT_CHARS,
     MAX_CONTENT_PARTS,
     MAX_MESSAGES,
     MAX_STOP,
@@ -39,15 +39,15 @@ from shared.wire.completions import (
 from shared.wire.errors import InvalidRequestError
 from shared.wire.grammar import JsonSchemaFormat, JsonSchemaSpec, grammar_for_schema
 from shared.wire.ids import MODEL_NAME_PATTERN
+from shared.wire.message_blocks import CacheControl, InputMessage, Text, TextBlock, joined
+from shared.wire.reasoning import ReasoningControl
 from shared.wire.tools import (
     MAX_TOOLS,
     ChatTool,
-    FunctionCall,
     FunctionChoice,
     FunctionDefinition,
     FunctionName,
     NamedToolChoice,
-    ToolCall,
     ToolChoice,
     check_tools,
 )
@@ -58,98 +58,6 @@ MESSAGES_PATH = "/v1/messages"
 # release). Every version gets the same answers, whose shape has not changed since 2023-06-01;
 # a value that is not a date is refused.
 ANTHROPIC_VERSION_PATTERN = r"^\d{4}-\d{2}-\d{2}$"
-
-Text = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
-ToolUseId = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,128}$")]
-
-
-class CacheControl(BaseModel):
-    """A prompt-caching breakpoint: accepted; the worker's prefix cache needs none."""
-
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["ephemeral"]
-    ttl: Literal["5m", "1h"] | None = None
-
-
-class TextBlock(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["text"]
-    text: Text
-    cache_control: CacheControl | None = None
-
-
-class ToolUseBlock(BaseModel):
-    """A call the assistant made earlier in the conversation."""
-
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["tool_use"]
-    id: ToolUseId
-    name: FunctionName
-    input: dict[str, Any]
-    cache_control: CacheControl | None = None
-
-
-class ToolResultBlock(BaseModel):
-    """What a call returned, sent back in a user message."""
-
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["tool_result"]
-    tool_use_id: ToolUseId
-    content: Text | Annotated[list[TextBlock], Field(max_length=MAX_CONTENT_PARTS)] = ""
-    is_error: bool = False
-    cache_control: CacheControl | None = None
-
-    def text(self) -> str:
-        text = self.content if isinstance(self.content, str) else _joined(self.content)
-        # The model is told that the call failed, in words, as no chat template has a flag.
-        return f"Error: {text}" if self.is_error else text
-
-
-ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
-
-
-class InputMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["user", "assistant"]
-    content: Text | Annotated[list[ContentBlock], Field(max_length=MAX_CONTENT_PARTS)]
-
-    @model_validator(mode="after")
-    def _blocks_of_the_role(self) -> InputMessage:
-        wrong = ToolResultBlock if self.role == "assistant" else ToolUseBlock
-        if isinstance(self.content, list) and any(isinstance(b, wrong) for b in self.content):
-            kind = "tool_result" if self.role == "assistant" else "tool_use"
-            raise ValueError(f"a {self.role} message cannot carry {kind} blocks")
-        return self
-
-    def blocks(self) -> list[TextBlock | ToolUseBlock | ToolResultBlock]:
-        if isinstance(self.content, str):
-            return [TextBlock(type="text", text=self.content)]
-        return list(self.content)
-
-    def chat_messages(self) -> list[ChatMessage]:
-        """This message as chat messages: one per tool result, then the rest of its text."""
-        blocks = self.blocks()
-        results = [b for b in blocks if isinstance(b, ToolResultBlock)]
-        texts = [b for b in blocks if isinstance(b, TextBlock)]
-        calls = [_tool_call(b) for b in blocks if isinstance(b, ToolUseBlock)]
-        chat = [
-            ChatMessage(role="tool", content=r.text(), tool_call_id=r.tool_use_id) for r in results
-        ]
-        if texts or calls or not results:
-            text = _joined(texts)
-            content = None if calls and not text else text
-            chat.append(ChatMessage(role=self.role, content=content, tool_calls=calls or None))
-        return chat
-
-
-def _joined(blocks: list[TextBlock]) -> str:
-    return "".join(block.text for block in blocks)
-
-
-def _tool_call(block: ToolUseBlock) -> ToolCall:
-    return ToolCall(
-        id=block.id, function=FunctionCall(name=block.name, arguments=json.dumps(block.input))
-    )
 
 
 class Tool(BaseModel):
@@ -221,13 +129,19 @@ class ThinkingAdaptive(BaseModel):
     display: Literal["summarized", "omitted"] | None = None
 
 
+class ThinkingBetweenTools(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["between_tools"]
+
+
 class ThinkingDisabled(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["disabled"]
 
 
 Thinking = Annotated[
-    ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled, Field(discriminator="type")
+    ThinkingEnabled | ThinkingAdaptive | ThinkingBetweenTools | ThinkingDisabled,
+    Field(discriminator="type"),
 ]
 
 
@@ -239,7 +153,6 @@ class OutputFormat(BaseModel):
 
 class OutputConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    # Accepted: the models served have no reasoning effort to set.
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
     format: OutputFormat | None = None
 
@@ -293,10 +206,21 @@ class MessagesInput(BaseModel):
                 param="tool_choice.name",
             )
 
+    def reasoning_control(self) -> ReasoningControl | None:
+        """Anthropic's thinking and effort as the job's control; None: neither was given."""
+        effort = self.output_config.effort if self.output_config else None
+        thinking = self.thinking
+        if thinking is None:
+            return None if effort is None else ReasoningControl(effort=effort)
+        if isinstance(thinking, ThinkingDisabled):
+            return ReasoningControl(enabled=False, effort=effort)
+        budget = thinking.budget_tokens if isinstance(thinking, ThinkingEnabled) else None
+        return ReasoningControl(enabled=True, effort=effort, budget_tokens=budget)
+
     def chat_messages(self) -> list[ChatMessage]:
         chat = [m for message in self.messages for m in message.chat_messages()]
         if self.system is not None:
-            text = self.system if isinstance(self.system, str) else _joined(self.system)
+            text = self.system if isinstance(self.system, str) else joined(self.system)
             chat.insert(0, ChatMessage(role="system", content=text))
         return chat
 

@@ -4,6 +4,13 @@ A response is one generation job; its state is derived from the job's events
 (shared/wire/response_state.py). Choices where OpenAI's documents leave room: `instructions` become
 a system message before the input; `queue_position` (an mlxq extension, present only while queued)
 counts the background jobs ahead of this one (0: it is next).
+
+Reasoning: `reasoning.effort` becomes the job's `ReasoningControl` (shared/wire/reasoning.py);
+`reasoning.summary` is accepted, and no summary is written (a reasoning item carries the reasoning
+itself); `include: ["reasoning.encrypted_content"]` asks for the opaque value a client sends back
+(shared/wire/reasoning_blob.py). Accepted and changing nothing here: `prompt_cache_key` and
+`prompt_cache_retention` (the worker's prefix cache reuses any repeated prompt opening without
+them), `safety_identifier` (mlxq checks no policies per end user).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from shared.wire.grammar import (
     TextFormat,
     grammar_for_schema,
 )
+from shared.wire.reasoning import Effort, ReasoningControl
 from shared.wire.response_items import (
     FunctionCallItem,
     FunctionCallOutput,
@@ -41,8 +49,10 @@ from shared.wire.response_items import (
     InputItem,
     InputMessage,
     NamedFunction,
+    ReasoningItem,
     Text,
     add_call,
+    add_reasoning,
 )
 from shared.wire.tools import (
     MAX_TOOLS,
@@ -65,18 +75,59 @@ UNSUPPORTED = (
     "max_tool_calls",
     "previous_response_id",
     "conversation",
-    "reasoning",
-    "include",
     "prompt",
-    "prompt_cache_key",
-    "prompt_cache_retention",
-    "safety_identifier",
     "service_tier",
     "top_logprobs",
     "stream_options",
     "background_options",
     "context_management",
 )
+
+
+# What `include` may ask for: the one extra output mlxq makes.
+INCLUDABLE = frozenset({"reasoning.encrypted_content"})
+
+
+def check_include(include: list[str] | None) -> None:
+    """Refuse, by name, an `include` value asking for output mlxq does not make."""
+    for value in include or []:
+        if value not in INCLUDABLE:
+            raise UnsupportedParameterError(
+                f"include '{value[:80]}' is not supported: only {', '.join(sorted(INCLUDABLE))} is",
+                param="include",
+            )
+
+
+SummaryLevel = Literal["auto", "concise", "detailed"]
+
+
+class ReasoningConfig(BaseModel):
+    """The request's `reasoning` (and the response's, echoed)."""
+
+    model_config = ConfigDict(extra="forbid")
+    effort: Effort | None = None
+    summary: SummaryLevel | None = None
+    generate_summary: SummaryLevel | None = None  # `summary`'s deprecated name
+    # Which turns' reasoning is rendered back: the model's chat template decides, as `auto` says.
+    context: Literal["auto", "current_turn", "all_turns"] | None = None
+    mode: Annotated[str, Field(max_length=64)] | None = None
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> ReasoningConfig:
+        if self.context not in (None, "auto"):
+            raise UnsupportedParameterError(
+                "reasoning.context is not supported: the chat template decides which turns' "
+                "reasoning it renders",
+                param="reasoning.context",
+            )
+        if self.mode not in (None, "standard"):
+            raise UnsupportedParameterError(
+                "reasoning.mode is not supported: one mode serves all", param="reasoning.mode"
+            )
+        return self
+
+    def control(self) -> ReasoningControl | None:
+        return None if self.effort is None else ReasoningControl.of_effort(self.effort)
 
 
 class JsonSchemaTextFormat(BaseModel):
@@ -101,6 +152,17 @@ TextFormatChoice = Annotated[
 class TextConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     format: TextFormatChoice = TextFormat(type="text")
+    # Its default passes; the models served have no verbosity setting.
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+    @model_validator(mode="after")
+    def _refuse_verbosity(self) -> TextConfig:
+        if self.verbosity not in (None, "medium"):
+            raise UnsupportedParameterError(
+                "text.verbosity is not supported: the models served have no verbosity setting",
+                param="text.verbosity",
+            )
+        return self
 
 
 class ResponsesRequest(BaseModel):
@@ -127,12 +189,14 @@ class ResponsesRequest(BaseModel):
     max_tool_calls: int | None = None
     previous_response_id: str | None = None
     conversation: Any = None
-    reasoning: Any = None
-    include: list[str] | None = None
+    reasoning: ReasoningConfig | None = None
+    include: Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=32)] | None = (
+        None
+    )
     prompt: Any = None
-    prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
-    safety_identifier: str | None = None
+    prompt_cache_key: Annotated[str, Field(max_length=1024)] | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    safety_identifier: Annotated[str, Field(max_length=256)] | None = None
     service_tier: str | None = None
     top_logprobs: int | None = None
     stream_options: Any = None
@@ -147,6 +211,7 @@ class ResponsesRequest(BaseModel):
                 raise UnsupportedParameterError(
                     f"'{name}' is not supported by this server", param=name
                 )
+        check_include(self.include)
         if self.background and not self.store:
             raise InvalidRequestError("background responses must be stored", param="store")
         self.grammar()  # refuse a schema that cannot be compiled, before anything is queued
@@ -178,6 +243,9 @@ class ResponsesRequest(BaseModel):
     def grammar(self) -> str | None:
         return self.text.format.grammar("text.format") if self.text is not None else None
 
+    def reasoning_control(self) -> ReasoningControl | None:
+        return self.reasoning.control() if self.reasoning is not None else None
+
     def chat_messages(self) -> list[ChatMessage]:
         messages = []
         if self.instructions:
@@ -185,7 +253,12 @@ class ResponsesRequest(BaseModel):
         if isinstance(self.input, str):
             messages.append(ChatMessage(role="user", content=self.input))
             return messages
+        reasoning: list[str] = []  # reasoning items waiting for the turn after them
         for item in self.input:
+            if isinstance(item, ReasoningItem):
+                text = item.reasoning()
+                reasoning += [text] if text else []
+                continue
             if isinstance(item, InputMessage):
                 messages.append(ChatMessage(role=item.role, content=item.text()))
             elif isinstance(item, FunctionCallOutput):
@@ -194,6 +267,8 @@ class ResponsesRequest(BaseModel):
                 )
             else:
                 add_call(messages, item)
+            add_reasoning(messages, reasoning)
+            reasoning = []
         return messages
 
 
@@ -279,7 +354,7 @@ class ResponseObject(BaseModel):
     output: list[OutputMessage | FunctionCallItem]
     parallel_tool_calls: bool = False
     previous_response_id: None = None
-    reasoning: None = None
+    reasoning: ReasoningConfig | None = None
     store: bool
     temperature: float
     text: TextConfig = TextConfig()
@@ -324,8 +399,7 @@ class RetrieveQuery(BaseModel):
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> RetrieveQuery:
-        if self.include:
-            raise UnsupportedParameterError("'include' is not supported", param="include")
+        check_include(self.include)
         if self.include_obfuscation:
             raise UnsupportedParameterError(
                 "stream obfuscation is not implemented", param="include_obfuscation"

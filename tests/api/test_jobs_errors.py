@@ -22,7 +22,7 @@ RESPONSES = "/v1/responses"
     [
         ("tools", [{"type": "web_search"}]),
         ("previous_response_id", "resp_x"),
-        ("reasoning", {"effort": "low"}),
+        ("conversation", "conv_1"),
         ("include", ["message.output_text.logprobs"]),
         ("max_tool_calls", 2),
     ],

@@ -16,7 +16,12 @@ from mlx_lm.sample_utils import LogitsProcessor
 
 from shared.queue.context_window import completion_budget
 from shared.queue.jobs import GenerationJob
-from shared.queue.prompt_tokens import ChatInput, chat_input, knows_developer_role
+from shared.queue.prompt_tokens import (
+    ChatInput,
+    job_chat_input,
+    knows_developer_role,
+    template_refused,
+)
 from shared.wire.errors import ContextLengthError, InvalidRequestError
 from worker.engine.model import LoadedModel
 from worker.engine.sequence.grammar import GrammarConstraint, Grammars
@@ -89,20 +94,22 @@ class Preparer:
 
     def prepare(self, job: GenerationJob) -> PreparedJob:
         """Tokenize the job and fix its limits; raises an InvalidRequestError if it cannot run."""
-        chat = None
-        if job.messages is not None:
-            chat = chat_input(
-                job.messages, job.tools, self._tool_format.in_template, self._developer_role
-            )
+        chat = job_chat_input(job, self._tool_format.in_template, self._developer_role)
         prompts = self._tokenize(job, chat)
         where = "messages" if job.messages is not None else "prompt"
         window = self._loaded.context_length
-        budget = min(completion_budget(len(p), job.max_tokens, window, where) for p in prompts)
+        ceiling = job.max_tokens_ceiling
+        budget = min(
+            completion_budget(len(p), job.max_tokens, window, where, ceiling=ceiling)
+            for p in prompts
+        )
         if job.max_tokens is None:
             budget = min(budget, self._default_max_tokens)
         if self._kv_window is not None:
             longest = max(len(p) for p in prompts)
-            budget = fit_kv(longest, job.max_tokens, budget, self._kv_window, where)
+            # A ceiling shrinks to what a row holds, as a budget nobody asked for does.
+            asked = None if ceiling else job.max_tokens
+            budget = fit_kv(longest, asked, budget, self._kv_window, where)
         choices = [
             self._choice(job, k * job.n + i, prompt=k, tokens=prompts[k])
             for k in range(len(prompts))
@@ -187,11 +194,17 @@ class Preparer:
     def _tokenize(self, job: GenerationJob, chat: ChatInput | None) -> list[list[int]]:
         tokenizer = self._loaded.tokenizer
         if chat is not None:
-            prompts: list[list[int]] = [
-                tokenizer.apply_chat_template(
-                    chat.messages, tools=chat.tools, add_generation_prompt=True
-                )
-            ]
+            try:
+                prompts: list[list[int]] = [
+                    tokenizer.apply_chat_template(
+                        chat.messages,
+                        tools=chat.tools,
+                        add_generation_prompt=True,
+                        **chat.variables,
+                    )
+                ]
+            except Exception as err:  # the template's own code, run on the client's variables
+                raise template_refused(err) from err
         else:
             prompts = [
                 tokenizer.encode(item) if isinstance(item, str) else item
@@ -217,6 +230,7 @@ class Preparer:
             [*earlier, {"role": last["role"], "content": ""}],
             tools=chat.tools,
             add_generation_prompt=False,
+            **chat.variables,
         )
         same = 0
         for a, b in zip(head, prompt, strict=False):
