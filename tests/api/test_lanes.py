@@ -52,12 +52,26 @@ def test_a_background_response_waits_in_the_background_lane(
 def test_slots_take_interactive_then_background_then_batch(
     redis: Redis, app_settings: Settings
 ) -> None:
+    """The order is stated here, by the queues' names (shared/queue/keys.py's layout), not read
+    back from `Keys.lanes`: swapping two lanes there makes the slots take in another order."""
     keys = Keys(app_settings.namespace)
+    ns = app_settings.namespace
+    queued: dict[str, str] = {}
     for lane in ("batch", "background", "interactive"):  # queued lowest first
-        rq_queue(redis, keys.lane(MODEL, lane)).enqueue_call(JOB_FUNCTION, args=({},))
-    _, bulk = make_slots(redis, keys, MODEL, f"{keys.ns}.1", count=2, interactive=1)
+        queue = rq_queue(redis, keys.lane(MODEL, lane))
+        queued[lane] = queue.enqueue_call(JOB_FUNCTION, args=({},)).id
+    _, bulk = make_slots(redis, keys, MODEL, f"{ns}.1", count=2, interactive=1)
     taken = [bulk.dequeue_job_and_maintain_ttl(None) for _ in range(3)]
-    assert [queue.name for _, queue in taken] == keys.lanes(MODEL)
+    assert [job.id for job, _ in taken] == [
+        queued["interactive"],
+        queued["background"],
+        queued["batch"],
+    ]
+    assert [queue.name for _, queue in taken] == [
+        f"{ns}.{MODEL}",
+        f"{ns}.{MODEL}.background",
+        f"{ns}.{MODEL}.batch",
+    ]
 
 
 def test_the_reserved_slots_take_interactive_jobs_only(
