@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ import pytest
 from tests.support import MODEL, chat_line
 
 KEY = "Idempotency-Key"
+REPLAYED = "Idempotent-Replayed"
 
 
 class LoseFirstAnswer(httpx2.BaseTransport):
@@ -113,28 +115,38 @@ def test_a_lost_background_response_retried_with_its_key_runs_once(
 def test_two_tries_at_once_with_one_key_create_one_batch(
     api_url: str, client: openai.OpenAI
 ) -> None:
+    """Of four tries sent together, one creates the batch; each other is either told the key is
+    in use (409, Retry-After) or, once the first has answered, given that answer again."""
     file_id = client.files.create(file=("in.jsonl", b"not json\n"), purpose="batch").id
     body = {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"}
     headers = _key()
-    answers: list[httpx.Response] = []
     start = threading.Barrier(4)
 
-    def attempt() -> None:
-        start.wait()
-        answers.append(httpx.post(f"{api_url}/v1/batches", json=body, headers=headers, timeout=30))
+    def attempt() -> httpx.Response:
+        start.wait(timeout=30)
+        return httpx.post(f"{api_url}/v1/batches", json=body, headers=headers, timeout=30)
 
-    threads = [threading.Thread(target=attempt) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    created = {a.json()["id"] for a in answers if a.status_code == 200}
-    assert len(created) == 1
-    assert {a.status_code for a in answers} <= {200, 409}
-    refused = {a.json()["error"]["code"] for a in answers if a.status_code == 409}
-    assert refused <= {"idempotency_key_in_use"}
+    with ThreadPoolExecutor(4) as pool:
+        tries = [pool.submit(attempt) for _ in range(4)]
+        answers = [t.result(timeout=60) for t in tries]  # a try's exception is raised here
+
+    assert len(answers) == 4
+    assert {a.status_code for a in answers} <= {200, 409}, [a.text for a in answers]
+    created = [a for a in answers if a.status_code == 200]
+    first = [a for a in created if REPLAYED not in a.headers]
+    assert len(first) == 1, [dict(a.headers) for a in created]
+    batch = first[0].json()
+    assert batch["object"] == "batch" and batch["input_file_id"] == file_id
+    for again in created:
+        assert again.content == first[0].content  # a replay is the first answer, byte for byte
+    for replay in (a for a in created if a is not first[0]):
+        assert replay.headers[REPLAYED] == "true"
+    for busy in (a for a in answers if a.status_code == 409):
+        assert busy.json()["error"]["code"] == "idempotency_key_in_use"
+        assert busy.json()["error"]["param"] == KEY
+        assert busy.headers["Retry-After"] == "1"
     ids = [b.id for b in client.batches.list(limit=100) if b.input_file_id == file_id]
-    assert ids == list(created)
+    assert ids == [batch["id"]]
 
 
 def test_a_message_retried_with_its_key_is_answered_once_and_a_changed_body_is_refused(
