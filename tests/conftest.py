@@ -42,7 +42,9 @@ HEARTBEAT_S = 0.5
 # Where the machine keeps its models and the GGUF, and how its BLAS runs: locations and speed,
 # not behaviour.
 KEPT = {"MLXQ_MODELS_DIR", "MLXQ_DEFAULT_GGUF", "MLXQ_OPENBLAS", "MLXQ_BLAS_THREADS"}
-# The skips a run may have, by the start of their reason: what a machine may lack.
+# The skips a run may have, by the start of their reason: what a machine may lack. NEEDS_NETNS is
+# given only where the kernel refuses a network namespace, with its errno
+# (tests/support.py `add_network_namespace`).
 ALLOWED_SKIPS = (NEEDS_NETNS,)
 _taken_out: list[str] = []
 

@@ -8,7 +8,10 @@ benchmarks use too.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -17,6 +20,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 from flask.testing import FlaskClient
 from httpx_sse import EventSource, connect_sse
 from openai.types import Batch
@@ -38,9 +42,12 @@ from worker.gguf.default_model import DEFAULT_MODEL_NAME
 MODEL = DEFAULT_MODEL_NAME
 # The end-to-end clusters' environment: the real engine, whatever the defaults become.
 REAL_ENGINE = {"MLXQ_ENGINE": "mlx"}
-# The one skip the test command allows (tests/conftest.py): a machine that cannot make network
-# namespaces cannot run tests/e2e/faults/test_remote_worker.py.
+# The one skip the test command allows (tests/conftest.py): a machine whose kernel refuses to make
+# network namespaces cannot run tests/e2e/faults/test_remote_worker.py (`add_network_namespace`).
 NEEDS_NETNS = "needs network namespaces"
+# How the kernel refuses a process the right to make one (an unprivileged user, a container
+# without CAP_SYS_ADMIN): `ip` prints the strerror of one of these.
+_REFUSALS = (errno.EPERM, errno.EACCES)
 STAND_IN = "stand-in.1"  # the worker id of `stand_in_worker`
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -245,3 +252,23 @@ def flush_namespace(redis: Redis, namespace: str) -> None:
     doomed |= rq_keys
     if doomed:
         redis.delete(*doomed)
+
+
+# Network namespaces
+
+
+def add_network_namespace(name: str) -> None:
+    """`ip netns add name`. Where the kernel refuses (EPERM, EACCES: `ip` says "Operation not
+    permitted" or "Permission denied") the test is skipped with NEEDS_NETNS and the error number;
+    any other failure, a missing `ip` included, fails it."""
+    done = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if done.returncode == 0:
+        return
+    said = done.stderr.strip()
+    for number in _REFUSALS:
+        if os.strerror(number) in said:
+            code = errno.errorcode[number]
+            pytest.skip(
+                f"{NEEDS_NETNS}: the kernel refused `ip netns add` (errno {number}, {code}): {said}"
+            )
+    raise AssertionError(f"`ip netns add {name}` failed (exit {done.returncode}): {said}")

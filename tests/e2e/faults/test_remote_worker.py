@@ -14,7 +14,6 @@ finds its tombstone and exits rather than finish the job a second time.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,8 +28,8 @@ import pytest
 
 from shared.queue.liveness import LIVE_FACTOR
 from shared.wire.events import DoneEvent, RequeuedEvent, decode_event
-from tests.e2e.faults.conftest import holder
-from tests.support import CHAT, MODEL, NEEDS_NETNS, Stream, chat_body, rq_job
+from tests.e2e.faults.conftest import holder, started_ids
+from tests.support import CHAT, MODEL, Stream, add_network_namespace, chat_body, rq_job
 from worker.ops.cluster import ROOT, Cluster, Worker, free_port, wait_until
 from worker.runtime.serve import EXIT_BURIED
 
@@ -52,14 +51,9 @@ class Link:
 
 @pytest.fixture(scope="module")
 def link() -> Iterator[Link]:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip(f"{NEEDS_NETNS}: root and iproute2's `ip`")
     tag = f"mq{os.getpid() % 100000}"
     link = Link(f"{tag}ns", f"{tag}h")
-    try:
-        subprocess.run(["ip", "netns", "add", link.namespace], check=True, capture_output=True)
-    except subprocess.CalledProcessError as err:
-        pytest.skip(f"{NEEDS_NETNS}: `ip netns add` failed: {err.stderr.decode().strip()}")
+    add_network_namespace(link.namespace)  # skips only where the kernel refuses
     try:
         inside = f"{tag}n"
         link.ip("link", "add", link.host_side, "type", "veth", "peer", "name", inside)
@@ -133,7 +127,7 @@ def test_a_rolling_restart_of_the_remote_worker_loses_no_request(
     with ThreadPoolExecutor(1) as pool:
         load = pool.submit(_requests_until, cluster, stop)
         try:  # a failure here must still stop the load, or the pool waits for it for good
-            time.sleep(1)
+            wait_until(lambda: started_ids(cluster), 60, "the load to run")
             old.proc.send_signal(signal.SIGTERM)  # it drains its jobs, then exits
             assert old.proc.wait(timeout=90) == 0
             cluster.workers.remove(old)
