@@ -18,6 +18,7 @@ from shared.observe.fleet import WorkerStats, publish_stats, read_snapshot
 from shared.observe.metrics import JobRecord, ModelFigures, record_job
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
+from worker.ops.cluster import wait_until
 
 MODEL = "fleet-model"
 HEARTBEAT_S = 0.5
@@ -90,9 +91,12 @@ def test_a_live_worker_is_listed_with_its_slots_and_a_dead_one_never_is(
     }
 
     presence.close()  # the process dies: its connection closes
-    time.sleep(0.1)
+    wait_until(
+        lambda: read_snapshot(redis, keys, HEARTBEAT_S, now=now).workers == [],
+        5,
+        "the closed presence to take the worker off the list",
+    )
     after = read_snapshot(redis, keys, HEARTBEAT_S, now=now)
-    assert after.workers == []
     assert after.models[0].slots_used == 0
 
 
@@ -164,9 +168,10 @@ def test_metrics_and_fleet_need_the_key_and_the_page_does_not(settings: Settings
     auth = {"Authorization": "Bearer sk-k1"}
     assert http.get("/metrics", headers=auth).status_code == 200
     assert http.get("/v1/fleet", headers=auth).status_code == 200
-    page = http.get("/")
+    # Files are sent from an open file a server closes; `buffered` reads and closes them here.
+    page = http.get("/", buffered=True)
     assert page.status_code == 200
-    assert http.get("/static/js/main.js").status_code == 200
+    assert http.get("/static/js/main.js", buffered=True).status_code == 200
     csp = page.headers["Content-Security-Policy"]
     assert "script-src 'self';" in csp and "unsafe-inline" not in csp
     assert page.headers["X-Content-Type-Options"] == "nosniff"

@@ -16,6 +16,7 @@ import pytest
 
 from shared.queue.jobs import JOB_FUNCTION, GenerationJob, JobLimits
 from shared.wire.events import DoneEvent, ErrorEvent, Event, decode_event
+from tests.e2e.faults.conftest import started_ids
 from tests.support import MODEL, chat_body, post, rq_job, rq_queue
 from worker.ops.cluster import Cluster, wait_until
 
@@ -53,7 +54,7 @@ def test_a_generation_past_its_run_limit_ends_with_length_and_a_queued_job_past_
 ) -> None:
     with ThreadPoolExecutor(1) as pool:
         long = pool.submit(post, cluster.api_url, CHAT, chat_body(max_tokens=2000))
-        time.sleep(0.3)
+        wait_until(lambda: len(started_ids(cluster)) == 1, 10, "the long job to hold the slot")
         late = post(cluster.api_url, CHAT, chat_body(max_tokens=4))  # behind it, one slot
         reply = long.result(timeout=60)
 
