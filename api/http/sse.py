@@ -32,12 +32,17 @@ _SLOT_JSON = json.dumps(_SLOT).encode()
 def token_framer(template: Callable[[TokenEvent], BaseModel]) -> Callable[[TokenEvent], bytes]:
     """A fast `frame(template(event))` for the per-token path: the payload of a plain token is
     rendered once with a placeholder, and each token only JSON-escapes its own text between the
-    halves. A token that carries log probabilities or pieces of tool calls, or belongs to a
-    choice other than the first, is rendered whole."""
+    halves. A token that carries reasoning, log probabilities or pieces of tool calls, or belongs
+    to a choice other than the first, is rendered whole."""
     prefix, suffix = frame(template(TokenEvent(text=_SLOT))).split(_SLOT_JSON)
 
     def framed(event: TokenEvent) -> bytes:
-        if event.logprobs is not None or event.call_deltas is not None or event.index is not None:
+        if (
+            event.reasoning is not None
+            or event.logprobs is not None
+            or event.call_deltas is not None
+            or event.index is not None
+        ):
             return frame(template(event))
         return prefix + json.dumps(event.text, ensure_ascii=False).encode() + suffix
 

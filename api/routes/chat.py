@@ -76,6 +76,9 @@ def stream_chat(running: RunningJob, req: ChatCompletionRequest) -> Iterator[byt
         index = event.index or 0
         logprobs = None if event.logprobs is None else ChoiceLogprobs(content=event.logprobs)
         delta = ChunkDelta(content=event.text)
+        if event.reasoning is not None:
+            delta.reasoning_content = delta.reasoning = event.reasoning
+            delta.content = event.text or None
         if event.call_deltas:  # the calls as they are written (their whole forms add nothing)
             delta.tool_calls = event.call_deltas
             delta.content = event.text or None

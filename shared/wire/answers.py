@@ -26,16 +26,23 @@ from shared.wire.tools import ToolCall, ToolCallDelta
 
 
 class AssistantMessage(BaseModel):
+    """The answer's message. A reasoning model's reasoning goes out under both names clients
+    read: `reasoning_content` (DeepSeek's API, llama.cpp) and `reasoning` (vLLM, OpenRouter,
+    Ollama, mlx_lm.server); each is left out when the model did not reason."""
+
     role: Literal["assistant"] = "assistant"
     content: str | None
     refusal: None = None
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @model_serializer(mode="wrap")
-    def _tool_calls_only_when_made(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _extras_only_when_made(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        if data.get("tool_calls") is None:
-            data.pop("tool_calls", None)
+        for name in ("tool_calls", "reasoning_content", "reasoning"):
+            if data.get(name) is None:
+                data.pop(name, None)
         return data
 
 
@@ -62,6 +69,8 @@ class ChunkDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None  # the reasoning under both names (AssistantMessage)
+    reasoning: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer(mode="wrap")
@@ -114,9 +123,14 @@ class Transcript:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    reasoning_parts: list[str] | None = None  # set once the model reasons
 
     def add(self, event: TokenEvent) -> None:
         self.parts.append(event.text)
+        if event.reasoning:
+            if self.reasoning_parts is None:
+                self.reasoning_parts = []
+            self.reasoning_parts.append(event.reasoning)
         if event.logprobs:
             self.logprobs.extend(event.logprobs)
         if event.tool_calls:
@@ -125,6 +139,10 @@ class Transcript:
     @property
     def text(self) -> str:
         return "".join(self.parts)
+
+    @property
+    def reasoning(self) -> str | None:
+        return None if self.reasoning_parts is None else "".join(self.reasoning_parts)
 
 
 @dataclass
@@ -171,9 +189,16 @@ def _chat_choice(req: ChatCompletionRequest, index: int, got: Transcript) -> Cha
     text = got.text
     # A choice that calls tools has no content unless the model also wrote something.
     content = None if got.tool_calls and not text.strip() else text
+    reasoning = got.reasoning
+    message = AssistantMessage(
+        content=content,
+        tool_calls=got.tool_calls or None,
+        reasoning_content=reasoning,
+        reasoning=reasoning,
+    )
     return ChatChoice(
         index=index,
-        message=AssistantMessage(content=content, tool_calls=got.tool_calls or None),
+        message=message,
         finish_reason=got.finish_reason or "stop",
         logprobs=ChoiceLogprobs(content=got.logprobs) if req.logprobs else None,
     )

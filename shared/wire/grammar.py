@@ -4,7 +4,8 @@ into a grammar the worker constrains decoding with.
 The grammar engine is llguidance (MIT, the one vLLM, llama.cpp and SGLang use): a JSON schema
 becomes a grammar here, on the API side, where a schema llguidance cannot honour is refused with
 a 400 naming the parameter before anything is queued. The job carries the grammar as text; the
-worker compiles it against its tokenizer (worker/engine/grammar.py). Both sides cache by text.
+worker compiles it against its tokenizer (worker/engine/sequence/grammar.py). Both sides cache by
+text.
 """
 
 from __future__ import annotations

@@ -3,10 +3,15 @@ each translated from what the chat side already has (the chat completion built b
 shared/wire/answers.py, a job's events, an mlxq error).
 
 The stream (`MessageStream`) turns a job's events into Anthropic's sequence: `message_start`,
-then per content block `content_block_start`, its deltas (`text_delta`, `input_json_delta`) and
-`content_block_stop`, then `message_delta` (stop reason and usage) and `message_stop`. A text
-block is opened only for text with something visible in it, so a forced tool call, whose text
-is empty, is one `tool_use` block, as Anthropic sends it.
+then per content block `content_block_start`, its deltas (`thinking_delta`, `text_delta`,
+`input_json_delta`) and `content_block_stop`, then `message_delta` (stop reason and usage) and
+`message_stop`. A text block is opened only for text with something visible in it, so a forced
+tool call, whose text is empty, is one `tool_use` block, as Anthropic sends it.
+
+A reasoning model's reasoning is a `thinking` block before the others; it closes with a
+`signature_delta` whose signature is opaque and never empty (shared/wire/reasoning_blob.py:
+it carries the thinking itself, so a block sent back on the next turn gives it to the
+template).
 
 Usage follows Anthropic's accounting: `input_tokens` are the prompt tokens computed for this
 request, `cache_read_input_tokens` those the worker's prefix cache already held; the prompt is
@@ -25,6 +30,7 @@ from shared.wire.answers import ChatCompletion
 from shared.wire.completions import FinishReason, Usage
 from shared.wire.errors import ErrorDetail
 from shared.wire.events import DoneEvent, TokenEvent
+from shared.wire.reasoning_blob import encode_reasoning_blob
 from shared.wire.tools import ToolCall, ToolCallDelta
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
@@ -36,6 +42,12 @@ class TextContent(BaseModel):
     citations: None = None
 
 
+class ThinkingContent(BaseModel):
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str
+
+
 class ToolUseContent(BaseModel):
     type: Literal["tool_use"] = "tool_use"
     id: str
@@ -43,7 +55,7 @@ class ToolUseContent(BaseModel):
     input: dict[str, Any]
 
 
-Content = Annotated[TextContent | ToolUseContent, Field(discriminator="type")]
+Content = Annotated[ThinkingContent | TextContent | ToolUseContent, Field(discriminator="type")]
 
 
 class MessageUsage(BaseModel):
@@ -100,7 +112,10 @@ def tool_use(call: ToolCall) -> ToolUseContent:
 def message(completion: ChatCompletion, done: DoneEvent) -> Message:
     """The message of a finished job, from the chat completion built of its events."""
     answer = completion.choices[0].message
-    content: list[TextContent | ToolUseContent] = []
+    content: list[ThinkingContent | TextContent | ToolUseContent] = []
+    if answer.reasoning is not None:
+        signature = encode_reasoning_blob(answer.reasoning)
+        content.append(ThinkingContent(thinking=answer.reasoning, signature=signature))
     if answer.content and answer.content.strip():  # as the stream: no block of blank text
         content.append(TextContent(text=answer.content))
     content.extend(tool_use(call) for call in answer.tool_calls or [])
@@ -138,10 +153,22 @@ class InputJsonDelta(BaseModel):
     partial_json: str
 
 
+class ThinkingDelta(BaseModel):
+    type: Literal["thinking_delta"] = "thinking_delta"
+    thinking: str
+
+
+class SignatureDelta(BaseModel):
+    type: Literal["signature_delta"] = "signature_delta"
+    signature: str
+
+
 class ContentBlockDelta(BaseModel):
     type: Literal["content_block_delta"] = "content_block_delta"
     index: int
-    delta: Annotated[TextDelta | InputJsonDelta, Field(discriminator="type")]
+    delta: Annotated[
+        TextDelta | InputJsonDelta | ThinkingDelta | SignatureDelta, Field(discriminator="type")
+    ]
 
 
 class ContentBlockStop(BaseModel):
@@ -196,6 +223,7 @@ class MessageStream:
     # later pieces carry), to the content block it writes.
     streamed: dict[str, int] = field(default_factory=dict)
     call_blocks: dict[int, int] = field(default_factory=dict)
+    thinking: list[str] | None = None  # the open thinking block's text so far
 
     def opening(self, prompt_tokens: int) -> list[StreamEvent]:
         usage = MessageUsage(input_tokens=prompt_tokens, output_tokens=0)
@@ -203,7 +231,10 @@ class MessageStream:
         return [MessageStart(message=start), Ping()]
 
     def feed(self, event: TokenEvent) -> list[StreamEvent]:
-        events = self._text(event.text) if event.text else []
+        events = self._think(event.reasoning) if event.reasoning else []
+        if event.text or event.call_deltas or event.tool_calls:
+            events += self._close_thinking()
+        events += self._text(event.text) if event.text else []
         for piece in event.call_deltas or []:
             events.extend(self._piece(piece))
         for call in event.tool_calls or []:
@@ -213,14 +244,38 @@ class MessageStream:
     def continues_text(self, event: TokenEvent) -> bool:
         """Whether the token only adds text to the open text block: one `text_delta` of the
         block `blocks - 1` (the per-token case, which the route frames fast)."""
-        return self.text_open and bool(event.text) and not (event.tool_calls or event.call_deltas)
+        return (
+            self.text_open
+            and bool(event.text)
+            and not (event.tool_calls or event.call_deltas or event.reasoning)
+        )
 
     def closing(self, done: DoneEvent) -> list[StreamEvent]:
-        events = self._close_text()
+        events = self._close_thinking() + self._close_text()
         reason = stop_reason(done.finish_reason, done.stop_sequence)
         delta = StopDelta(stop_reason=reason, stop_sequence=done.stop_sequence)
         events += [MessageDelta(delta=delta, usage=message_usage(done.usage)), MessageStop()]
         return events
+
+    def _think(self, reasoning: str) -> list[StreamEvent]:
+        events: list[StreamEvent] = []
+        if self.thinking is None:
+            self.thinking = []
+            block = ThinkingContent(thinking="", signature="")
+            events.append(ContentBlockStart(index=self.blocks, content_block=block))
+            self.blocks += 1
+        self.thinking.append(reasoning)
+        delta = ThinkingDelta(thinking=reasoning)
+        return [*events, ContentBlockDelta(index=self.blocks - 1, delta=delta)]
+
+    def _close_thinking(self) -> list[StreamEvent]:
+        """The thinking block ends when anything else begins: its signature, then its stop."""
+        if self.thinking is None:
+            return []
+        signature = SignatureDelta(signature=encode_reasoning_blob("".join(self.thinking)))
+        self.thinking = None
+        index = self.blocks - 1
+        return [ContentBlockDelta(index=index, delta=signature), ContentBlockStop(index=index)]
 
     def _text(self, text: str) -> list[StreamEvent]:
         events: list[StreamEvent] = []

@@ -6,9 +6,13 @@ event log, so a stream resumed from any API process (`starting_after=N`) numbers
 exactly as the original stream did:
 
     opening       response.created (+ response.queued for a background response)
-    StartedEvent  response.in_progress, response.output_item.added, response.content_part.added
-    TokenEvent    response.output_text.delta (when it has text); for a tool call it began, a
-                  function_call item (output_index 1, 2, ...): response.output_item.added; for
+    StartedEvent  response.in_progress, response.output_item.added, response.content_part.added;
+                  for a model that reasons, first a reasoning item (output_index 0, the message
+                  then at 1): response.output_item.added
+    TokenEvent    response.reasoning_text.delta (its reasoning), closed when text, a call or
+                  the end comes (response.reasoning_text.done, response.output_item.done);
+                  response.output_text.delta (when it has text); for a tool call it began, a
+                  function_call item (after the message): response.output_item.added; for
                   each piece of a call's arguments, response.function_call_arguments.delta; for
                   a call it completed, response.function_call_arguments.done and
                   response.output_item.done
@@ -42,8 +46,8 @@ from shared.wire.events import (
     StartedEvent,
     TokenEvent,
 )
-from shared.wire.response_items import FunctionCallItem
-from shared.wire.response_state import Progress, call_item, render
+from shared.wire.response_items import FunctionCallItem, ItemStatus, ReasoningItem
+from shared.wire.response_state import Progress, call_item, reasoning_item, render
 from shared.wire.responses import (
     OutputMessage,
     OutputText,
@@ -70,8 +74,28 @@ class LifecycleEvent(BaseModel):
 class OutputItemEvent(BaseModel):
     type: Literal["response.output_item.added", "response.output_item.done"]
     output_index: int = 0
-    item: OutputMessage | FunctionCallItem
+    item: ReasoningItem | OutputMessage | FunctionCallItem
     sequence_number: int
+
+
+class ReasoningTextEvent(BaseModel):
+    """A piece of the reasoning as it is written (`delta`), or all of it once it ends (`text`)."""
+
+    type: Literal["response.reasoning_text.delta", "response.reasoning_text.done"]
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    delta: str | None = None
+    text: str | None = None
+    sequence_number: int
+
+    @model_serializer(mode="wrap")
+    def _one_of_delta_and_text(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in ("delta", "text"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
 
 
 class ArgumentsEvent(BaseModel):
@@ -126,6 +150,7 @@ class TextDoneEvent(BaseModel):
 StreamEvent = Annotated[
     LifecycleEvent
     | OutputItemEvent
+    | ReasoningTextEvent
     | ArgumentsEvent
     | ContentPartEvent
     | TextDeltaEvent
@@ -147,6 +172,7 @@ class ResponseStream:
         self.progress = Progress()
         self._seq = -1
         self._call_item_ids: dict[int, str] = {}  # by call index: the items of calls begun
+        self._reasoning_open = False  # the reasoning item is open (its model reasons)
 
     def _next(self) -> int:
         self._seq += 1
@@ -169,12 +195,17 @@ class ResponseStream:
         match event:
             case StartedEvent():
                 return self._started()
-            case TokenEvent(text=text, call_deltas=deltas, tool_calls=calls):
-                found: list[StreamEvent] = []
+            case TokenEvent(text=text, call_deltas=deltas, tool_calls=calls, reasoning=reasoning):
+                found = self._reasoning(reasoning) if reasoning else []
+                if text or deltas or calls:
+                    found += self._close_reasoning()
                 if text:
                     found.append(
                         TextDeltaEvent(
-                            item_id=self._item_id, delta=text, sequence_number=self._next()
+                            item_id=self._item_id,
+                            output_index=self.progress.first_index,
+                            delta=text,
+                            sequence_number=self._next(),
                         )
                     )
                 found += [e for piece in deltas or [] for e in self._call_piece(piece)]
@@ -191,7 +222,7 @@ class ResponseStream:
     def _call_piece(self, piece: ToolCallDelta) -> list[StreamEvent]:
         """A piece of a call being written: a call's first one opens its function_call item
         (after the message, at output_index 0), and each piece's arguments are a delta."""
-        index = 1 + piece.index
+        index = self.progress.first_index + 1 + piece.index
         found: list[StreamEvent] = []
         if piece.id is not None:
             begun = FunctionCall(name=piece.function.name or "", arguments="")
@@ -223,7 +254,7 @@ class ResponseStream:
         found: list[StreamEvent] = []
         earlier = len(self.progress.calls) - len(calls)  # progress has taken these in already
         for j, call in enumerate(calls):
-            index = 1 + earlier + j
+            index = self.progress.first_index + 1 + earlier + j
             item = call_item(call, "completed")
             found += [
                 ArgumentsEvent(
@@ -244,16 +275,59 @@ class ResponseStream:
 
     def _started(self) -> list[StreamEvent]:
         item = OutputMessage(id=self._item_id, status="in_progress", content=[])
+        index = self.progress.first_index
+        found: list[StreamEvent] = [self._lifecycle("response.in_progress", "in_progress")]
+        if self.progress.reasoning is not None:
+            self._reasoning_open = True
+            thought = ReasoningItem(id=self._stored.reasoning_id(), status="in_progress")
+            found.append(
+                OutputItemEvent(
+                    type="response.output_item.added", item=thought, sequence_number=self._next()
+                )
+            )
         return [
-            self._lifecycle("response.in_progress", "in_progress"),
+            *found,
             OutputItemEvent(
-                type="response.output_item.added", item=item, sequence_number=self._next()
+                type="response.output_item.added",
+                output_index=index,
+                item=item,
+                sequence_number=self._next(),
             ),
             ContentPartEvent(
                 type="response.content_part.added",
                 item_id=self._item_id,
+                output_index=index,
                 part=OutputText(text=""),
                 sequence_number=self._next(),
+            ),
+        ]
+
+    def _reasoning(self, reasoning: str) -> list[StreamEvent]:
+        if not self._reasoning_open:
+            return []  # reasoning after the answer began: kept in the item, not streamed
+        delta = ReasoningTextEvent(
+            type="response.reasoning_text.delta",
+            item_id=self._stored.reasoning_id(),
+            delta=reasoning,
+            sequence_number=self._next(),
+        )
+        return [delta]
+
+    def _close_reasoning(self, status: ItemStatus = "completed") -> list[StreamEvent]:
+        if not self._reasoning_open:
+            return []
+        self._reasoning_open = False
+        text = "".join(self.progress.reasoning or [])
+        item = reasoning_item(self._stored, text, status)
+        return [
+            ReasoningTextEvent(
+                type="response.reasoning_text.done",
+                item_id=item.id or "",
+                text=text,
+                sequence_number=self._next(),
+            ),
+            OutputItemEvent(
+                type="response.output_item.done", item=item, sequence_number=self._next()
             ),
         ]
 
@@ -265,16 +339,27 @@ class ResponseStream:
         )
         item = OutputMessage(id=self._item_id, status=item_status, content=[OutputText(text=text)])
         kind = "response.completed" if status == "completed" else "response.incomplete"
+        index = self.progress.first_index
         return [
-            TextDoneEvent(item_id=self._item_id, text=text, sequence_number=self._next()),
+            *self._close_reasoning(item_status),
+            TextDoneEvent(
+                item_id=self._item_id,
+                output_index=index,
+                text=text,
+                sequence_number=self._next(),
+            ),
             ContentPartEvent(
                 type="response.content_part.done",
                 item_id=self._item_id,
+                output_index=index,
                 part=OutputText(text=text),
                 sequence_number=self._next(),
             ),
             OutputItemEvent(
-                type="response.output_item.done", item=item, sequence_number=self._next()
+                type="response.output_item.done",
+                output_index=index,
+                item=item,
+                sequence_number=self._next(),
             ),
             self._lifecycle(kind, status),
         ]

@@ -24,7 +24,8 @@ from shared.wire.events import (
     StartedEvent,
     TokenEvent,
 )
-from shared.wire.response_items import FunctionCallItem
+from shared.wire.reasoning_blob import encode_reasoning_blob
+from shared.wire.response_items import FunctionCallItem, ItemStatus, ReasoningItem, ReasoningText
 from shared.wire.responses import (
     IncompleteDetails,
     OutputMessage,
@@ -48,11 +49,14 @@ class Progress:
     calls: list[ToolCall] = field(default_factory=list)
     done: DoneEvent | None = None
     error: ErrorDetail | None = None
+    # The reasoning so far, for a job whose model keeps it apart (None: no reasoning item).
+    reasoning: list[str] | None = None
 
     @classmethod
     def finished(cls, got: Transcript, done: DoneEvent) -> Progress:
         """A job that ran to its end, from what it produced (a response's one choice)."""
-        return cls(started=True, parts=[got.text], calls=list(got.tool_calls), done=done)
+        reasoning = None if got.reasoning is None else [got.reasoning]
+        return cls(True, [got.text], list(got.tool_calls), done, reasoning=reasoning)
 
     @classmethod
     def of(cls, events: list[Event]) -> Progress:
@@ -63,11 +67,15 @@ class Progress:
 
     def feed(self, event: Event) -> None:
         match event:
-            case StartedEvent():
+            case StartedEvent(reasoning=reasoning):
                 self.started = True
-            case TokenEvent(text=text, tool_calls=calls):
+                if reasoning:
+                    self.reasoning = []
+            case TokenEvent(text=text, tool_calls=calls, reasoning=reasoning):
                 self.parts.append(text)
                 self.calls.extend(calls or [])
+                if reasoning:
+                    self.reasoning = [*(self.reasoning or []), reasoning]
             case DoneEvent():
                 self.done = event
             case ErrorEvent(error=error):
@@ -80,6 +88,7 @@ class Progress:
                 self.calls.clear()
                 self.done = None
                 self.error = None
+                self.reasoning = None
 
     @property
     def final(self) -> bool:
@@ -87,6 +96,11 @@ class Progress:
 
     def text(self) -> str:
         return "".join(self.parts)
+
+    @property
+    def first_index(self) -> int:
+        """The message's place among the output items: after the reasoning item, if any."""
+        return 0 if self.reasoning is None else 1
 
     def status(self) -> ResponseStatus:
         """The status the events alone give (queued: no event yet)."""
@@ -150,6 +164,19 @@ def call_item(call: ToolCall, status: Literal["in_progress", "completed"]) -> Fu
     )
 
 
+def reasoning_item(stored: StoredResponse, text: str, status: ItemStatus) -> ReasoningItem:
+    """The reasoning as the Responses API's reasoning item. With `include:
+    ["reasoning.encrypted_content"]`, its `encrypted_content` carries the text back when a client
+    passes the item in again (shared/wire/reasoning_blob.py), as Codex does with `store: false`."""
+    wanted = "reasoning.encrypted_content" in (stored.request.include or [])
+    return ReasoningItem(
+        id=stored.reasoning_id(),
+        content=[ReasoningText(text=text)],
+        encrypted_content=encode_reasoning_blob(text) if wanted else None,
+        status=status,
+    )
+
+
 def render(
     stored: StoredResponse,
     progress: Progress,
@@ -157,13 +184,16 @@ def render(
     queue_position: int | None = None,
 ) -> ResponseObject:
     req = stored.request
-    output: list[OutputMessage | FunctionCallItem] = []
+    output: list[ReasoningItem | OutputMessage | FunctionCallItem] = []
     if progress.started:
-        item_status: Literal["in_progress", "completed", "incomplete"] = (
+        item_status: ItemStatus = (
             "completed"
             if status == "completed"
             else ("in_progress" if status == "in_progress" else "incomplete")
         )
+        if progress.reasoning is not None:
+            thought = "".join(progress.reasoning)
+            output.append(reasoning_item(stored, thought, item_status))
         content = [OutputText(text=progress.text())]
         output.append(OutputMessage(id=stored.item_id(), status=item_status, content=content))
         output.extend(call_item(call, "completed") for call in progress.calls)
@@ -190,6 +220,7 @@ def render(
         tool_choice=req.tool_choice or "auto",
         parallel_tool_calls=req.parallel_tool_calls is not False and bool(req.tools),
         top_p=req.top_p,
+        reasoning=req.reasoning,
         usage=ResponseUsage.of(progress.done.usage) if progress.done else None,
         user=req.user,
         metadata=req.metadata or {},

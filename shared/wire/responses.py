@@ -283,6 +283,9 @@ class StoredResponse(BaseModel):
     def item_id(self) -> str:
         return "msg_" + self.id.removeprefix("resp_")
 
+    def reasoning_id(self) -> str:
+        return "rs_" + self.id.removeprefix("resp_")
+
 
 class OutputText(BaseModel):
     type: Literal["output_text"] = "output_text"
@@ -351,7 +354,7 @@ class ResponseObject(BaseModel):
     instructions: str | None
     max_output_tokens: int | None
     model: str
-    output: list[OutputMessage | FunctionCallItem]
+    output: list[ReasoningItem | OutputMessage | FunctionCallItem]
     parallel_tool_calls: bool = False
     previous_response_id: None = None
     reasoning: ReasoningConfig | None = None
