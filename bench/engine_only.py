@@ -33,7 +33,6 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
 from shared.queue.config import Settings
-from worker.engine.cpu import exponentials as cpu_exp
 from worker.engine.cpu import matvec
 from worker.engine.model import load_model
 
@@ -93,20 +92,13 @@ def forward(model: Any, request: dict[str, Any]) -> dict[str, float]:
     return {"tokens_per_s": batch / step_s, "step_ms": step_s * 1e3, "spread": spread}
 
 
-def _swap(swaps: list[tuple[Any, str, Any, Any]], mlxq: bool) -> None:
-    for owner, name, theirs, ours in swaps:
-        setattr(owner, name, ours if mlxq else theirs)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
     args = parser.parse_args()
     model, tokenizer = load(args.model)
+    # mlxq's fast paths are hooked onto this model alone: `model` keeps mlx-lm's forward.
     fastest = load_model(args.model, native=matvec.folder(Settings().models_dir)).model
-    # mlxq's exponentials are swapped in process-wide: only while its forward runs.
-    swaps = cpu_exp.swaps(fastest)
-    _swap(swaps, mlxq=False)
     # The same warm-up as every server gets: a real generation, then a few forward steps.
     engine(model, tokenizer, {"batch": 1, "prompts": [WARMUP], "max_tokens": 8})
     print(json.dumps({"ready": True}), flush=True)
@@ -115,9 +107,7 @@ def main() -> None:
         if request["op"] == "engine":
             answer = engine(model, tokenizer, request)
         else:
-            _swap(swaps, mlxq=True)
             answer = forward(fastest, request)
-            _swap(swaps, mlxq=False)
         print(json.dumps(answer), flush=True)
 
 

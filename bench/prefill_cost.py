@@ -9,8 +9,9 @@ Engine only, OpenBLAS preloaded as a worker runs. Two tables, as JSON:
   softmax included) and MLX's SiLU, against the CPU prefill's NumPy attention and SiLU
   (worker/engine/cpu/exponentials.py).
 - `prompts`: the time to a first token of one prompt of each length (512-token chunks, then
-  the last token's forward), with MLX's own functions and with the CPU prefill, in interleaved
-  rounds (each round in the other order), with the greedy first token of each (they must agree).
+  the last token's forward), on the model loaded with MLX's own functions and on the model
+  loaded with the CPU prefill, in interleaved rounds (each round in the other order), with the
+  greedy first token of each (they must agree).
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import mlx.core as mx
+from mlx_lm.models import activations
 from mlx_lm.models.cache import make_prompt_cache
 
 from bench.systems import rerun_with_openblas
 from shared.queue.config import Settings
 from worker.engine.batch.token_batch import PREFILL_CHUNK
 from worker.engine.cpu import exponentials as cpu_exp
-from worker.engine.model import load_model
+from worker.engine.model import Routes, load_model
 
 CHUNK, WIDTH, HEADS, GROUPS, DIM, HIDDEN = 512, 576, 9, 3, 64, 1536  # SmolLM2-135M
 
@@ -73,9 +75,9 @@ def parts() -> dict[str, float]:
 
     return {
         "weight matrices (7)": _median_ms(matrices),
-        "attention, MLX": _median_ms(attention(cpu_exp._mlx_attention)),
+        "attention, MLX": _median_ms(attention(mx.fast.scaled_dot_product_attention)),
         "attention, CPU prefill": _median_ms(attention(cpu_exp.attention)),
-        "swiglu, MLX": _median_ms(lambda: cpu_exp._mlx_swiglu(gate, gate)),
+        "swiglu, MLX": _median_ms(lambda: activations.swiglu(gate, gate)),
         "swiglu, CPU prefill": _median_ms(lambda: cpu_exp.swiglu(gate, gate)),
     }
 
@@ -89,8 +91,8 @@ def first_token(model: Any, prompt: list[int]) -> int:
     return cast(int, mx.argmax(logits).item())
 
 
-def prompts(model: Any, lengths: list[int], rounds: int) -> list[dict[str, Any]]:
-    swaps = cpu_exp.swaps(model)
+def prompts(models: dict[str, Any], lengths: list[int], rounds: int) -> list[dict[str, Any]]:
+    """`models`: the model with MLX's own functions ("mlx") and with the CPU prefill."""
     rows = []
     for length in lengths:
         rng = random.Random(length)
@@ -100,10 +102,8 @@ def prompts(model: Any, lengths: list[int], rounds: int) -> list[dict[str, Any]]
         for round_ in range(rounds):
             order = ["mlx", "cpu prefill"][:: 1 if round_ % 2 == 0 else -1]
             for kind in order:
-                for owner, name, theirs, ours in swaps:
-                    setattr(owner, name, ours if kind == "cpu prefill" else theirs)
                 started = time.perf_counter()
-                tokens[kind] = first_token(model, prompt)
+                tokens[kind] = first_token(models[kind], prompt)
                 got[kind].append(time.perf_counter() - started)
         mlx, ours = (statistics.median(got[k]) for k in ("mlx", "cpu prefill"))
         rows.append(
@@ -124,12 +124,16 @@ def main() -> None:
     parser.add_argument("--lengths", default="629,2029")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    loaded = load_model(args.model)
+    # The same weights twice: the exponentials are hooked onto the model they are loaded with.
+    models = {
+        "mlx": load_model(args.model, Routes(prefill=False, decode=False)).model,
+        "cpu prefill": load_model(args.model).model,
+    }
     lengths = [int(n) for n in args.lengths.split(",")]
     report = {
         "load_average": os.getloadavg(),
         "parts_ms": parts(),
-        "prompts": prompts(loaded.model, lengths, args.rounds),
+        "prompts": prompts(models, lengths, args.rounds),
         "load_average_after": os.getloadavg(),
     }
     print(json.dumps(report, indent=1))

@@ -1,17 +1,25 @@
 """The CPU's exponentials (worker/engine/cpu/exponentials.py) compute what MLX computes: its
-attention
-for every kind of mask mlx-lm passes and its SiLU, for a prompt chunk (NumPy) and a decode
-forward (the compiled polynomial); a decode forward never waits on NumPy; and the real default
-model generates the same greedy tokens with them as without them."""
+attention for every kind of mask mlx-lm passes and its SiLU, for a prompt chunk (NumPy) and a
+decode forward (the compiled polynomial); a decode forward never waits on NumPy. They are
+hooked onto the model they were attached to and nothing else: its layers call them, by the
+routes that model was given, compiled or not; MLX, mlx-lm and any other model (plain
+`mlx_lm.load`'s included) keep MLX's own functions; the hook goes with the model. The real
+default model generates the same greedy tokens with them as without them."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx_lm import load
 from mlx_lm.generate import generate_step
+from mlx_lm.models import activations, base, llama
+from mlx_lm.utils import _get_classes
 
 from shared.queue.config import Settings
 from tests.support import MODEL
@@ -49,7 +57,7 @@ def test_attention_equals_mlx_s_for_every_mask_kind(kind: str, positions: int, l
     mask = (
         _masks(length, positions)[kind] if positions > length or kind != "boolean per row" else None
     )
-    theirs = cpu_exp._mlx_attention(q, k, v, scale=0.25, mask=mask)
+    theirs = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
     ours = cpu_exp.attention(q, k, v, scale=0.25, mask=mask)
     assert ours.shape == theirs.shape
     assert np.allclose(np.array(ours), np.array(theirs), atol=1e-5), kind
@@ -59,7 +67,7 @@ def test_attention_equals_mlx_s_for_every_mask_kind(kind: str, positions: int, l
 def test_swiglu_equals_mlx_s(length: int) -> None:
     mx.random.seed(5)
     gate, x = mx.random.normal((2, length, 24)) * 30, mx.random.normal((2, length, 24))
-    ours, theirs = cpu_exp.swiglu(gate, x), cpu_exp._mlx_swiglu(gate, x)
+    ours, theirs = cpu_exp.swiglu(gate, x), activations.swiglu(gate, x)
     assert np.allclose(np.array(ours), np.array(theirs), rtol=1e-5, atol=1e-6)
 
 
@@ -82,28 +90,133 @@ def test_a_decode_forward_never_waits_on_numpy(monkeypatch: pytest.MonkeyPatch) 
         cpu_exp.swiglu(mx.ones((1, LENGTH, 24)), mx.ones((1, LENGTH, 24)))
 
 
+class Calls:
+    """The worker's exponentials, counting the positions of each call that reaches them."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.positions: list[int] = []
+        for name in ("attention", "swiglu"):
+            monkeypatch.setattr(cpu_exp, name, self._counted(getattr(cpu_exp, name)))
+
+    def _counted(self, function: Callable[..., mx.array]) -> Callable[..., mx.array]:
+        def counted(first: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+            # (rows, heads, positions, dim) queries or (rows, positions, width) gates
+            self.positions.append(first.shape[-2])
+            return function(first, *args, **kwargs)
+
+        return counted
+
+
+def _tiny(routes: cpu_exp.Routes | None) -> Any:
+    """A tiny llama (random weights, seed 7), hooked with `routes` unless None."""
+    config = {
+        "model_type": "llama",
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "intermediate_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": 64,
+        "tie_word_embeddings": True,
+    }
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(7)
+    model = model_class(args_class.from_dict(config))
+    mx.eval(model.parameters())
+    if routes is not None:
+        assert cpu_exp.attach(model, routes) == 4  # each block's attention and MLP
+    return model
+
+
+CHUNK = mx.arange(LENGTH)[None] % 64  # a prompt chunk: NumPy's route
+STEP = mx.array([[5]])  # one position: the polynomial's route
+
+
+def test_a_hooked_model_s_layers_call_the_worker_s_exponentials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = _tiny(cpu_exp.BOTH)
+    calls = Calls(monkeypatch)
+    mx.eval(model(CHUNK), model(STEP))
+    assert calls.positions == [LENGTH] * 4 + [1] * 4
+    assert {cpu_exp.routes_of(block.self_attn) for block in model.layers} == {cpu_exp.BOTH}
+
+
+def test_each_model_follows_its_own_routes(monkeypatch: pytest.MonkeyPatch) -> None:
+    prompts_only = _tiny(cpu_exp.Routes(prefill=True, decode=False))
+    decode_only = _tiny(cpu_exp.Routes(prefill=False, decode=True))
+    calls = Calls(monkeypatch)
+    mx.eval(prompts_only(CHUNK), prompts_only(STEP))
+    assert calls.positions == [LENGTH] * 4
+    calls.positions.clear()
+    mx.eval(decode_only(CHUNK), decode_only(STEP))
+    assert calls.positions == [1] * 4
+
+
+def test_mlx_mlx_lm_and_other_models_keep_mlx_s_own_functions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hooked = _tiny(cpu_exp.BOTH)
+    plain = _tiny(None)
+    calls = Calls(monkeypatch)
+    mx.eval(plain(CHUNK), plain(STEP))
+    assert calls.positions == []
+    assert type(mx.fast.scaled_dot_product_attention).__name__ == "nb_func"  # MLX's C++ binding
+    assert llama.scaled_dot_product_attention is base.scaled_dot_product_attention
+    assert llama.swiglu is activations.swiglu
+    assert type(plain.layers[0].self_attn) is llama.Attention
+    assert isinstance(hooked.layers[0].self_attn, llama.Attention)
+    assert type(hooked.layers[0].self_attn) is not llama.Attention
+
+
+def test_the_hook_goes_with_its_model() -> None:
+    model = _tiny(cpu_exp.BOTH)
+    routed = weakref.ref(type(model.layers[0].self_attn))
+    exponentials = weakref.ref(type(model.layers[0].mlp).cpu_exponentials)
+    del model
+    gc.collect()
+    assert routed() is None
+    assert exponentials() is None
+
+
+def test_a_compiled_forward_of_a_hooked_model_runs_the_worker_s_exponentials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = _tiny(cpu_exp.BOTH)
+    calls = Calls(monkeypatch)
+    compiled = mx.compile(model)
+    ours = compiled(STEP)
+    assert calls.positions == [1] * 4  # traced through the hooked layers
+    assert np.allclose(np.array(ours), np.array(_tiny(None)(STEP)), atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
     return load_model(str(Settings().models_dir / MODEL))
 
 
-def _greedy(loaded: LoadedModel, prompt: list[int], tokens: int) -> list[int]:
-    steps = generate_step(mx.array(prompt), loaded.model, max_tokens=tokens, sampler=greedy)
+def _greedy(model: Any, prompt: list[int], tokens: int) -> list[int]:
+    steps = generate_step(mx.array(prompt), model, max_tokens=tokens, sampler=greedy)
     return [int(t) for t, _ in steps]
 
 
-def test_loading_a_model_on_the_cpu_installs_it_and_greedy_output_is_unchanged(
+def test_the_default_model_loads_hooked_and_generates_mlx_lm_s_greedy_tokens(
     loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    swaps = cpu_exp.swaps(loaded.model)
-    assert [getattr(owner, name) for owner, name, _, _ in swaps] == [s[3] for s in swaps]
-    assert len(swaps) == 2  # the attention and the llama family's swiglu
-    assert cpu_exp._routes == cpu_exp.Routes(prefill=True, decode=True)
+    blocks = loaded.model.layers
+    layers = [layer for block in blocks for layer in (block.self_attn, block.mlp)]
+    assert [cpu_exp.routes_of(layer) for layer in layers] == [cpu_exp.BOTH] * len(layers)
     text = "The history of the printing press in Europe, told in plain words. "
     prompt = loaded.tokenizer.apply_chat_template(
         [{"role": "user", "content": text + "Summarise it."}], add_generation_prompt=True
     )
-    ours = _greedy(loaded, prompt, 6)
-    for owner, name, theirs, _ in swaps:
-        monkeypatch.setattr(owner, name, theirs)
-    assert _greedy(loaded, prompt, 6) == ours
+    assert len(prompt) >= cpu_exp.MIN_POSITIONS  # its prompt chunk takes NumPy's route
+    calls = Calls(monkeypatch)
+    ours = _greedy(loaded.model, prompt, 6)
+    # generate_step prefills all but the prompt's last token, then decodes one at a time
+    chunk, decode = calls.positions[: len(layers)], calls.positions[len(layers) :]
+    assert chunk == [len(prompt) - 1] * len(layers)
+    assert decode and set(decode) == {1} and len(decode) % len(layers) == 0
+    plain, _ = load(str(Settings().models_dir / MODEL))
+    assert _greedy(plain, prompt, 6) == ours

@@ -1,8 +1,8 @@
 """Products of a few rows (worker/engine/cpu/matvec.py): the native module builds against the
 installed MLX and gives MLX's product for 1 to 8 rows, whatever the weight's shape; a model
-routes inputs of up to 6 rows to it and larger ones to MLX's matmul; the real default model
-generates the same greedy tokens either way; and a module that cannot be built leaves the
-model on MLX's matmul."""
+routes inputs of up to 6 rows to it and larger ones to MLX's matmul; only the model it was
+attached to does (another model keeps MLX's matmul); the real default model generates the same
+greedy tokens either way; and a module that cannot be built leaves the model on MLX's matmul."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_a_model_routes_up_to_six_rows_to_the_module_and_more_to_mlx(
 ) -> None:
     model = nn.Sequential(nn.Linear(16, 32, bias=False), nn.Linear(32, 8))
     model.layers.append(nn.Embedding(24, 8))
-    assert matvec.install(model, NATIVE) == 2
+    assert matvec.attach(model, NATIVE) == 2
     counting = Counting(matvec._native)
     monkeypatch.setattr(matvec, "_native", counting)
     linear, biased, embedding = model.layers
@@ -89,7 +89,7 @@ def _greedy(loaded: LoadedModel, prompt: list[int], tokens: int) -> list[int]:
 
 
 def test_the_default_model_generates_the_same_greedy_tokens_with_the_module(
-    loaded: LoadedModel,
+    loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     layers = [m for _, m in loaded.model.named_modules() if isinstance(m, nn.Linear)]
     assert layers and all(type(m) is matvec.FewRowsLinear for m in layers)
@@ -98,7 +98,10 @@ def test_the_default_model_generates_the_same_greedy_tokens_with_the_module(
     )
     ours = _greedy(loaded, prompt, 12)
     plain = load_model(str(Settings().models_dir / MODEL))
+    counting = Counting(matvec._native)
+    monkeypatch.setattr(matvec, "_native", counting)
     assert _greedy(plain, prompt, 12) == ours
+    assert counting.calls == 0  # the routing is the model's it was attached to, no other's
 
 
 def test_a_module_that_does_not_build_leaves_the_model_on_mlx_s_matmul(
@@ -109,6 +112,6 @@ def test_a_module_that_does_not_build_leaves_the_model_on_mlx_s_matmul(
     monkeypatch.setattr(matvec, "SOURCE", broken)
     monkeypatch.setattr(matvec, "_native", None)
     model = nn.Sequential(nn.Linear(16, 32))
-    assert matvec.install(model, tmp_path / "native") == 0
+    assert matvec.attach(model, tmp_path / "native") == 0
     assert type(model.layers[0]) is nn.Linear
     assert "keep MLX's matmul" in caplog.text

@@ -45,11 +45,13 @@ def load_model(path: str, exps: Routes = cpu_exp.BOTH, native: Path | None = Non
     """`exps`: on the CPU device, which forwards take worker/engine/cpu/exponentials.py's
     exponentials;
     `native`: where worker/engine/cpu/matvec.py's module is built, to route one-row products
-    through it (None: MLX's matmul for every product)."""
+    through it (None: MLX's matmul for every product).
+    Both fast paths are hooked onto this model's layers and go with it: the process's MLX and
+    mlx-lm, and any other model, are left as they are."""
     model, tokenizer, config = load(path, return_config=True)
-    cpu_exp.install(model, exps)
+    cpu_exp.attach(model, exps)
     if native is not None:
-        matvec.install(model, native)
+        matvec.attach(model, native)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -12,9 +12,11 @@ So an input of 1 to `ROWS` rows goes through `native/matvec.cpp`, an MLX primiti
 to six by a kernel of its own that loads each weight vector once for all the rows (four rows of
 the weight against up to four input rows in registers), its blocks of weight rows taken by
 OpenMP threads as they come free. Larger inputs (batches, prompt chunks) keep MLX's matmul,
-which does well there. `install` changes the class of the model's float32 linear layers (and of
+which does well there. `attach` changes the class of one model's float32 linear layers (and of
 a tied embedding read as the output layer) to one that routes by row count: one comparison per
-call.
+call. MLX's classes are left as they are: other models keep MLX's matmul. What stays in the
+process is the loaded native module (an extension cannot be unloaded), shared by every model
+attached to it.
 
 The primitive is C++, built against the installed MLX headers with nanobind (MLX's binding
 library: MLX's arrays cross into the module only when both use the same nanobind ABI and
@@ -82,7 +84,7 @@ def folder(models_dir: Path) -> Path:
     return models_dir / ".native"
 
 
-def install(model: nn.Module, folder: Path) -> int:
+def attach(model: nn.Module, folder: Path) -> int:
     """On the CPU device, route the model's float32 products of a few rows through the native
     module (built into `folder` if it is not there yet); the number of layers routed."""
     if mx.default_device() != mx.cpu:
