@@ -4,6 +4,11 @@ Stop tokens come from the tokenizer's eos ids, the model's generation config and
 family, the end-of-turn tokens its chat template uses (a Llama 3 chat ends a turn with
 `<|eot_id|>` while its eos is `<|end_of_text|>`: both must stop). A stop token is never shown.
 
+gpt-oss's harmony vocabulary (one with `<|channel|>` and `<|return|>`) is the exception: there
+`<|end|>`, Phi's end of turn, only closes one message of a reply (the analysis before the
+answer), and a reply ends with `<|return|>`, or `<|call|>` for a tool call. tests/families/
+checks each family's stop tokens on its real vocabulary.
+
 Stop strings are matched on the decoded text, across token boundaries. While the tail of the
 output could still grow into a stop string it is held back, so no part of a stop string ever
 reaches the client, and the text before a match is cut exactly there.
@@ -14,9 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-# End-of-turn and end-of-text tokens by family (Llama 3, ChatML, Gemma, Mistral/Llama 2, Phi).
+# End-of-turn and end-of-text tokens by family (Llama 3, whose `<|eom_id|>` ends a message that
+# calls a built-in tool; ChatML; Gemma; Mistral/Llama 2; Phi).
 FAMILY_STOP_TOKENS = (
     "<|eot_id|>",
+    "<|eom_id|>",
     "<|end_of_text|>",
     "<|im_end|>",
     "<end_of_turn>",
@@ -24,6 +31,11 @@ FAMILY_STOP_TOKENS = (
     "<|end|>",
     "<|endoftext|>",
 )
+# Harmony (gpt-oss): the tokens that tell its vocabulary, the ones that end its replies, and the
+# one that ends a message but not the reply.
+HARMONY_MARKERS = ("<|channel|>", "<|return|>")
+HARMONY_STOP_TOKENS = ("<|return|>", "<|call|>")
+HARMONY_MESSAGE_END = "<|end|>"
 
 
 def stop_token_ids(
@@ -33,10 +45,15 @@ def stop_token_ids(
 ) -> frozenset[int]:
     """The ids that end a sequence: eos ids, the generation config's, and family extras."""
     ids = set(eos_ids) | set(generation_config_eos)
-    for token in FAMILY_STOP_TOKENS:
+    harmony = all(token_to_id(marker) is not None for marker in HARMONY_MARKERS)
+    family = HARMONY_STOP_TOKENS if harmony else ()
+    for token in FAMILY_STOP_TOKENS + family:
         token_id = token_to_id(token)
         if token_id is not None:
             ids.add(token_id)
+    message_end = token_to_id(HARMONY_MESSAGE_END)
+    if harmony and message_end is not None:
+        ids.discard(message_end)  # even where a config names it: the answer comes after it
     return frozenset(ids)
 
 
