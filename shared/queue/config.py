@@ -67,10 +67,15 @@ class ApiKey(BaseModel):
         return cls(key=SecretStr(key), limits=KeyLimits.model_validate(limits))
 
 
-class Settings(BaseSettings):
-    """Settings shared by the API and the worker."""
+def _split_commas(value: Any) -> Any:
+    """A comma-separated variable as a tuple of its non-empty items."""
+    if isinstance(value, str):
+        return tuple(item.strip() for item in value.split(",") if item.strip())
+    return value
 
-    model_config = SettingsConfigDict(env_prefix="MLXQ_", frozen=True, populate_by_name=True)
+
+class QueueSettings(BaseModel):
+    """The queue and its Redis: where jobs meet, how long what is stored lives, placement."""
 
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
@@ -80,6 +85,48 @@ class Settings(BaseSettings):
     # append-only file.
     redis_dir: Path = Field(default_factory=_default_redis_dir)
     namespace: str = Field(default="mlxq", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    heartbeat_s: float = Field(default=2.0, gt=0)
+    redis_timeout_s: float = Field(default=1.5, gt=0)
+    # With replicas behind Sentinel: a creating POST is answered once this many replicas hold
+    # its writes, waiting at most redis_wait_ms (api/stores/replicas.py); 0: answer at once.
+    redis_wait_replicas: int = Field(default=0, ge=0)
+    redis_wait_ms: int = Field(default=200, ge=1)
+    # Every open stream or busy slot may hold a connection at once.
+    redis_max_connections: int = Field(default=2048, ge=16)
+    # Prefix-aware placement (api/queue/placement.py): the longest an interactive job waits for the
+    # worker holding its prefix (0: placement off), and the prefill time a cached token saves.
+    placement_wait_s: float = Field(default=2.0, ge=0)
+    prefill_s_per_token: float = Field(default=0.0044, gt=0)
+    bulk_retries: int = Field(default=2, ge=0)
+    # How often a batch line is retried on another worker when its worker dies.
+    batch_line_retries: int = Field(default=3, ge=0)
+    job_timeout_s: int = Field(default=3600, ge=1)
+    result_ttl_s: int = Field(default=600, ge=1)
+    # Stored responses (and their event logs), batches and files.
+    response_ttl_s: int = Field(default=24 * 3600, ge=60)
+    batch_ttl_s: int = Field(default=7 * 24 * 3600, ge=3600)
+
+
+class LimitSettings(BaseModel):
+    """Limits: what the queue takes, how long a request waits and a job runs, body sizes."""
+
+    # The queue's caps (shared/queue/backlog.py): its jobs, and their prompt tokens.
+    queue_cap: int = Field(default=1024, ge=1)
+    queue_token_cap: int = Field(default=262_144, ge=1)
+    retry_after_s: int = Field(default=2, ge=1)
+    queue_timeout_s: float = Field(default=120.0, gt=0)
+    run_limit_s: float = Field(default=600.0, gt=0)
+    run_limit_action: Literal["length", "error"] = "length"
+    # How long an API request waits between two events of a running job.
+    event_timeout_s: float = Field(default=120.0, gt=0)
+    default_max_tokens: int = Field(default=4096, ge=1)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_file_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
+
+
+class WorkerSettings(BaseModel):
+    """A worker and its engine: what it serves, its batch, prefill, KV, prefix cache, shutdown."""
+
     models_dir: Path = Field(default_factory=_default_models_dir)
     # What a worker serves: a model directory, a name under models_dir, or a hub id.
     model: str = "SmolLM2-135M-Instruct"
@@ -98,6 +145,8 @@ class Settings(BaseSettings):
     batch_size: int = Field(default=32, ge=1, le=1024)
     # An embedding worker: inputs encoded together in one forward, from any of its jobs.
     embed_batch: int = Field(default=64, ge=1, le=2048)
+    # Slots of each worker that take only interactive jobs (at most batch_size - 1).
+    interactive_slots: int = Field(default=2, ge=0)
     # Prompt tokens one step prefills at most (worker/engine/batch/mlx_lm_prefill.py), and at most
     # while other sequences decode: their next token waits for that step's prefill (256:
     # measured, 67aa90f's README, "The prefill budget while sequences decode"). While they
@@ -110,6 +159,28 @@ class Settings(BaseSettings):
     # The batch under the engine (worker/engine/batch/token_batch.py): mlxq's own slots, or mlx-lm's
     # BatchGenerator (always used for models whose cache is not a plain KV cache).
     batch: Literal["slots", "mlx-lm"] = "slots"
+    # MiB of KV the slot batch may hold (batch_size rows); None: each row up to the model's window.
+    kv_memory: int | None = Field(default=None, ge=1)
+    # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.
+    prefix_cache_entries: int = Field(default=64, ge=0)
+    prefix_cache_mb: int = Field(default=512, ge=1)
+    drain_timeout_s: float = Field(default=30.0, ge=0)
+    watchdog_s: float = Field(default=60.0, gt=0)
+    fault_injection: bool = False
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        return _split_commas(value)
+
+    def served_models(self) -> list[str]:
+        """What `mlxq run` serves: MLXQ_MODELS, or else MLXQ_MODEL and MLXQ_EMBEDDING_MODEL."""
+        return list(self.models) or [self.model, *filter(None, [self.embedding_model])]
+
+
+class CpuSettings(BaseModel):
+    """A Linux CPU worker's fast paths (worker/engine/cpu/) and its BLAS."""
+
     # On the CPU device (worker/engine/cpu/exponentials.py): a prompt chunk's softmax and SiLU in
     # NumPy,
     # a decode forward's with a compiled polynomial exp.
@@ -117,82 +188,43 @@ class Settings(BaseSettings):
     cpu_decode: bool = True
     # On the CPU device (worker/engine/cpu/matvec.py): one-row products through cblas_sgemv.
     cpu_matvec: bool = True
-    # MiB of KV the slot batch may hold (batch_size rows); None: each row up to the model's window.
-    kv_memory: int | None = Field(default=None, ge=1)
-    # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.
-    prefix_cache_entries: int = Field(default=64, ge=0)
-    prefix_cache_mb: int = Field(default=512, ge=1)
-    # Prefix-aware placement (api/queue/placement.py): the longest an interactive job waits for the
-    # worker holding its prefix (0: placement off), and the prefill time a cached token saves.
-    placement_wait_s: float = Field(default=2.0, ge=0)
-    prefill_s_per_token: float = Field(default=0.0044, gt=0)
     # Linux CPU workers: preload the system OpenBLAS, with this many threads (None: its default).
     openblas: bool = True
     blas_threads: int | None = Field(default=None, ge=1)
-    heartbeat_s: float = Field(default=2.0, gt=0)
-    queue_cap: int = Field(default=1024, ge=1)
-    # Faults, load and shutdown (worker/runtime/reaper.py, worker/runtime/watchdog.py, and the
-    # queue caps of shared/queue/backlog.py).
-    queue_token_cap: int = Field(default=262_144, ge=1)
-    retry_after_s: int = Field(default=2, ge=1)
-    queue_timeout_s: float = Field(default=120.0, gt=0)
-    run_limit_s: float = Field(default=600.0, gt=0)
-    run_limit_action: Literal["length", "error"] = "length"
-    bulk_retries: int = Field(default=2, ge=0)
-    drain_timeout_s: float = Field(default=30.0, ge=0)
-    watchdog_s: float = Field(default=60.0, gt=0)
-    fault_injection: bool = False
-    # How long an API request waits between two events of a running job.
-    event_timeout_s: float = Field(default=120.0, gt=0)
-    job_timeout_s: int = Field(default=3600, ge=1)
-    result_ttl_s: int = Field(default=600, ge=1)
-    default_max_tokens: int = Field(default=4096, ge=1)
-    redis_timeout_s: float = Field(default=1.5, gt=0)
-    # With replicas behind Sentinel: a creating POST is answered once this many replicas hold
-    # its writes, waiting at most redis_wait_ms (api/stores/replicas.py); 0: answer at once.
-    redis_wait_replicas: int = Field(default=0, ge=0)
-    redis_wait_ms: int = Field(default=200, ge=1)
-    # Every open stream or busy slot may hold a connection at once.
-    redis_max_connections: int = Field(default=2048, ge=16)
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    # Stored responses (and their event logs), batches and files.
-    response_ttl_s: int = Field(default=24 * 3600, ge=60)
-    batch_ttl_s: int = Field(default=7 * 24 * 3600, ge=3600)
-    max_file_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
-    # How often a batch line is retried on another worker when its worker dies.
-    batch_line_retries: int = Field(default=3, ge=0)
-    # Slots of each worker that take only interactive jobs (at most batch_size - 1).
-    interactive_slots: int = Field(default=2, ge=0)
+
+
+class ApiSettings(BaseModel):
+    """The API under gunicorn, its keys, and the logs of every process."""
+
     # The API under gunicorn (api/gunicorn_conf.py).
     api_bind: str = "127.0.0.1:8000"
     api_workers: int = Field(default=1, ge=1)
     api_connections: int = Field(default=1000, ge=1)
     api_access_log: bool = False
-    # Logs (shared/observe/logs.py): text or JSON lines, and the level.
-    log_format: Literal["text", "json"] = "text"
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     # API keys (comma-separated in MLXQ_API_KEYS, each maybe with its limits:
     # `key:rpm=60:tpm=40000:queued=90000`); none: no auth, and loopback only (api/http/auth.py).
     api_keys: Annotated[tuple[ApiKey, ...], NoDecode] = ()
+    # Logs (shared/observe/logs.py): text or JSON lines, and the level.
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper_level(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("models", mode="before")
-    @classmethod
-    def _split_commas(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return tuple(item.strip() for item in value.split(",") if item.strip())
-        return value
-
     @field_validator("api_keys", mode="before")
     @classmethod
     def _parse_keys(cls, value: Any) -> Any:
-        entries = cls._split_commas(value)
+        entries = _split_commas(value)
         return tuple(ApiKey.parse(v) if isinstance(v, str) else v for v in entries)
 
-    def served_models(self) -> list[str]:
-        """What `mlxq run` serves: MLXQ_MODELS, or else MLXQ_MODEL and MLXQ_EMBEDDING_MODEL."""
-        return list(self.models) or [self.model, *filter(None, [self.embedding_model])]
+
+class Settings(
+    QueueSettings, LimitSettings, WorkerSettings, CpuSettings, ApiSettings, BaseSettings
+):
+    """Every setting, read from the environment (MLXQ_*, and REDIS_URL): the groups above in one
+    object, which each process builds once and passes down. A function that needs one concern
+    may take that group's type."""
+
+    model_config = SettingsConfigDict(env_prefix="MLXQ_", frozen=True, populate_by_name=True)
