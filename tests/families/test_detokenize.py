@@ -4,10 +4,18 @@ writes, special tokens and characters split across tokens included."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import pytest
 
 from tests.families.vocab import FAMILIES, deepseek, family_tokenizer
-from worker.engine.sequence.detokenize import ByteLevelDecoder, decoder_factory, token_pieces
+from worker.engine.sequence.detokenize import (
+    ByteLevelDecoder,
+    TextDecoder,
+    decoder_factory,
+    token_pieces,
+)
 
 # Characters that byte-level vocabularies split across tokens (rare CJK, emoji sequences).
 TEXT = "Ünïcödé 龘 鱻 🧑‍🚀🫠 ok: 你好, 😀\n"
@@ -23,8 +31,20 @@ MARKED = {  # text with the family's markers written in it
 }
 
 
+@functools.cache
+def new_decoder(family: str) -> Callable[[], TextDecoder]:
+    """The worker's decoder constructor for the family (a byte table of its whole vocabulary,
+    a second or so to make)."""
+    return decoder_factory(family_tokenizer(family))
+
+
+@functools.cache
+def piece_of(family: str) -> Callable[[int], bytes]:
+    return token_pieces(family_tokenizer(family))
+
+
 def streamed(family: str, ids: list[int]) -> list[str]:
-    decoder = decoder_factory(family_tokenizer(family))()
+    decoder = new_decoder(family)()
     pieces = [decoder.add(token) for token in ids]
     return [*pieces, decoder.finish()]
 
@@ -39,14 +59,14 @@ def test_the_stream_decodes_each_familys_markers_and_text_as_its_tokenizer_does(
 ) -> None:
     tokenizer = family_tokenizer(family)
     ids = tokenizer.encode(MARKED[family], add_special_tokens=False)
-    assert isinstance(decoder_factory(tokenizer)(), ByteLevelDecoder)
+    assert isinstance(new_decoder(family)(), ByteLevelDecoder)
     assert "".join(streamed(family, ids)) == tokenizer.decode(ids) == MARKED[family]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_character_split_across_tokens_comes_out_whole_at_its_last_token(family: str) -> None:
     tokenizer = family_tokenizer(family)
-    piece = token_pieces(tokenizer)
+    piece = piece_of(family)
     ids = tokenizer.encode(TEXT, add_special_tokens=False)
     split = [i for i, token in enumerate(ids) if not _is_utf8(piece(token))]
     assert split, "the text must split a character across tokens to test this"
@@ -58,7 +78,7 @@ def test_a_character_split_across_tokens_comes_out_whole_at_its_last_token(famil
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_special_tokens_piece_is_its_text(family: str) -> None:
     tokenizer = family_tokenizer(family)
-    piece = token_pieces(tokenizer)
+    piece = piece_of(family)
     for token in sorted(tokenizer.eos_token_ids):
         assert piece(token) == tokenizer.convert_ids_to_tokens(token).encode()
 

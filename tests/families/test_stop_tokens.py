@@ -70,16 +70,14 @@ def test_harmony_end_does_not_stop_even_where_a_config_names_it() -> None:
     assert 200007 not in vocabulary_stops("gpt-oss", [200002, 200007])
 
 
-@pytest.mark.parametrize(
-    ("family", "reply"),
-    [("gpt-oss", "analysis-then-final"), ("llama3", "builtin-tool-call")],
-)
-def test_load_model_infers_the_familys_stop_tokens(
-    family: str, reply: str, tmp_path_factory: pytest.TempPathFactory
+def test_load_model_stops_gpt_oss_on_return_and_call_but_not_on_end(
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     root: Path = tmp_path_factory.getbasetemp() / "scripted"
-    model = scripted_model(family_dir(family), REPLIES[(family, reply)], root)
-    loaded = load_model(str(model), Routes(prefill=False, decode=False))
-    stops, goes_on = STOPS[family]
+    reply = REPLIES[("gpt-oss", "analysis-then-final")]
+    loaded = load_model(
+        str(scripted_model(family_dir("gpt-oss"), reply, root)), Routes(False, False)
+    )
+    stops, goes_on = STOPS["gpt-oss"]
     assert stops <= loaded.stop_ids
     assert not goes_on & loaded.stop_ids
