@@ -15,6 +15,7 @@ from agents import (
     ModelSettings,
     OpenAIResponsesModel,
     Runner,
+    RunResult,
     function_tool,
     set_tracing_disabled,
 )
@@ -33,12 +34,16 @@ def get_weather(city: str) -> str:
 
 
 @pytest.fixture
-def agent(api_url: str, client: openai.OpenAI) -> Agent[Any]:
+def sdk_client(api_url: str, client: openai.OpenAI) -> openai.AsyncOpenAI:
+    """The agent's client. Its connections belong to the event loop that opened them: a test
+    runs in one loop and closes the client there (`async with`)."""
+    return openai.AsyncOpenAI(base_url=f"{api_url}/v1", api_key="unused", timeout=120)
+
+
+@pytest.fixture
+def agent(sdk_client: openai.AsyncOpenAI) -> Agent[Any]:
     set_tracing_disabled(True)  # the SDK would send its traces to OpenAI
-    model = OpenAIResponsesModel(
-        model=MODEL,
-        openai_client=openai.AsyncOpenAI(base_url=f"{api_url}/v1", api_key="unused", timeout=120),
-    )
+    model = OpenAIResponsesModel(model=MODEL, openai_client=sdk_client)
     return Agent(
         name="weather",
         instructions="Answer briefly.",
@@ -51,28 +56,38 @@ def agent(api_url: str, client: openai.OpenAI) -> Agent[Any]:
     )
 
 
-def test_a_tool_run_and_its_continuation_send_mlxqs_output_back(agent: Agent[Any]) -> None:
+def test_a_tool_run_and_its_continuation_send_mlxqs_output_back(
+    agent: Agent[Any], sdk_client: openai.AsyncOpenAI
+) -> None:
     weather_calls.clear()
-    first = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=4)
-    assert len(weather_calls) == 1
-    calls = [i.raw_item for i in first.new_items if i.type == "tool_call_item"]
-    assert isinstance(calls[0], ResponseFunctionToolCall) and calls[0].name == "get_weather"
-    assert len(first.raw_responses) == 2  # the call, then the answer after the tool's result
-    assert isinstance(first.final_output, str)
-    history = first.to_input_list()
-    assert any(item.get("type") == "function_call_output" for item in history)
-    second = Runner.run_sync(
-        agent, [*history, {"role": "user", "content": "And in Rome?"}], max_turns=4
-    )
+
+    async def first_then_second() -> RunResult:
+        async with sdk_client:
+            first = await Runner.run(agent, "What is the weather in Paris?", max_turns=4)
+            assert len(weather_calls) == 1
+            calls = [i.raw_item for i in first.new_items if i.type == "tool_call_item"]
+            assert isinstance(calls[0], ResponseFunctionToolCall)
+            assert calls[0].name == "get_weather"
+            assert len(first.raw_responses) == 2  # the call, then the answer after the tool's
+            assert isinstance(first.final_output, str)
+            history = first.to_input_list()
+            assert any(item.get("type") == "function_call_output" for item in history)
+            then = [*history, {"role": "user", "content": "And in Rome?"}]
+            return await Runner.run(agent, then, max_turns=4)  # type: ignore[arg-type]
+
+    second = asyncio.run(first_then_second())
     assert len(weather_calls) == 2
     assert isinstance(second.final_output, str)
     assert len(second.raw_responses) == 2
 
 
-def test_a_streamed_run_sees_the_call_arguments_as_they_are_written(agent: Agent[Any]) -> None:
+def test_a_streamed_run_sees_the_call_arguments_as_they_are_written(
+    agent: Agent[Any], sdk_client: openai.AsyncOpenAI
+) -> None:
     async def run() -> list[Any]:
-        result = Runner.run_streamed(agent, "What is the weather in Paris?", max_turns=4)
-        return [e async for e in result.stream_events()]
+        async with sdk_client:
+            result = Runner.run_streamed(agent, "What is the weather in Paris?", max_turns=4)
+            return [e async for e in result.stream_events()]
 
     events = asyncio.run(run())
     raw = [e.data for e in events if e.type == "raw_response_event"]
