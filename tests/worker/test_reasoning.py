@@ -151,3 +151,10 @@ def test_a_harmony_preamble_to_nobody_is_content() -> None:
     split = HarmonySplit(HARMONY)
     tokens = harmony_tokens(13, "commentary", 12, "Checking now.", 11)
     assert run(split, tokens) == ("Checking now.", "")
+
+
+def test_newlines_around_the_markers_belong_to_neither_field() -> None:
+    split = ThinkSplit(MARKERS, inside=False)
+    tokens = [(THINK, "<think>"), (1, "\n"), (2, "Line one"), (3, "\n"), (4, "Line two")]
+    tokens += [(5, "\n"), (END_THINK, "</think>"), (6, "\n\n"), (7, "Done")]
+    assert run(split, tokens) == ("Done", "Line one\nLine two")

@@ -93,14 +93,12 @@ class ThinkSplit:
         )
         self._held: list[tuple[int, str]] = []  # tokens that may be the start of a marker
         self._trim = inside  # strip the newlines a marker is followed by
+        self._newlines = ""  # newlines that end the reasoning so far (`_reason`)
 
     def feed(self, token: int, piece: str) -> tuple[str, str]:
         """Take one token and its text; return (content, reasoning) that may be shown now."""
         if not self._held and token not in self._firsts:
-            if self.inside:
-                self.reasoning_tokens += 1
-                return "", self._trimmed(piece)
-            return self._trimmed(piece), ""
+            return self._plain(piece)
         self._held.append((token, piece))
         return self._resolve()
 
@@ -108,7 +106,7 @@ class ThinkSplit:
         """At the end of the sequence: what is still held back, as what it turned out to be."""
         held, self._held = self._held, []
         text = "".join(p for _, p in held) + rest
-        return ("", text) if self.inside else (text, "")
+        return ("", self._reason(text)) if self.inside else (text, "")
 
     def _resolve(self) -> tuple[str, str]:
         tokens = tuple(t for t, _ in self._held)
@@ -134,8 +132,19 @@ class ThinkSplit:
     def _plain(self, piece: str) -> tuple[str, str]:
         if self.inside:
             self.reasoning_tokens += 1
-            return "", self._trimmed(piece)
+            return "", self._reason(piece)
         return self._trimmed(piece), ""
+
+    def _reason(self, piece: str) -> str:
+        """Reasoning text, less the newlines at its end: they are held until more reasoning
+        follows them, and dropped when the end marker does (templates write `\n</think>`)."""
+        piece = self._trimmed(piece)
+        body = piece.rstrip("\n")
+        if not body:
+            self._newlines += piece
+            return ""
+        shown, self._newlines = self._newlines + body, piece[len(body) :]
+        return shown
 
     def _watched(self) -> list[tuple[tuple[int, ...], str]]:
         m = self._markers
@@ -148,6 +157,7 @@ class ThinkSplit:
 
     def _switch(self, to: str) -> None:
         self.inside = to == "start"
+        self._newlines = ""
         self._trim = to != "call"  # a call's marker is content: nothing to strip after it
 
     def _trimmed(self, piece: str) -> str:
