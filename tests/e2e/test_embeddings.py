@@ -220,13 +220,11 @@ def test_langchain_openai_embeddings_sending_token_ids(
     sent: list[Any] = []
     encoding = ModelTokenizerAsTiktoken(tokenizer)
     monkeypatch.setattr(lc_base.tiktoken, "encoding_for_model", lambda _: encoding)
-    lc = lc_base.OpenAIEmbeddings(
-        model=EMBEDDER,
-        base_url=f"{api_url}/v1",
-        api_key="unused",
-        http_client=httpx.Client(event_hooks={"request": [lambda r: sent.append(r.read())]}),
-    )
-    assert_close_to_reference(np.array(lc.embed_documents(REFERENCE["sentences"])))
+    with httpx.Client(event_hooks={"request": [lambda r: sent.append(r.read())]}) as http:
+        lc = lc_base.OpenAIEmbeddings(
+            model=EMBEDDER, base_url=f"{api_url}/v1", api_key="unused", http_client=http
+        )
+        assert_close_to_reference(np.array(lc.embed_documents(REFERENCE["sentences"])))
     body = json.loads(sent[0])
     assert all(isinstance(item, list) for item in body["input"])  # token ids, not text
 

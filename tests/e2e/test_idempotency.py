@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -41,17 +42,19 @@ class LoseFirstAnswer(httpx2.BaseTransport):
             raise httpx2.ReadTimeout("the answer was lost on the way", request=request)
         return response
 
+    def close(self) -> None:
+        self._inner.close()
+
 
 @pytest.fixture
-def lossy(api_url: str, worker_process: object) -> tuple[openai.OpenAI, LoseFirstAnswer]:
+def lossy(api_url: str, worker_process: object) -> Iterator[tuple[openai.OpenAI, LoseFirstAnswer]]:
     transport = LoseFirstAnswer()
+    http = httpx2.Client(transport=transport)
     client = openai.OpenAI(
-        base_url=f"{api_url}/v1",
-        api_key="unused",
-        max_retries=2,
-        http_client=httpx2.Client(transport=transport),
+        base_url=f"{api_url}/v1", api_key="unused", max_retries=2, http_client=http
     )
-    return client, transport
+    yield client, transport
+    http.close()  # and its transport's connections: a client given to the SDK is the caller's
 
 
 def _key() -> dict[str, str]:
