@@ -292,3 +292,21 @@ def test_an_agent_run_keeps_the_reasoning_out_of_its_final_output(
     final, kinds = asyncio.run(run())
     assert final == "Hello! How can I help?"
     assert kinds[0] == "reasoning_item"
+
+
+def test_a_thinking_budget_ends_the_reasoning_when_it_runs_out(
+    claude: anthropic.Anthropic, served: dict[str, str]
+) -> None:
+    reasoning = EXPECTED["qwen3-tool"][0]
+    assert reasoning is not None
+    reply = claude.messages.create(
+        model=served["qwen3-tool"],
+        max_tokens=12,
+        messages=ASK,
+        thinking={"type": "enabled", "budget_tokens": 4},
+    )
+    first = reply.content[0]
+    assert first.type == "thinking"
+    assert first.thinking and reasoning.startswith(first.thinking)
+    assert len(first.thinking) < len(reasoning)
+    never_shown(*(getattr(block, "text", "") for block in reply.content))

@@ -158,3 +158,8 @@ def test_newlines_around_the_markers_belong_to_neither_field() -> None:
     tokens = [(THINK, "<think>"), (1, "\n"), (2, "Line one"), (3, "\n"), (4, "Line two")]
     tokens += [(5, "\n"), (END_THINK, "</think>"), (6, "\n\n"), (7, "Done")]
     assert run(split, tokens) == ("Done", "Line one\nLine two")
+
+
+def test_an_end_marker_outside_reasoning_is_dropped() -> None:
+    split = ThinkSplit(MARKERS, inside=False)
+    assert run(split, [(1, "Yes"), (END_THINK, "</think>"), (2, ".")]) == ("Yes.", "")

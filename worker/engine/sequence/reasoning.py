@@ -153,7 +153,8 @@ class ThinkSplit:
             if m.call_start:
                 found.append((m.call_start, "call"))
             return found
-        return [(m.start, "start")]
+        # An end marker outside reasoning closes nothing and is dropped, never shown.
+        return [(m.start, "start"), (m.end, "end")]
 
     def _switch(self, to: str) -> None:
         self.inside = to == "start"
