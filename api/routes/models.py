@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
+from typing import cast, get_args
+
 from flask import Blueprint, Response
 
 from api.queue.broker import broker
-from shared.wire.catalog import ModelCard, ModelList
+from shared.wire.catalog import ModelCard, ModelKind, ModelList
 from shared.wire.errors import ModelNotFoundError
 
 bp = Blueprint("models", __name__)
 
 
 def _cards() -> list[ModelCard]:
-    return [ModelCard(id=name, created=int(seen)) for name, seen in broker().live_models()]
+    """The live models, each with the kind its workers announced (chat or embedding)."""
+    served = broker()
+    live = served.live_models()
+    if not live:
+        return []
+    kinds = served.redis.hmget(served.keys.model_kinds(), [name for name, _ in live])
+    return [
+        ModelCard(id=name, created=int(seen), kind=_kind(kind))
+        for (name, seen), kind in zip(live, kinds, strict=True)
+    ]
+
+
+def _kind(raw: bytes | str | None) -> ModelKind | None:
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    for kind in get_args(ModelKind):
+        if text == kind:
+            return cast(ModelKind, kind)
+    return None
 
 
 @bp.get("/v1/models")

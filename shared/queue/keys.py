@@ -124,6 +124,10 @@ class Keys:
     def models(self) -> str:
         return f"{self.ns}:models"
 
+    def model_kinds(self) -> str:
+        """Hash: model name -> what it serves, `chat` or `embedding` (its workers set it)."""
+        return f"{self.ns}:model-kinds"
+
     def workers(self, model: str) -> str:
         return f"{self.ns}:workers:{_model(model)}"
 

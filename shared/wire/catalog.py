@@ -6,12 +6,17 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+# What a model serves: chat (and text) completions, or embeddings.
+ModelKind = Literal["chat", "embedding"]
+
 
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "mlxq"
+    # An extension, as llama.cpp's `status`: None until a worker of the model has said.
+    kind: ModelKind | None = None
 
 
 class ModelList(BaseModel):

@@ -161,10 +161,12 @@ def test_each_model_refuses_the_other_kind_of_request(
     assert len(client.embeddings.create(model=EMBEDDER, input="still here").data) == 1
 
 
-def test_the_model_is_listed_and_in_the_fleet_view(
+def test_the_model_is_listed_with_its_kind_and_in_the_fleet_view(
     client: openai.OpenAI, api_url: str, embedder: Worker
 ) -> None:
-    assert EMBEDDER in {m.id for m in client.models.list()}
+    # The page's playground offers the models whose kind is not "embedding" (playground.js).
+    kinds = {m.id: (m.model_extra or {}).get("kind") for m in client.models.list()}
+    assert kinds[EMBEDDER] == "embedding" and kinds[MODEL] == "chat"
     client.embeddings.create(model=EMBEDDER, input="counted")
     fleet = httpx.get(f"{api_url}/v1/fleet", timeout=30).json()
     assert EMBEDDER in json.dumps(fleet["workers"])

@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 from shared.observe.fleet import WorkerStats, publish_stats, report_ttl_ms
 from shared.observe.history import sample_if_due
 from shared.queue.keys import Keys
+from shared.wire.catalog import ModelKind
 from worker.runtime.prefix_report import PrefixReport
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,13 @@ def beat(
     return not buried
 
 
-def born(redis: Redis, keys: Keys, worker_id: str) -> None:
-    """Clear a tombstone an earlier process with the same id (hostname and pid) left."""
-    redis.delete(keys.dead(worker_id))
+def born(redis: Redis, keys: Keys, worker_id: str, model: str, kind: ModelKind) -> None:
+    """Clear a tombstone an earlier process with the same id (hostname and pid) left, and say
+    what kind of model the worker serves (the catalog tells chat models from embedders)."""
+    pipe = redis.pipeline(transaction=False)
+    pipe.delete(keys.dead(worker_id))
+    pipe.hset(keys.model_kinds(), model, kind)
+    pipe.execute()
 
 
 def retire(redis: Redis, keys: Keys, model: str, worker_id: str) -> None:

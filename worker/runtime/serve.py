@@ -31,6 +31,7 @@ from shared.queue.connection import connect, connect_blocking
 from shared.queue.keys import Keys
 from shared.queue.liveness import LIVE_FACTOR
 from shared.queue.prompt_tokens import PromptCounter, TokenizerSpec
+from shared.wire.catalog import ModelKind
 from worker.engine.doubles.faults import FaultyEngine
 from worker.engine.doubles.synthetic import SyntheticEngine
 from worker.engine.doubles.synthetic_prefill import SyntheticPrefill, SyntheticPrefixCache
@@ -207,7 +208,8 @@ def serve(settings: Settings) -> None:
         logging.shutdown()
         os._exit(status)
 
-    _until_redis_answers(lambda: born(redis, keys, worker_id))
+    kind: ModelKind = "embedding" if isinstance(engine, EmbeddingEngine) else "chat"
+    _until_redis_answers(lambda: born(redis, keys, worker_id, name, kind))
     blocking = connect_blocking(settings)
     present = listen_for_cancels(blocking, keys, loop, worker_id, services)
     if not present.wait(PRESENCE_WAIT_S):

@@ -12,7 +12,8 @@ export async function loadModels() {
     const models = await call("/v1/models");
     const chosen = select.value;
     select.replaceChildren();
-    for (const model of models.data) {
+    // Chat models only: an embedding model cannot answer a chat (its workers say which it is).
+    for (const model of models.data.filter((m) => m.kind !== "embedding")) {
       const option = document.createElement("option");
       option.value = model.id;
       option.textContent = model.id;
