@@ -101,7 +101,8 @@ def post(base_url: str, path: str, body: dict[str, Any], timeout: float = 120) -
 
 @dataclass
 class Stream:
-    """A streamed request: its `data:` payloads as they arrive. `close` is a client leaving."""
+    """A streamed request: its `data:` payloads as they arrive. `close` is a client leaving; a
+    stream that ended (or broke) closes itself, so its connection is not left to the collector."""
 
     base_url: str
     body: dict[str, Any]
@@ -122,9 +123,14 @@ class Stream:
         return self._source.response.status_code
 
     def frames(self) -> Iterator[str]:
-        for event in self._events:
-            self.payloads.append(event.data)
-            yield event.data
+        try:
+            for event in self._events:
+                self.payloads.append(event.data)
+                yield event.data
+        except Exception:  # not GeneratorExit: `read_tokens` leaves a stream open to read on
+            self.close()
+            raise
+        self.close()
 
     def read_tokens(self, n: int) -> str:
         """Read until `n` content chunks arrived; returns the response id."""
@@ -141,8 +147,9 @@ class Stream:
         return list(self.frames())
 
     def close(self) -> None:
-        self._request.__exit__(None, None, None)
-        self._client.close()
+        if not self._client.is_closed:
+            self._request.__exit__(None, None, None)
+            self._client.close()
 
 
 # The Batch and Responses APIs through the SDK
