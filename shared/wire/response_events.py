@@ -78,44 +78,41 @@ class OutputItemEvent(BaseModel):
     sequence_number: int
 
 
-class ReasoningTextEvent(BaseModel):
+class PieceOrWhole(BaseModel):
+    """An event that carries a piece of something as it is written (`delta`) or all of it once
+    it is done: whichever of the two it does not carry is left out, as OpenAI does."""
+
+    delta: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _one_of_the_two(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {k: v for k, v in data.items() if v is not None or k not in _PIECE_OR_WHOLE}
+
+
+_PIECE_OR_WHOLE = frozenset({"delta", "text", "arguments"})
+
+
+class ReasoningTextEvent(PieceOrWhole):
     """A piece of the reasoning as it is written (`delta`), or all of it once it ends (`text`)."""
 
     type: Literal["response.reasoning_text.delta", "response.reasoning_text.done"]
     item_id: str
     output_index: int = 0
     content_index: int = 0
-    delta: str | None = None
     text: str | None = None
     sequence_number: int
 
-    @model_serializer(mode="wrap")
-    def _one_of_delta_and_text(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        for key in ("delta", "text"):
-            if data.get(key) is None:
-                data.pop(key, None)
-        return data
 
-
-class ArgumentsEvent(BaseModel):
+class ArgumentsEvent(PieceOrWhole):
     """A piece of a function call's arguments as they are written (`delta`), or all of them
     once the call is complete (`arguments`)."""
 
     type: Literal["response.function_call_arguments.delta", "response.function_call_arguments.done"]
     item_id: str
     output_index: int
-    delta: str | None = None
     arguments: str | None = None
     sequence_number: int
-
-    @model_serializer(mode="wrap")
-    def _one_of_delta_and_arguments(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        for key in ("delta", "arguments"):
-            if data.get(key) is None:
-                data.pop(key, None)
-        return data
 
 
 class ContentPartEvent(BaseModel):
