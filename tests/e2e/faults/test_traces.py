@@ -63,6 +63,7 @@ def collector() -> Iterator[tuple[str, Spans]]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}", spans
     server.shutdown()
+    server.server_close()  # shutdown only stops serving: the listening socket is closed here
 
 
 @pytest.fixture(scope="module")
