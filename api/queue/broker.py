@@ -2,26 +2,26 @@
 
 `Broker.init_app(app)` attaches one Broker per API process (Flask's extension pattern);
 routes reach it with `broker()`. Any Redis failure surfaces as BackendUnavailableError (503).
-A new interactive job is accepted in one round trip (shared/queue/backlog.py): 404 when no live
-worker serves its model, 429 with Retry-After when its queue is over the cap of jobs or of
-prompt tokens. Every submitted job is watched until its request ends (api/queue/watch.py).
-An interactive job whose prompt the API can count is placed on the worker holding its prefix
-(api/queue/placement.py) before it is queued.
+Admission (api/queue/admission.py) calls its checks once each: the live workers of a job's
+model (404 when none), its queue's caps of jobs and of prompt tokens, in one round trip
+(shared/queue/backlog.py: 429 with Retry-After), and placement on the worker holding its prefix
+(api/queue/placement.py); then `enqueue` queues the admitted job as it is. Every job it queues
+is watched until its request ends (api/queue/watch.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from flask import Flask, current_app
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
-from api.queue.context_window import ContextWindows
-from api.queue.placement import Placement
-from api.queue.relay import EventRelay, Subscription
+from api.queue.context_window import ContextWindows, PromptCount
+from api.queue.placement import Outcome, Placement
+from api.queue.relay import EventRelay
 from api.queue.watch import JobWatch
 from shared.queue import backlog, fair_order
 from shared.queue.backlog import Verdict
@@ -39,6 +39,9 @@ from shared.queue.keys import Keys
 from shared.queue.liveness import horizon, live_workers
 from shared.wire.errors import ModelNotFoundError, QueueFullError
 from shared.wire.ids import new_id
+
+if TYPE_CHECKING:  # the type only: api/queue/admission.py imports this module
+    from api.queue.admission import Admitted
 
 T = TypeVar("T")
 # Bulk jobs enqueued per Redis round trip.
@@ -88,10 +91,16 @@ class Broker:
 
     def require_model(self, model: str) -> None:
         """A 404 unless a live worker serves `model`: the rule `/v1/models` lists by."""
-        if not self._live_workers([model])[model]:
+        self.served_by(model)
+
+    def served_by(self, model: str) -> frozenset[str]:
+        """The live workers serving `model`, read once for a job's admission; a 404 if none."""
+        workers = self._live_workers([model])[model]
+        if not workers:
             raise ModelNotFoundError(
                 f"The model '{model}' does not exist or no live worker serves it.", param="model"
             )
+        return frozenset(workers)
 
     def _live_workers(self, models: list[str]) -> dict[str, set[str]]:
         heartbeat_s = self.settings.heartbeat_s
@@ -109,53 +118,22 @@ class Broker:
 
     def interactive_limits(self) -> JobLimits:
         """The limits of a job a client waits on: it must start soon and not run forever. Its
-        queue deadline counts again from the enqueue (`_from_enqueue`)."""
+        queue deadline is left out: admission stamps it last, as the job is queued
+        (`queue_deadline`)."""
         return JobLimits(
-            queue_deadline=time.time() + self.settings.queue_timeout_s,
-            run_limit_s=self.settings.run_limit_s,
-            on_run_limit=self.settings.run_limit_action,
+            run_limit_s=self.settings.run_limit_s, on_run_limit=self.settings.run_limit_action
         )
 
-    def _from_enqueue(self, job: QueuedJob) -> QueuedJob:
-        """The job's queue deadline counted from now, as it is queued: the checks before (a
-        fresh API process builds its prompt counter in the first: 110-270 ms on an idle 2-core
-        machine, more on a loaded one) are not time spent in the queue."""
-        if job.limits.queue_deadline is None:
-            return job
-        deadline = time.time() + self.settings.queue_timeout_s
-        limits = job.limits.model_copy(update={"queue_deadline": deadline})
-        return job.model_copy(update={"limits": limits})
+    def queue_deadline(self) -> float:
+        """The queue deadline of a job queued now. It counts from the enqueue: the checks before
+        it (a fresh API process builds its prompt counter in the first: 110-270 ms on an idle
+        2-core machine, more on a loaded one) are not time spent in the queue."""
+        return time.time() + self.settings.queue_timeout_s
 
-    def submit(self, job: QueuedJob) -> Subscription:
-        """Check, accept, subscribe, then enqueue, so that no event of the job can be missed.
-        The job's events come on this process's reply channel (api/queue/relay.py).
-
-        Admission refuses a model no live worker serves, then a full queue (`accept`)."""
-        tokens: list[int] | None = None  # an embedding job has no prompt to check or place
-        if isinstance(job, GenerationJob):  # before the job is queued
-            generation = job
-            tokens = self._call(lambda: self.windows.check(generation))
-        job = job.model_copy(update={"reply_to": self.api_id})
+    def accept(self, job: QueuedJob) -> None:
+        """Refuse at once a job its model's queue cannot take soon (429), else count it in the
+        model's backlog (`release` takes it out)."""
         queue = self.queue(job.model, job.lane)
-        self.accept(job, queue)
-        try:
-            self._prefer(job, tokens)
-            sub = self.relay.subscribe(job.job_id)
-            queued = self._from_enqueue(job)
-            try:
-                self._call(lambda: self._enqueue(queue, queued))
-            except BaseException:
-                self.relay.unsubscribe(sub)
-                raise
-        except BaseException:
-            self._call(lambda: self.release(job.job_id, job.model))
-            raise
-        self.watch.add(job.job_id, job.model, sub)
-        return sub
-
-    def accept(self, job: QueuedJob, queue: Queue) -> None:
-        """Refuse at once what cannot be served soon: no live worker (404), a full queue (429)."""
-        self.require_model(job.model)
         keys = [queue.key, self.keys.backlog(job.model), self.keys.backlog_tokens(job.model)]
         args: list[str | float] = [
             self.settings.queue_cap,
@@ -178,13 +156,36 @@ class Broker:
                 retry_after_s=retry_after,
             )
 
-    def _prefer(self, job: QueuedJob, tokens: list[int] | None) -> None:
-        """Place a generation job on the worker holding its prefix, if any
-        (api/queue/placement.py); an embedding job (no tokens) is never placed."""
-        if tokens is None or not isinstance(job, GenerationJob) or not self.placement.enabled:
-            return
-        workers = self._live_workers([job.model])[job.model]
-        self._call(lambda: self.placement.place(job, tokens, workers))
+    def place(
+        self, job: QueuedJob, prompt: PromptCount | None, workers: frozenset[str]
+    ) -> Outcome | None:
+        """Place a generation job on the one of `workers` holding its prefix, if any
+        (api/queue/placement.py); None: not placed (an embedding job, a prompt the API could
+        not count or that is several, placement off)."""
+        if not isinstance(job, GenerationJob) or prompt is None or prompt.ids is None:
+            return None
+        if not self.placement.enabled:
+            return None
+        ids = prompt.ids
+        return self._call(lambda: self.placement.place(job, ids, workers))
+
+    def enqueue(self, admitted: Admitted) -> None:
+        """Queue an admitted job (api/queue/admission.py) as it is, and watch it until its
+        request ends; its events already come to its subscription. RQ appends the job; then it
+        moves to its fair place (shared/queue/fair_order.py)."""
+        job = admitted.job
+        queue = self.queue(job.model, job.lane)
+        keys = [queue.key, self.keys.order(job.model)]
+        keys += [self.keys.rounds(job.model), self.keys.round(job.model)]
+        args: list[str | int] = [job.job_id, job.share or "anonymous", job.priority]
+        try:
+            self._call(lambda: queue.enqueue_call(job_function(job), **self._job_options(job)))
+            self._call(lambda: self._place(keys=keys, args=args))
+        except BaseException:
+            self.relay.unsubscribe(admitted.sub)
+            self.release(job.job_id, job.model)
+            raise
+        self.watch.add(job.job_id, job.model, admitted.sub)
 
     def release(self, job_id: str, model: str) -> None:
         """Take a job's prompt tokens out of its model's backlog, and forget its placement
@@ -194,7 +195,7 @@ class Broker:
         pipe = self.redis.pipeline(transaction=False)  # one round trip, as before placement
         self._release(keys=keys, args=[job_id, "withdrawn"], client=pipe)
         self.placement.forget(pipe, job_id, model)
-        pipe.execute()
+        self._call(pipe.execute)
 
     def withdraw(self, job_id: str, model: str) -> None:
         """Cancel a job nobody will wait for, and take it off its queue if it is still there
@@ -203,7 +204,7 @@ class Broker:
         for lane in ("interactive", "background"):
             queue = self.queue(model, lane)
             self._call(lambda: queue.remove(job_id))  # noqa: B023 (called at once)
-        self._call(lambda: self.release(job_id, model))
+        self.release(job_id, model)
 
     def _job_options(self, job: QueuedJob) -> dict[str, Any]:
         """What RQ gets for every generation job: the one function, the payload, the TTLs."""
@@ -214,13 +215,6 @@ class Broker:
             "result_ttl": self.settings.result_ttl_s,
             "failure_ttl": self.settings.result_ttl_s,
         }
-
-    def _enqueue(self, queue: Queue, job: QueuedJob) -> None:
-        """RQ appends the job; then it moves to its fair place (shared/queue/fair_order.py)."""
-        queue.enqueue_call(job_function(job), **self._job_options(job))
-        keys = [queue.key, self.keys.order(job.model)]
-        keys += [self.keys.rounds(job.model), self.keys.round(job.model)]
-        self._place(keys=keys, args=[job.job_id, job.share or "anonymous", job.priority])
 
     def submit_bulk(self, jobs: list[GenerationJob], retries: int | None = None) -> None:
         """Enqueue background responses or batch lines on their lane, in order (no admission

@@ -1,22 +1,43 @@
-"""The context-window check the API makes before a job is queued.
+"""The API's count of a job's prompt, made once per request before the job is queued.
 
 Workers publish their model's `TokenizerSpec` (shared/queue/prompt_tokens.py). Per request the API
 reads the spec's digest (one small Redis read) and rebuilds the counter only when it changed.
-The rule itself is shared/queue/context_window.py's, which the worker applies too. With no spec, or
-a spec without a tokenizer, the check is left to the worker, which refuses a prompt that does
-not fit before prefill (still a 400 before any stream begins, but after the queue).
+`measure` renders and tokenizes the prompt once; admission (api/queue/admission.py) hands the
+count to the context-window check (the rule is shared/queue/context_window.py's, which the
+worker applies too), to the per-key rate limits and to placement. With no spec, or a spec
+without a tokenizer, the check is left to the worker, which refuses a prompt that does not fit
+before prefill (still a 400 before any stream begins, but after the queue).
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 from redis import Redis
 
+from shared.queue.connection import redis_errors_as_503
 from shared.queue.context_window import completion_budget
-from shared.queue.jobs import GenerationJob
+from shared.queue.jobs import GenerationJob, QueuedJob
 from shared.queue.keys import Keys
 from shared.queue.prompt_tokens import PromptCounter, TokenizerSpec
+
+
+@dataclass(frozen=True)
+class PromptCount:
+    """A generation job's prompt as its worker will count it."""
+
+    tokens: int  # for several prompts, the longest one's (each has the window to itself)
+    ids: list[int] | None  # the prompt's token ids when the job has one (placement hashes them)
+    window: int  # the model's context window
+
+    def room(self, job: GenerationJob) -> int:
+        """The tokens the job's completion may generate; a 400 `context_length_exceeded` when
+        the prompt does not leave what it asks for."""
+        where = "messages" if job.messages is not None else "prompt"
+        return completion_budget(
+            self.tokens, job.max_tokens, self.window, where, ceiling=job.max_tokens_ceiling
+        )
 
 
 class ContextWindows:
@@ -26,25 +47,18 @@ class ContextWindows:
         self._lock = threading.Lock()
         self._counters: dict[str, tuple[str, PromptCounter | None]] = {}
 
-    def check(self, job: GenerationJob) -> list[int] | None:
-        """Refuse a prompt that does not fit; return its token ids when the job has one prompt
-        and the API can count it (placement hashes them: api/queue/placement.py)."""
-        counter = self.counter(job.model)
+    def measure(self, job: QueuedJob) -> PromptCount | None:
+        """The job's prompt counted once; None for an embedding job (no prompt to fit) or when
+        no worker published a tokenizer the API can count with."""
+        if not isinstance(job, GenerationJob):
+            return None
+        with redis_errors_as_503():
+            counter = self.counter(job.model)
         if counter is None:
             return None
         ids = counter.ids(job)
-        count = len(ids) if ids is not None else counter.count(job)
-        where = "messages" if job.messages is not None else "prompt"
-        completion_budget(
-            count, job.max_tokens, counter.context_length, where, ceiling=job.max_tokens_ceiling
-        )
-        return ids
-
-    def count(self, job: GenerationJob) -> int | None:
-        """The job's prompt tokens as its worker will count them; None if no worker published
-        a tokenizer the API can count with."""
-        counter = self.counter(job.model)
-        return None if counter is None else counter.count(job)
+        tokens = len(ids) if ids is not None else counter.count(job)
+        return PromptCount(tokens, ids, counter.context_length)
 
     def counter(self, model: str) -> PromptCounter | None:
         """The model's prompt counter, as its workers published it; None: none published."""

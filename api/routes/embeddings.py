@@ -36,7 +36,7 @@ def collect_embeddings(running: RunningJob, req: EmbeddingRequest) -> EmbeddingL
     vectors: dict[int, bytes] = {}
     try:
         for batch in running.updates():
-            for event in batch if isinstance(batch, list) else ():
+            for event in batch:
                 if isinstance(event, EmbeddingEvent):
                     vectors[event.index] = base64.b64decode(event.data)
                 elif isinstance(event, DoneEvent):

@@ -19,7 +19,7 @@ from api.http.auth import owner_id
 from api.http.sse import named_frame, sse_response, token_framer
 from api.http.validation import parse_body
 from api.queue.broker import broker
-from api.queue.generation import Keepalive, Relayed, RunningJob, collect, start
+from api.queue.generation import KeepaliveEvent, Relayed, RunningJob, collect, start
 from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from shared.queue.jobs import job_for
 from shared.wire.answers import chat_completion
@@ -80,14 +80,14 @@ def count_tokens() -> Response:
     req = parse_body(MessagesInput)
     b = broker()
     b.require_model(req.model)
-    count = b.windows.count(job_for(new_id("msg_"), req))
-    if count is None:
+    prompt = b.windows.measure(job_for(new_id("msg_"), req))
+    if prompt is None:
         raise InvalidRequestError(
             f"The worker serving '{req.model}' has not published a tokenizer this server can "
             "count with; count_tokens is not available for this model.",
             param="model",
         )
-    return _json(TokenCount(input_tokens=count).model_dump_json())
+    return _json(TokenCount(input_tokens=prompt.tokens).model_dump_json())
 
 
 def collect_message(running: RunningJob, chat: ChatCompletionRequest) -> Message:
@@ -102,6 +102,9 @@ def _frames(events: list[StreamEvent]) -> bytes:
     return b"".join(named_frame(event.type, event) for event in events)
 
 
+_PING = _frames([Ping()])
+
+
 @functools.cache
 def _text_framer(index: int) -> Callable[[TokenEvent], bytes]:
     """The per-token frame of a text delta of block `index`: rendered once, then each token
@@ -111,14 +114,17 @@ def _text_framer(index: int) -> Callable[[TokenEvent], bytes]:
 
 
 def frames_of(stream: MessageStream, event: Relayed) -> bytes:
-    """The SSE bytes of one of the job's events in the message's stream."""
+    """The SSE bytes of one of the job's events in the message's stream; a ping while it is
+    silent."""
     if isinstance(event, TokenEvent):
         if stream.continues_text(event):
             return _text_framer(stream.blocks - 1)(event)
         return _frames(stream.feed(event))
+    if isinstance(event, KeepaliveEvent):
+        return _PING
     if isinstance(event, DoneEvent):
         return _frames(stream.closing(event))
-    return b""  # a ChoiceEndEvent: a message is one choice, ended by its DoneEvent
+    return b""  # a choice's end (a message is one choice, ended by its DoneEvent), a vector
 
 
 def stream_message(running: RunningJob) -> Iterator[bytes]:
@@ -128,9 +134,6 @@ def stream_message(running: RunningJob) -> Iterator[bytes]:
     try:
         yield _frames(stream.opening(running.started.prompt_tokens))
         for batch in running.updates():
-            if isinstance(batch, Keepalive):
-                yield _frames([Ping()])
-                continue
             yield b"".join(frames_of(stream, event) for event in batch)
     except MLXQError as err:
         _, body = anthropic_error(err.status, err.detail())

@@ -16,9 +16,9 @@ from flask import Blueprint, Response, request
 from api.http.auth import owner_id
 from api.http.sse import KEEPALIVE, event_frame, sse_response
 from api.http.validation import parse_body
+from api.queue.admission import admit_background
 from api.queue.broker import broker
-from api.queue.generation import Keepalive, RunningJob, collect, start
-from api.queue.rate_limits import admit
+from api.queue.generation import KeepaliveEvent, Relayed, RunningJob, collect, start
 from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from api.stores.listing import parse_query
 from api.stores.responses import ResponseStore
@@ -60,15 +60,12 @@ def create_response() -> Response:
         request=req,
     )
     responses = store()
-    job = job_for(stored.id, req, owner_id())
-    if req.store:
-        job.replay_ttl_s = responses.ttl_s
+    job = job_for(stored.id, req, owner_id(), replay_ttl_s=responses.ttl_s if req.store else None)
     if req.background:
         b = broker()
-        b.require_model(req.model)
-        admit(job)
+        queued = admit_background(b, job)
         responses.create(owner_id(), stored)
-        b.submit_bulk([job])
+        b.submit_bulk([queued])
         if req.stream:
             return sse_response(replay_stream(responses, owner_id(), stored, after=-1))
         return _json(responses.derive(stored, False).model_dump_json())
@@ -118,6 +115,15 @@ def _frames(events: list[StreamEvent], after: int) -> Iterator[bytes]:
             yield event_frame(event.type, event, event.sequence_number)
 
 
+def _live_frames(stream: ResponseStream, batch: list[Relayed]) -> Iterator[bytes]:
+    """The frames of a group of the job's events; a keep-alive comment while it is silent."""
+    for event in batch:
+        if isinstance(event, KeepaliveEvent):
+            yield KEEPALIVE
+        else:
+            yield from _frames(stream.feed(event), -1)
+
+
 def live_stream(
     running: RunningJob, stored: StoredResponse, responses: ResponseStore
 ) -> Iterator[bytes]:
@@ -127,10 +133,7 @@ def live_stream(
         yield from _frames(stream.opening(), -1)
         yield from _frames(stream.feed(running.started), -1)
         for batch in running.updates():
-            if isinstance(batch, Keepalive):
-                yield KEEPALIVE
-                continue
-            yield b"".join(frame for event in batch for frame in _frames(stream.feed(event), -1))
+            yield b"".join(_live_frames(stream, batch))
     except MLXQError as err:
         yield from _frames(stream.feed(ErrorEvent.from_error(err)), -1)
     finally:

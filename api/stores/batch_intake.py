@@ -40,6 +40,7 @@ MAX_ERRORS = 100
 
 @dataclass
 class Intake:
+    owner: str  # who created the batch: each line's job carries it
     custom_ids: list[str] = field(default_factory=list)
     jobs: list[GenerationJob] = field(default_factory=list)
     refused: dict[int, LineResult] = field(default_factory=dict)
@@ -52,8 +53,10 @@ class Intake:
             self.errors.append(BatchError(code=code, line=line, message=message, param=param))
 
 
-def take_in(content: bytes, batch: StoredBatch, is_served: Callable[[str], bool]) -> Intake:
-    intake = Intake()
+def take_in(
+    content: bytes, batch: StoredBatch, is_served: Callable[[str], bool], owner: str
+) -> Intake:
+    intake = Intake(owner)
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError:
@@ -146,8 +149,7 @@ def _take_request(intake: Intake, batch: StoredBatch, line: BatchInputLine) -> N
     except MLXQError as err:
         intake.refused[index] = LineResult.failed(line.custom_id, err.status, err.body())
         return
-    job = job_for(line_job_id(batch.id, index), request)
-    job.batch_line = BatchLine(
+    record = BatchLine(
         batch_id=batch.id,
         index=index,
         custom_id=line.custom_id,
@@ -155,7 +157,10 @@ def _take_request(intake: Intake, batch: StoredBatch, line: BatchInputLine) -> N
         body=body,
         expires_at=batch.expires_at,
     )
-    intake.jobs.append(job)
+    # The owner after the fact: a batch line's fair share is not its owner's (it waits in the
+    # batch lane, in order), so `job_for` is not given it.
+    job = job_for(line_job_id(batch.id, index), request)
+    intake.jobs.append(job.model_copy(update={"batch_line": record, "owner": intake.owner}))
 
 
 def _batchable(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:

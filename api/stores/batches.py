@@ -49,7 +49,13 @@ from shared.wire.batches import (
     StoredBatch,
     line_job_prefix,
 )
-from shared.wire.errors import InvalidRequestError, MLXQError, ModelNotFoundError, NotFoundError
+from shared.wire.errors import (
+    InvalidRequestError,
+    MLXQError,
+    ModelNotFoundError,
+    NotFoundError,
+    RateLimitError,
+)
 from shared.wire.ids import new_id
 from shared.wire.messages import MESSAGES_PATH
 
@@ -104,12 +110,10 @@ class BatchStore:
         is stored as `failed` with its errors, or with `refuse` raised as a 400 and not stored
         (Anthropic's Message Batches)."""
         now = stored.created_at
-        intake = take_in(content, stored, self._is_served)
+        intake = take_in(content, stored, self._is_served, owner)
         if intake.errors and refuse:
             first = intake.errors[0]
             raise InvalidRequestError(first.message, param=first.param, code=first.code)
-        for job in intake.jobs:
-            job.owner = owner
         stored.models = sorted(intake.models)
         fields: dict[FieldT, EncodableT] = {"owner": owner, "record": stored.model_dump_json()}
         if intake.errors:
@@ -117,10 +121,12 @@ class BatchStore:
             fields.update(status="failed", failed_at=now, errors=errors)
             self._write(stored, owner, fields, [], {})
             return self.view(owner, stored.id)
-        over = hold_batch(stored.id, intake.jobs, stored.expires_at)
-        if over is not None and refuse:
-            raise over
-        if over is not None:  # as OpenAI: the batch fails with `token_limit_exceeded`
+        try:
+            jobs = hold_batch(stored.id, intake.jobs, stored.expires_at)
+        except RateLimitError as over:
+            if refuse:
+                raise
+            # As OpenAI: the batch fails with `token_limit_exceeded`.
             error = BatchError(code="token_limit_exceeded", line=None, message=over.message)
             fields.update(
                 status="failed", failed_at=now, errors=BatchErrors(data=[error]).model_dump_json()
@@ -136,7 +142,7 @@ class BatchStore:
         )
         self._write(stored, owner, fields, intake.custom_ids, intake.refused)
         try:
-            self._broker.submit_bulk(intake.jobs, retries=self._settings.batch_line_retries)
+            self._broker.submit_bulk(jobs, retries=self._settings.batch_line_retries)
         except MLXQError as err:
             self._move(
                 keys=[self._keys.batch(stored.id)], args=["in_progress", "failed", "failed", now]

@@ -9,7 +9,7 @@ the job has ended, from the times it recorded anyway, so nothing of this runs pe
 Attribute names follow OpenTelemetry's GenAI semantic conventions (`gen_ai.*`).
 
 Without the variable, `setup` installs nothing, `request_span` returns None and jobs carry no
-trace: no other code here runs.
+trace (`traceparent`): no other code here runs.
 """
 
 from __future__ import annotations
@@ -65,17 +65,22 @@ def _request_attributes(job: QueuedJob) -> dict[str, Any]:
 
 
 def request_span(job: QueuedJob) -> Span | None:
-    """The API's span for a request, its context put in the job; None when tracing is off."""
+    """The API's span for a request; None when tracing is off."""
     if not enabled():
         return None
     name = f"{_operation(job)} {job.model}"
-    span = trace.get_tracer("mlxq.api").start_span(
+    return trace.get_tracer("mlxq.api").start_span(
         name, kind=SpanKind.SERVER, attributes=_request_attributes(job)
     )
+
+
+def traceparent(span: Span | None) -> str | None:
+    """The span's context as the job carries it to its worker (`QueuedJobBase.trace`)."""
+    if span is None:
+        return None
     carrier: dict[str, str] = {}
     propagate.inject(carrier, context=trace.set_span_in_context(span))
-    job.trace = carrier.get("traceparent")
-    return span
+    return carrier.get("traceparent")
 
 
 def end_request(

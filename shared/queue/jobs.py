@@ -16,9 +16,9 @@ embedding model) carries its inputs, already split into a list.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.queue import fair_order
 from shared.wire.batches import BatchLine
@@ -43,6 +43,7 @@ EMBEDDING_JOB_FUNCTION = "worker.runtime.job_function.run_embedding"
 class JobLimits(BaseModel):
     """When a job gives up; None means no limit."""
 
+    model_config = ConfigDict(frozen=True)
     # Unix time after which the job must not start: a worker that takes it later fails it.
     queue_deadline: float | None = None
     # Seconds the job may run once started; then a generation ends as `on_run_limit` says (an
@@ -53,7 +54,10 @@ class JobLimits(BaseModel):
 
 class QueuedJobBase(BaseModel):
     """What every job on a model's queue carries, whatever its kind: its place in the queue,
-    its limits and who waits on it."""
+    its limits and who waits on it. Frozen: a job is built whole (`job_for`), copied with what
+    admission adds (api/queue/admission.py), and never changed after."""
+
+    model_config = ConfigDict(frozen=True)
 
     job_id: Annotated[str, Field(pattern=ID_PATTERN)]
     model: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
@@ -175,32 +179,48 @@ class JobOutcome(BaseModel):
     error: str | None = None  # why it failed (finish_reason "error"), as its client was told
 
 
+class _Queueing(TypedDict):
+    """Who sent a generation job, where it waits and how long its events are kept."""
+
+    owner: str | None
+    share: str
+    priority: int
+    lane: Lane
+    replay_ttl_s: int | None
+
+
 def job_for(
     job_id: str,
     req: ChatCompletionRequest | CompletionRequest | ResponsesRequest | MessagesInput,
     owner: str | None = None,
+    replay_ttl_s: int | None = None,
 ) -> GenerationJob:
     """The generation job that answers a validated request of any of the four endpoints. A
-    message is a chat request inside, with Anthropic's thinking and its max_tokens a ceiling."""
+    message is a chat request inside, with Anthropic's thinking and its max_tokens a ceiling.
+    `replay_ttl_s`: keep the job's event log that long (a stored response)."""
     if isinstance(req, MessagesInput):
-        job = job_for(job_id, req.chat_request(), owner)
-        job.reasoning = req.reasoning_control()
-        job.max_tokens_ceiling = True
-        return job
-    job = _job_for(job_id, req)
-    job.owner = owner
-    job.share = fair_order.share(owner, req.user, keyed=owner not in (None, "anonymous"))
-    if not isinstance(req, ResponsesRequest):
-        job.priority = req.priority
+        chat = job_for(job_id, req.chat_request(), owner, replay_ttl_s)
+        update = {"reasoning": req.reasoning_control(), "max_tokens_ceiling": True}
+        return chat.model_copy(update=update)  # built, not yet admitted
+    lane: Lane = "interactive"
     if isinstance(req, ResponsesRequest) and req.background:
-        job.lane = "background"
+        lane = "background"
     if isinstance(req, ChatCompletionRequest) and req.service_tier == "flex":
-        job.lane = "background"
-    return job
+        lane = "background"
+    queueing = _Queueing(
+        owner=owner,
+        share=fair_order.share(owner, req.user, keyed=owner not in (None, "anonymous")),
+        priority=0 if isinstance(req, ResponsesRequest) else req.priority,
+        lane=lane,
+        replay_ttl_s=replay_ttl_s,
+    )
+    return _job_for(job_id, req, queueing)
 
 
 def _job_for(
-    job_id: str, req: ChatCompletionRequest | CompletionRequest | ResponsesRequest
+    job_id: str,
+    req: ChatCompletionRequest | CompletionRequest | ResponsesRequest,
+    queueing: _Queueing,
 ) -> GenerationJob:
     if isinstance(req, ResponsesRequest):
         return GenerationJob(
@@ -212,6 +232,7 @@ def _job_for(
             grammar=req.grammar(),
             tools=req.tool_use(),
             reasoning=req.reasoning_control(),
+            **queueing,
         )
     if isinstance(req, ChatCompletionRequest):
         return GenerationJob(
@@ -227,6 +248,7 @@ def _job_for(
             reasoning=req.reasoning_control(),
             chat_template_kwargs=req.chat_template_kwargs,
             n=req.n,
+            **queueing,
         )
     return GenerationJob(
         job_id=job_id,
@@ -238,4 +260,5 @@ def _job_for(
         logprobs=req.logprobs,
         n=req.n,
         prompt_logprobs=req.logprobs if req.echo else None,
+        **queueing,
     )
