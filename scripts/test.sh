@@ -10,7 +10,7 @@ echo "test: ruff format --check, ruff check, mypy"
 .venv/bin/mypy
 echo "test: pytest"
 rc=0
-.venv/bin/python -m pytest "$@" || rc=$?
+.venv/bin/python -m pytest --durations=25 "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test: pytest collected no tests: failing" >&2
   exit 1
