@@ -13,6 +13,7 @@ from tests.families.vocab import FAMILIES, deepseek, family_tokenizer
 from worker.engine.sequence.detokenize import (
     ByteLevelDecoder,
     TextDecoder,
+    byte_table_of,
     decoder_factory,
     token_pieces,
 )
@@ -32,15 +33,18 @@ MARKED = {  # text with the family's markers written in it
 
 
 @functools.cache
+def table_of(family: str) -> list[bytes] | None:
+    """The family's byte table (its whole vocabulary: a second or so to make)."""
+    return byte_table_of(family_tokenizer(family))
+
+
 def new_decoder(family: str) -> Callable[[], TextDecoder]:
-    """The worker's decoder constructor for the family (a byte table of its whole vocabulary,
-    a second or so to make)."""
-    return decoder_factory(family_tokenizer(family))
+    """The worker's decoder constructor for the family."""
+    return decoder_factory(family_tokenizer(family), table_of(family))
 
 
-@functools.cache
 def piece_of(family: str) -> Callable[[int], bytes]:
-    return token_pieces(family_tokenizer(family))
+    return token_pieces(family_tokenizer(family), table_of(family))
 
 
 def streamed(family: str, ids: list[int]) -> list[str]:

@@ -16,7 +16,12 @@ from mlx_lm.utils import load_config, load_tokenizer
 from worker.engine.cpu import exponentials as cpu_exp
 from worker.engine.cpu import matvec
 from worker.engine.cpu.exponentials import Routes as Routes  # the loader's callers name routes
-from worker.engine.sequence.detokenize import TextDecoder, decoder_factory, token_pieces
+from worker.engine.sequence.detokenize import (
+    TextDecoder,
+    byte_table_of,
+    decoder_factory,
+    token_pieces,
+)
 from worker.engine.sequence.stop import stop_token_ids
 
 
@@ -52,6 +57,7 @@ def load_model(path: str, exps: Routes = cpu_exp.BOTH, native: Path | None = Non
     cpu_exp.attach(model, exps)
     if native is not None:
         matvec.attach(model, native)
+    table = byte_table_of(tokenizer)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -59,9 +65,9 @@ def load_model(path: str, exps: Routes = cpu_exp.BOTH, native: Path | None = Non
         stop_ids=stop_token_ids(
             tokenizer.eos_token_ids, _generation_config_eos(Path(path)), _token_lookup(tokenizer)
         ),
-        new_decoder=decoder_factory(tokenizer),
+        new_decoder=decoder_factory(tokenizer, table),
         vocab_size=int(config.get("vocab_size") or len(tokenizer.get_vocab())),
-        token_piece=token_pieces(tokenizer),
+        token_piece=token_pieces(tokenizer, table),
     )
 
 

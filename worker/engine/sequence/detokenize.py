@@ -65,19 +65,26 @@ def byte_table(tokenmap: Sequence[str | None]) -> list[bytes]:
     return table
 
 
-def decoder_factory(tokenizer: Any) -> Callable[[], TextDecoder]:
-    """A constructor of per-sequence decoders suited to this mlx-lm TokenizerWrapper."""
+def byte_table_of(tokenizer: Any) -> list[bytes] | None:
+    """Each token's bytes, for a byte-level BPE TokenizerWrapper; None for any other. Made once
+    per model (about a second and a half for a 200k vocabulary) and shared by what needs it."""
     template: StreamingDetokenizer = tokenizer.detokenizer
     if isinstance(template, BPEStreamingDetokenizer):
-        table = byte_table(template.tokenmap)
+        return byte_table(template.tokenmap)
+    return None
+
+
+def decoder_factory(tokenizer: Any, table: list[bytes] | None) -> Callable[[], TextDecoder]:
+    """A constructor of per-sequence decoders suited to this mlx-lm TokenizerWrapper, whose
+    `byte_table_of` is `table`."""
+    if table is not None:
         return lambda: ByteLevelDecoder(table)
     return lambda: MlxLmDecoder(tokenizer.detokenizer)
 
 
-def token_pieces(tokenizer: Any) -> Callable[[int], bytes]:
-    """Each token id's own bytes (the text a logprobs entry names), for this TokenizerWrapper."""
-    template: StreamingDetokenizer = tokenizer.detokenizer
-    if isinstance(template, BPEStreamingDetokenizer):
-        table = byte_table(template.tokenmap)
+def token_pieces(tokenizer: Any, table: list[bytes] | None) -> Callable[[int], bytes]:
+    """Each token id's own bytes (the text a logprobs entry names), for this TokenizerWrapper,
+    whose `byte_table_of` is `table`."""
+    if table is not None:
         return lambda token: table[token] if token < len(table) else b""
     return lambda token: str(tokenizer.decode([token])).encode()
