@@ -75,7 +75,9 @@ class Progress:
                 self.parts.append(text)
                 self.calls.extend(calls or [])
                 if reasoning:
-                    self.reasoning = [*(self.reasoning or []), reasoning]
+                    if self.reasoning is None:
+                        self.reasoning = []
+                    self.reasoning.append(reasoning)
             case DoneEvent():
                 self.done = event
             case ErrorEvent(error=error):
