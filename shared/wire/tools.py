@@ -36,6 +36,7 @@ MAX_TOOLS = 128  # OpenAI's limit
 CALL_START = "<tool_call>"
 CALL_END = "</tool_call>"
 FunctionName = Annotated[str, Field(pattern=FUNCTION_NAME_PATTERN)]
+_CALL_JSON = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 
 
 class FunctionDefinition(BaseModel):
@@ -123,7 +124,9 @@ class ToolUse(BaseModel):
             if not isinstance(self.choice, NamedToolChoice)
             or t.function.name == self.choice.function.name
         ]
-        schema = {"anyOf": [_call_schema(f) for f in allowed]}
+        # Whitespace is fixed to json.dumps' separators: a sampled model left free to write
+        # whitespace between tokens can spend its whole max_tokens on it, mid-call.
+        schema = {"anyOf": [_call_schema(f) for f in allowed], "x-guidance": _CALL_JSON}
         repeat = "+" if self.parallel and not isinstance(self.choice, NamedToolChoice) else ""
         lark = (
             f"start: call{repeat}\n"
