@@ -10,6 +10,7 @@ from api.queue.broker import broker
 from api.stores.files import FileStore
 from api.stores.idempotency import idempotent
 from api.stores.listing import parse_query
+from shared.wire.digits import parse_integer
 from shared.wire.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedParameterError
 from shared.wire.files import ExpiresAfter, FileListQuery
 
@@ -69,7 +70,9 @@ def _expires_after_s() -> int | None:
     if anchor is None and seconds is None:
         return None
     try:
-        return ExpiresAfter.model_validate({"anchor": anchor, "seconds": seconds}).seconds
+        # The seconds in ASCII digits only: the model's lax mode would take "+3_600.0".
+        written = {"anchor": anchor, "seconds": parse_integer(seconds or "")}
+        return ExpiresAfter.model_validate(written).seconds
     except ValidationError as err:
         raise InvalidRequestError(
             "expires_after needs anchor 'created_at' and seconds between 3600 and 2592000.",

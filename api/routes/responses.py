@@ -23,6 +23,7 @@ from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from api.stores.listing import parse_query
 from api.stores.responses import ResponseStore
 from shared.queue.jobs import job_for
+from shared.wire.digits import parse_integer
 from shared.wire.errors import InvalidRequestError, MLXQError, NotFoundError
 from shared.wire.events import ErrorEvent, RequeuedEvent
 from shared.wire.ids import new_id
@@ -88,8 +89,8 @@ def retrieve_response(response_id: str) -> Response:
     stored, _ = responses.load(owner_id(), response_id)
     after = query.starting_after
     if after is None:
-        last_event_id = request.headers.get("Last-Event-ID", "")
-        after = int(last_event_id) if last_event_id.isdigit() else -1
+        last_event_id = parse_integer(request.headers.get("Last-Event-ID", ""))
+        after = -1 if last_event_id is None else last_event_id
     return sse_response(replay_stream(responses, owner_id(), stored, after))
 
 

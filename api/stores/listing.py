@@ -6,7 +6,6 @@ whose record has expired is dropped from its zset as the listing meets it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar, get_args, get_origin
 
@@ -14,21 +13,23 @@ from flask import request
 from pydantic import BaseModel
 from redis import Redis
 
+from shared.wire.digits import parse_integer
 from shared.wire.errors import InvalidRequestError
 
 M = TypeVar("M", bound=BaseModel)
-_INTEGER = re.compile(r"-?[0-9]{1,18}")
 T = TypeVar("T")
 
 
 def parse_query(model: type[M]) -> M:
     """The request's query string as a model (unknown parameters are a 400 naming them).
 
-    An integer parameter must be written as one: pydantic would read `0.0` or `+3` as 0 and 3."""
+    An integer parameter must be written as one, in ASCII digits (shared/wire/digits.py):
+    pydantic would read `0.0` or `+3` as 0 and 3."""
     args = request.args.to_dict()
     for name, value in args.items():
         field = model.model_fields.get(name)
-        if field is not None and _wants_int(field.annotation) and not _INTEGER.fullmatch(value):
+        wants_int = field is not None and _wants_int(field.annotation)
+        if wants_int and parse_integer(value, signed=True) is None:
             raise InvalidRequestError(
                 f"`{name}` must be an integer, not {value[:32]!r}", param=name, code="invalid_type"
             )

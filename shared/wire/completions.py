@@ -27,6 +27,7 @@ from shared.wire.chat_messages import MAX_CONTENT_CHARS as MAX_CONTENT_CHARS
 from shared.wire.chat_messages import MAX_CONTENT_PARTS as MAX_CONTENT_PARTS
 from shared.wire.chat_messages import ChatMessage as ChatMessage
 from shared.wire.chat_messages import HistoryText, TextPart
+from shared.wire.digits import parse_integer
 from shared.wire.errors import InvalidRequestError, UnsupportedParameterError
 from shared.wire.grammar import ResponseFormat
 from shared.wire.ids import MODEL_NAME_PATTERN as MODEL_NAME_PATTERN
@@ -174,8 +175,10 @@ class SamplingRequest(BaseModel):
     @field_validator("logit_bias")
     @classmethod
     def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if any(not key.isdigit() or len(key) > 9 for key in value or {}):
-            raise ValueError("logit_bias keys must be token ids (decimal integers as strings)")
+        if any(parse_integer(key, max_digits=9) is None for key in value or {}):
+            raise ValueError(
+                "logit_bias keys must be token ids (integers written in ASCII digits 0-9)"
+            )
         return value
 
     @model_validator(mode="after")

@@ -57,7 +57,7 @@ MESSAGES_PATH = "/v1/messages"
 # The `anthropic-version` header: a version date (the SDK sends its own, newer with each
 # release). Every version gets the same answers, whose shape has not changed since 2023-06-01;
 # a value that is not a date is refused.
-ANTHROPIC_VERSION_PATTERN = r"^\d{4}-\d{2}-\d{2}$"
+ANTHROPIC_VERSION_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"  # not \d: ASCII digits only
 
 
 class Tool(BaseModel):
