@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from shared.queue.fair_order import ROUND_OF
 from shared.queue.jobs import EmbeddingJob, QueuedJob
 
 
@@ -51,11 +52,13 @@ return 0
 # KEYS: backlog hash, backlog sum, order hash, round string (shared/queue/fair_order.py).
 # ARGV: job id, "taken" when a worker took it (its round becomes the current one).
 # Returns 1 if the job's tokens were released.
-RELEASE = """
+RELEASE = (
+    ROUND_OF
+    + """
 local place = redis.call('HGET', KEYS[3], ARGV[1])
 if place then
   redis.call('HDEL', KEYS[3], ARGV[1])
-  local round = tonumber(place) % 4294967296
+  local round = round_of(place)
   if ARGV[2] == 'taken' and round > tonumber(redis.call('GET', KEYS[4]) or '0') then
     redis.call('SET', KEYS[4], round)
   end
@@ -66,6 +69,7 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('DECRBY', KEYS[2], tokens)
 return 1
 """
+)
 
 _PER_MESSAGE = 4
 

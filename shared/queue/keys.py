@@ -21,7 +21,7 @@ Layout under the namespace `ns` (default "mlxq"):
     {ns}:backlog:{model}        hash  queued interactive job id -> its estimated prompt tokens
     {ns}:backlog_tokens:{model} string  the sum of that hash (the queue's token cap reads it)
     {ns}:order:{model}          hash  queued interactive job id -> its place in the fair order
-                                (shared/queue/fair_order.py: priority, then round)
+                                (shared/queue/fair_order.py): "{round} {priority} {share}"
     {ns}:rounds:{model}         hash  share (an API key's owner, or `user`) -> its last round
     {ns}:round:{model}          string  the round of the job taken last
     {ns}:blocks:{worker_id}     set  the prefix-block hashes (shared/queue/prefix_blocks.py) of

@@ -55,8 +55,8 @@ MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (OpenAI's limit); completions take 
 MAX_TOKENS = 131_072  # max_tokens / max_completion_tokens; the context window bounds it too
 MAX_METADATA = 16  # metadata pairs, keys up to 64 and values up to 512 characters (OpenAI's)
 SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit integer, as OpenAI takes
-# vLLM's `priority` bounds, so that a job's place in the fair order (priority x 2^32 + round,
-# shared/queue/fair_order.py) stays exact in Redis's doubles.
+# vLLM's `priority` bounds, so that a job's priority stays exact in Redis's doubles (it orders a
+# caller's own jobs: shared/queue/fair_order.py).
 PRIORITY_LIMIT = 2**20
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
@@ -154,7 +154,7 @@ class SamplingRequest(BaseModel):
     top_k: Annotated[int, Field(ge=-1, le=MAX_TOKENS)] = 0
     min_p: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.0
     repetition_penalty: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] = 1.0
-    # vLLM's: lower runs earlier among the interactive jobs of a model (shared/queue/fair_order.py).
+    # vLLM's: lower runs earlier among the caller's own queued jobs (shared/queue/fair_order.py).
     priority: Annotated[int, Field(ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)] = 0
     user: str | None = None
     metadata: (

@@ -39,7 +39,7 @@ class EmbeddingRequest(BaseModel):
     encoding_format: EncodingFormat = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
     user: str | None = None
-    # vLLM's: lower runs earlier among the interactive jobs of a model, as for generation.
+    # vLLM's: lower runs earlier among the caller's own queued jobs, as for generation.
     priority: Annotated[int, Field(ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)] = 0
 
     @model_validator(mode="after")

@@ -1,7 +1,8 @@
-"""Fair sharing between API keys on the real stack: key A queues 200 requests, then key B sends
-one; B's request starts within about one slot turnover (a few of A's generations, the API being
-busy with A's open requests), not after A's 200. Its own cluster: one worker with two slots,
-the API with two keys."""
+"""Fair sharing between API keys on the real stack: key A queues 200 requests, each at the most
+urgent `priority` there is, then key B sends one at the default; B's request starts within about
+one slot turnover (a few of A's generations, the API being busy with A's open requests), not
+after A's 200: A's priority orders A's own jobs, never B's turn. Its own cluster: one worker with
+two slots, the API with two keys."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
+from shared.wire.completions import PRIORITY_LIMIT
 from tests.support import CHAT, MODEL, rq_queue
 from worker.ops.cluster import Cluster
 
@@ -58,9 +60,11 @@ async def _flood_then_ask(cluster: Cluster) -> tuple[float, int]:
     queue = rq_queue(cluster.redis(), cluster.keys.queue(MODEL))
     headers = {"Authorization": f"Bearer {KEY_A}"}
     limits = httpx.Limits(max_connections=FLOOD + 8)
+    urgent = {**BODY, "priority": -PRIORITY_LIMIT}
     async with httpx.AsyncClient(base_url=cluster.api_url, timeout=600, limits=limits) as client:
         flood = [
-            asyncio.create_task(client.post(CHAT, json=BODY, headers=headers)) for _ in range(FLOOD)
+            asyncio.create_task(client.post(CHAT, json=urgent, headers=headers))
+            for _ in range(FLOOD)
         ]
         while queue.count < FLOOD - 10:
             await asyncio.sleep(0.1)
@@ -72,14 +76,17 @@ async def _flood_then_ask(cluster: Cluster) -> tuple[float, int]:
     return b_first, waiting
 
 
-def test_a_key_flooding_the_queue_does_not_starve_another_key(cluster: Cluster) -> None:
+def test_a_key_flooding_the_queue_at_the_most_urgent_priority_does_not_starve_another_key(
+    cluster: Cluster,
+) -> None:
     first_token_s(cluster, KEY_B)  # warm up
     idle_first, one_generation = first_token_s(cluster, KEY_A)
     b_first, waiting = asyncio.run(_flood_then_ask(cluster))
     print(
         f"\nkey B, time to first token: idle {idle_first:.2f} s; behind {waiting} queued requests"
-        f" of key A {b_first:.2f} s; one generation takes {one_generation:.2f} s, so A's queue"
-        f" in arrival order would hold B about {waiting / 2 * one_generation:.0f} s"
+        f" of key A at priority {-PRIORITY_LIMIT} {b_first:.2f} s; one generation takes"
+        f" {one_generation:.2f} s, so A's queue in arrival order would hold B about"
+        f" {waiting / 2 * one_generation:.0f} s"
     )
     assert waiting >= FLOOD - 10
     # A slot turnover or two, and an API busy with A's 200 open requests: a few generations at
