@@ -11,6 +11,7 @@ are reached without one.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +28,10 @@ from shared.queue.config import Settings
 from shared.wire.errors import BackendUnavailableError
 
 SENTINEL_SCHEME = "redis+sentinel"
+# What a client is told of any Redis failure (`unavailable`).
+UNAVAILABLE = "The service's data store (Redis) is unavailable; retry in a few seconds."
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -103,8 +108,14 @@ def connect_blocking(settings: Settings) -> Redis:
 
 
 def unavailable(err: RedisError) -> BackendUnavailableError:
-    """The one translation of a Redis failure: BackendUnavailableError (503, OpenAI's body)."""
-    return BackendUnavailableError(f"Redis is unreachable: {err}")
+    """The one translation of a Redis failure: BackendUnavailableError (503, OpenAI's body).
+
+    What Redis said stays in the log: its text names the server's address (`Error 111
+    connecting to host:port`), its memory (`OOM command not allowed`) and the ACL user and the
+    commands it lacks (`NOPERM`), none of which a client, unauthenticated on /health, should
+    learn. The client gets UNAVAILABLE."""
+    log.warning("Redis failed: %s: %s", type(err).__name__, err)
+    return BackendUnavailableError(UNAVAILABLE)
 
 
 @contextmanager
