@@ -142,11 +142,18 @@ def start_redis(
 
 
 def start_sentinel(
-    port: int, primary_port: int, service: str, folder: Path, down_after_ms: int = 1000
+    port: int,
+    primary_port: int,
+    service: str,
+    folder: Path,
+    down_after_ms: int = 1000,
+    extra: list[str] | None = None,
+    url: str = "",
 ) -> subprocess.Popen[bytes]:
     """A Redis Sentinel on 127.0.0.1:`port` watching the primary at 127.0.0.1:`primary_port` as
     `service` (a quorum of 2: three of them make a failover group). It rewrites its config file
-    in `folder` as it learns the replicas and the other Sentinels."""
+    in `folder` as it learns the replicas and the other Sentinels. `extra` config lines come
+    last (its own password, the primary's); `url` is how to reach it."""
     folder.mkdir(parents=True, exist_ok=True)
     conf = folder / "sentinel.conf"
     conf.write_text(
@@ -159,6 +166,7 @@ def start_sentinel(
                 f"sentinel down-after-milliseconds {service} {down_after_ms}",
                 f"sentinel failover-timeout {service} 10000",
                 f"sentinel parallel-syncs {service} 1",
+                *(extra or []),
             ]
         )
         + "\n"
@@ -167,7 +175,7 @@ def start_sentinel(
     server = subprocess.Popen(
         [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, start_new_session=True
     )
-    url = f"redis://127.0.0.1:{port}/0"
+    url = url or f"redis://127.0.0.1:{port}/0"
     try:
         wait_until(lambda: redis_answers(url), 10, f"Sentinel on {port}")
     except TimeoutError:
