@@ -19,7 +19,7 @@ from typing import Any  # noqa: E402 (after the patch, on purpose)
 
 from api.http.auth import check_bind  # noqa: E402
 from shared.observe import tracing  # noqa: E402
-from shared.observe.logs import configure  # noqa: E402
+from shared.observe.logs import configure, formatter  # noqa: E402
 from shared.queue.config import Settings  # noqa: E402
 
 _settings = Settings()
@@ -36,13 +36,23 @@ keepalive = 5
 accesslog = "-" if _settings.api_access_log else None
 
 
+def _in_our_format(log: Any) -> None:
+    """gunicorn's own error log in mlxq's format (shared/observe/logs.py): a request that
+    raised past Flask (in a stream's body) is written as its frames and type, never as its
+    exception's text, which may quote the request."""
+    for handler in log.error_log.handlers:
+        handler.setFormatter(formatter(_settings))
+
+
 def post_fork(server: Any, worker: Any) -> None:
     """Tracing (shared/observe/tracing.py) exports from a thread: start it in each forked worker."""
+    _in_our_format(worker.log)
     tracing.setup("mlxq-api")
 
 
 def on_starting(server: Any) -> None:
     """Refuse to listen beyond loopback without API keys (the final binds, CLI flags included)."""
+    _in_our_format(server.log)
     line = check_bind(server.cfg.bind, keys_configured=bool(_settings.api_keys))
     if line is not None:
         server.log.info(line)

@@ -2,33 +2,122 @@
 (`MLXQ_LOG_LEVEL`), set once at start (`configure`), and the one structured line per request
 (API) and per job (worker), `log_event`.
 
-A structured line carries its fields as the log record's extras: the JSON format writes them as
-keys of the line's object (python-json-logger), the text format as `key=value` after the message.
-Those lines hold ids, counts and times, the owner as the hashed id of its API key
-(api/http/auth.py), never a key, a prompt or an output.
+A structured line carries its fields under one attribute of the log record (`FIELDS`): the JSON
+format writes them as keys of the line's object (python-json-logger), the text format as
+`key=value` after the message. Those lines hold ids, counts and times, the owner as the hashed
+id of its API key (api/http/auth.py), never a key, a prompt or an output.
+
+No prompt or output reaches a log, whatever raises, because the formatters write nothing they
+were not built to write:
+- only `log_event`'s fields: any other extra a library attaches to a record is dropped (RQ
+  attaches a failed job's arguments, which are its whole payload, prompt included);
+- an exception as its traceback's frames and its type, without its text (`Redacted`): an
+  exception's text may quote anything it was raised over (a template's `raise_exception`, a
+  validation error's input, a token piece), while the frames are the code's own lines. Only the
+  types in `SAFE_TEXT` (network and file-system errors, which name addresses and paths) keep
+  their text.
+`configure` also sends exceptions that nothing caught (in any thread) through these formatters,
+instead of Python's default printing of the whole exception.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import threading
+import traceback
+from types import TracebackType
 from typing import Any
 
-from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
+from redis.exceptions import RedisError
 
 from shared.queue.config import Settings
 
 TEXT = "%(asctime)s %(name)s %(levelname)s %(message)s"
-_STANDARD = frozenset(RESERVED_ATTRS) | {"message", "asctime", "taskName"}
+# The record attribute that holds a structured line's fields (`log_event`).
+FIELDS = "mlxq_fields"
+# Exceptions whose text is kept in a traceback: they describe a connection or a file (an
+# address, a path, Redis's own error), never a request's content.
+SAFE_TEXT: tuple[type[BaseException], ...] = (OSError, RedisError)
+
+
+def redacted(exc: BaseException) -> str:
+    """An exception as a traceback of frames and types, chained ones included, as Python prints
+    it but without the text of any exception outside `SAFE_TEXT`."""
+    blocks: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        frames = traceback.extract_tb(current.__traceback__)
+        head = ["Traceback (most recent call last):\n", *frames.format()] if frames else []
+        blocks.insert(0, "".join([*head, _named(current), "\n"]))
+        if current.__cause__ is not None:
+            blocks.insert(0, _CAUSE)
+            current = current.__cause__
+        elif current.__context__ is not None and not current.__suppress_context__:
+            blocks.insert(0, _CONTEXT)
+            current = current.__context__
+        else:
+            current = None
+    return "".join(blocks).lstrip().rstrip("\n")
+
+
+_CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
+_CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
+
+
+def _named(exc: BaseException) -> str:
+    kind = type(exc)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    text = str(exc)
+    if not text:
+        return name
+    return f"{name}: {text}" if isinstance(exc, SAFE_TEXT) else f"{name} (its text is not logged)"
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    fields: dict[str, Any] = getattr(record, FIELDS, None) or {}
+    return fields
 
 
 class TextFormatter(logging.Formatter):
     """The plain format, with a structured line's fields appended as key=value."""
 
     def format(self, record: logging.LogRecord) -> str:
+        record.exc_text = None  # another handler's text of the exception may hold its message
         line = super().format(record)
-        fields = {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
-        return " ".join([line, *(f"{k}={_text(v)}" for k, v in fields.items())])
+        pairs = [f"{k}={_text(v)}" for k, v in _fields(record).items()]
+        return " ".join([line, *pairs])
+
+    def formatException(self, ei: Any) -> str:
+        return redacted(ei[1])
+
+
+class JsonLinesFormatter(JsonFormatter):
+    """One JSON object a line: the format's fields, a structured line's fields as keys, and an
+    exception as `redacted` writes it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.exc_text = None  # another handler's text of the exception may hold its message
+        return super().format(record)
+
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        for field in self._required_fields:
+            log_data[self._get_rename(field)] = record.__dict__.get(field)
+        for key, value in message_dict.items():  # exc_info and stack_info, as format() made them
+            log_data[self._get_rename(key)] = value
+        log_data.update(_fields(record))
+
+    def formatException(self, ei: Any) -> str:
+        return redacted(ei[1])
 
 
 def _text(value: Any) -> str:
@@ -37,18 +126,37 @@ def _text(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def configure(settings: Settings) -> None:
-    """Send every logger's records to stderr in the configured format and level."""
-    handler = logging.StreamHandler()
+def formatter(settings: Settings) -> logging.Formatter:
+    """The configured format's formatter."""
     if settings.log_format == "json":
-        handler.setFormatter(JsonFormatter(TEXT, rename_fields={"levelname": "level"}))
-    else:
-        handler.setFormatter(TextFormatter(TEXT))
+        return JsonLinesFormatter(TEXT, rename_fields={"levelname": "level"})
+    return TextFormatter(TEXT)
+
+
+def configure(settings: Settings) -> None:
+    """Send every logger's records to stderr in the configured format and level, and exceptions
+    nothing caught through the same formatter."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(formatter(settings))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level)
+    sys.excepthook = _log_uncaught
+    threading.excepthook = _log_uncaught_in_thread
+
+
+def _log_uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+    logging.getLogger("mlxq").critical("uncaught exception", exc_info=(kind, exc, tb))
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if args.exc_value is None or isinstance(args.exc_value, SystemExit):
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+    logging.getLogger("mlxq").error("uncaught exception in thread %s", name, exc_info=exc_info)
 
 
 def log_event(logger: logging.Logger, message: str, **fields: Any) -> None:
     """One structured line (INFO): `message` and its fields."""
-    logger.info(message, extra=fields)
+    logger.info(message, extra={FIELDS: fields})

@@ -74,10 +74,11 @@ class JobRecord(BaseModel):
 
     def log_fields(self) -> dict[str, object]:
         """The job's structured log line (shared/observe/logs.py): ids, counts and times, no
-        text (a failed job's error is the server's own message)."""
+        text. A failed job's error stays out: it may quote the request (a chat template's
+        refusal, an exception's text); the fleet view shows it to the job's owner."""
         times = {"enqueued_at", "started_at", "first_token_at", "ended_at"}
         return {
-            **self.model_dump(exclude=times if self.error else {*times, "error"}),
+            **self.model_dump(exclude={*times, "error"}),
             "queue_s": self.queue_s,
             "ttft_s": self.ttft_s,
             "duration_s": self.e2e_s,

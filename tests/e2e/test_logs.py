@@ -1,10 +1,14 @@
 """One structured log line per request (API) and per job (worker), without the prompt or the
-output, on the session's real API and worker (text format); the JSON format, on its own."""
+output, on the session's real API and worker (text format); the JSON format, and what the
+formatters leave out (other extras, an exception's text), on their own.
+tests/e2e/faults/test_prompt_free_logs.py makes a job raise on a real worker."""
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,9 +60,11 @@ def test_a_request_and_its_job_each_log_one_line_with_the_figures_and_no_text(
 def restore_logging() -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
+    hooks = sys.excepthook, threading.excepthook
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+    sys.excepthook, threading.excepthook = hooks
 
 
 def test_the_json_format_writes_each_field_as_a_key(
@@ -71,3 +77,54 @@ def test_the_json_format_writes_each_field_as_a_key(
     record = json.loads(line)
     assert record["message"] == "job" and record["level"] == "INFO"
     assert (record["job_id"], record["ttft_s"], record["owner"]) == ("chatcmpl-1", 0.25, None)
+
+
+def _raise_over(text: str) -> None:
+    raise ValueError(f"cannot read {text!r}")
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_only_a_structured_lines_fields_are_written_never_another_extra(
+    restore_logging: None, capsys: pytest.CaptureFixture[str], log_format: str
+) -> None:
+    configure(Settings(log_format=log_format))
+    # As RQ logs a failed job: its arguments (the whole payload) as extras.
+    logging.getLogger("rq.worker").error("job failed", extra={"arguments": [SECRET]})
+    log_event(logging.getLogger("mlxq.job"), "job", job_id="chatcmpl-2")
+    failed, job = capsys.readouterr().err.splitlines()
+    assert "job failed" in failed and SECRET not in failed and "arguments" not in failed
+    assert "chatcmpl-2" in job
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_an_exception_is_logged_as_its_frames_and_type_without_its_text(
+    restore_logging: None, capsys: pytest.CaptureFixture[str], log_format: str
+) -> None:
+    configure(Settings(log_format=log_format))
+    try:
+        try:
+            _raise_over(SECRET)
+        except ValueError as err:
+            raise KeyError(SECRET) from err
+    except KeyError:
+        logging.getLogger("mlxq.test").exception("job failed")
+    try:
+        raise ConnectionRefusedError(111, "Connection refused")
+    except OSError:
+        logging.getLogger("mlxq.test").exception("no Redis")
+    text = capsys.readouterr().err
+    assert SECRET not in text
+    for shown in ("_raise_over", "ValueError", "KeyError", "direct cause", "Connection refused"):
+        assert shown in text
+
+
+def test_an_exception_nothing_caught_in_a_thread_is_logged_without_its_text(
+    restore_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure(Settings())
+    thread = threading.Thread(target=_raise_over, args=(SECRET,), name="doomed")
+    thread.start()
+    thread.join()
+    text = capsys.readouterr().err
+    assert "uncaught exception in thread doomed" in text and "_raise_over" in text
+    assert SECRET not in text

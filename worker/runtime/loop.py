@@ -215,7 +215,9 @@ class EngineLoop(Generic[P, O]):
             return self._engine.step()
         except Exception as err:  # one failed step must not take the worker down
             log.exception("engine step failed; failing the %d running jobs", len(self._running))
-            self._fail_running(GenerationError(f"{self._reader.failure}: {err}"))
+            # Its type only: the text of an exception in the batch's step may quote any of
+            # the batch's jobs, and every one of their callers is told.
+            self._fail_running(GenerationError(f"{self._reader.failure}: {type(err).__name__}"))
             return []
 
     def _fail_running(self, err: GenerationError) -> None:

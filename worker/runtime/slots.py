@@ -33,6 +33,7 @@ from redis.exceptions import ConnectionError, RedisError, TimeoutError
 from rq import Queue, SimpleWorker
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
+from rq.job_lifecycle import call_exception_handlers
 from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import WorkerStatus
@@ -66,6 +67,8 @@ class SlotWorker(SimpleWorker):
 
     death_penalty_class = DaemonTimerDeathPenalty
     job_class = FixedJob
+    # RQ's description of a job is its call, payload and prompt included.
+    log_job_description = False
     current_job_id: str | None = None
     current_queue: str | None = None  # the name of the queue the current job came from
     thread: threading.Thread | None = None
@@ -80,6 +83,13 @@ class SlotWorker(SimpleWorker):
 
     def unsubscribe(self) -> None:
         """Nothing was subscribed."""
+
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:
+        """RQ's own line for a job that raised carries the job's arguments, which are its whole
+        payload (prompt included), and the exception's text. The job function has logged the
+        failure already, as shared/observe/logs.py writes exceptions; this says which job."""
+        log.warning("job %s raised %s", job.id, getattr(exc_info[0], "__name__", "?"))
+        call_exception_handlers(self._exc_handlers, job, *exc_info)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         """Run a generation job; fail anything else at once, before it is prepared or imported."""

@@ -4,7 +4,10 @@ fails on demand, so that tests can prove what happens when a sequence or the loo
 A job whose prompt contains `[[fault:raise]]` gets a text decoder that raises at its third
 token (one sequence's own work fails: the rest of the batch must go on); `[[fault:wedge]]` one
 that blocks forever there (the engine loop wedges while it holds work: the watchdog must see
-it). With the setting off (the default) serve.py uses the plain `Engine` and none of this runs.
+it). `[[fault:raise-job]]` makes the job itself raise as it is prepared, out of the job function
+and into RQ, with the job's prompt in the exception's text: the worst an exception can carry,
+which no log may show (shared/observe/logs.py). With the setting off (the default) serve.py uses
+the plain `Engine` and none of this runs.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from worker.engine.sequence.detokenize import TextDecoder
 
 RAISE = "[[fault:raise]]"
 WEDGE = "[[fault:wedge]]"
+RAISE_JOB = "[[fault:raise-job]]"
 FAULT_AT_TOKEN = 3
 
 
@@ -56,6 +60,9 @@ class FaultyEngine(Engine):
 
     @override
     def prepare(self, job: GenerationJob) -> PreparedJob:
+        texts = _texts(job)
+        if any(RAISE_JOB in text for text in texts):
+            raise InjectedFault(f"injected fault in the job, whose prompt is {texts!r}")
         prepared = super().prepare(job)
         fault = _fault_in(job)
         if fault is not None:
@@ -69,9 +76,13 @@ class FaultyEngine(Engine):
         return FaultyDecoder(decoder, fault) if fault is not None else decoder
 
 
-def _fault_in(job: GenerationJob) -> str | None:
+def _texts(job: GenerationJob) -> list[str]:
     texts = [m.text() for m in job.messages or []]
-    texts += [i for i in job.prompt_items() if isinstance(i, str)]
+    return texts + [i for i in job.prompt_items() if isinstance(i, str)]
+
+
+def _fault_in(job: GenerationJob) -> str | None:
+    texts = _texts(job)
     for fault in (RAISE, WEDGE):
         if any(fault in text for text in texts):
             return fault
