@@ -2,6 +2,9 @@
 
 `admit` takes a job as its route built it (shared/queue/jobs.py `job_for`) and makes each check
 once, in the order a client sees their refusals:
+0. the job's model must be of the job's kind (400 naming `model`: a chat on an embedding model,
+   embeddings on a chat model; shared/queue/model_kinds.py), before its prompt is counted with
+   a tokenizer that was never meant for it or its key is charged for it;
 1. it counts the prompt, rendered and tokenized once (api/queue/context_window.py), for the
    next two checks and placement;
 2. the caller's per-key rate limits take their share (api/queue/rate_limits.py: 429);
@@ -16,7 +19,8 @@ and its queue deadline), never changed after. The deadline is stamped last, righ
 broker's `enqueue`: it counts from the enqueue, not from the checks before it.
 
 A background response is admitted in fewer steps (`admit_background`): it waits in its lane
-without a cap, and nobody listens for its events.
+without a cap, and nobody listens for its events. Its model must be live and of its kind all
+the same: nobody would hear that it can never run.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class Admitted:
 def admit(broker: Broker, job: QueuedJob, trace: str | None) -> Admitted:
     """Check the job once each way (the module docstring's order) and return it admitted, or
     raise the first refusal. `trace`: the request span's traceparent, carried to the worker."""
+    broker.require_kind(job)
     prompt = broker.windows.measure(job)
     limits = broker.interactive_limits()
     held = take_share(job, prompt, limits, broker.settings.queue_timeout_s)
@@ -64,8 +69,10 @@ def admit(broker: Broker, job: QueuedJob, trace: str | None) -> Admitted:
 
 
 def admit_background(broker: Broker, job: GenerationJob) -> GenerationJob:
-    """A background response as it will be queued: a 404 unless a live worker serves its
-    model, then its key's share, held while it is kept (it has no queue deadline)."""
+    """A background response as it will be queued: in `admit`'s order, a 400 when its model
+    does not generate, a 404 unless a live worker serves it, then its key's share, held while
+    it is kept (it has no queue deadline)."""
+    broker.require_kind(job)
     broker.require_model(job.model)
     prompt = broker.windows.measure(job) if counts_tokens() else None  # only where it counts
     held = take_share(job, prompt, job.limits, broker.settings.response_ttl_s)

@@ -37,6 +37,8 @@ from shared.queue.jobs import (
 )
 from shared.queue.keys import Keys
 from shared.queue.liveness import horizon, live_workers
+from shared.queue.model_kinds import read_kinds, refuse_wrong_kind
+from shared.wire.catalog import ModelKind
 from shared.wire.errors import ModelNotFoundError, QueueFullError
 from shared.wire.ids import new_id
 
@@ -92,6 +94,15 @@ class Broker:
     def require_model(self, model: str) -> None:
         """A 404 unless a live worker serves `model`: the rule `/v1/models` lists by."""
         self.served_by(model)
+
+    def kinds(self, models: list[str]) -> dict[str, ModelKind | None]:
+        """What each model is, as its workers announced it (None: not announced)."""
+        return self._call(lambda: read_kinds(self.redis, self.keys, models))
+
+    def require_kind(self, job: QueuedJob) -> None:
+        """A 400 naming `model` when the job's model is of the other kind (an embedding model
+        asked for a chat, a chat model for embeddings: shared/queue/model_kinds.py)."""
+        refuse_wrong_kind(job, self.kinds([job.model])[job.model])
 
     def served_by(self, model: str) -> frozenset[str]:
         """The live workers serving `model`, read once for a job's admission; a 404 if none."""

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import cast, get_args
-
 from flask import Blueprint, Response
 
 from api.queue.broker import broker
-from shared.wire.catalog import ModelCard, ModelKind, ModelList
+from shared.wire.catalog import ModelCard, ModelList
 from shared.wire.errors import ModelNotFoundError
 
 bp = Blueprint("models", __name__)
@@ -19,19 +17,8 @@ def _cards() -> list[ModelCard]:
     live = served.live_models()
     if not live:
         return []
-    kinds = served.redis.hmget(served.keys.model_kinds(), [name for name, _ in live])
-    return [
-        ModelCard(id=name, created=int(seen), kind=_kind(kind))
-        for (name, seen), kind in zip(live, kinds, strict=True)
-    ]
-
-
-def _kind(raw: bytes | str | None) -> ModelKind | None:
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    for kind in get_args(ModelKind):
-        if text == kind:
-            return cast(ModelKind, kind)
-    return None
+    kinds = served.kinds([name for name, _ in live])
+    return [ModelCard(id=name, created=int(seen), kind=kinds[name]) for name, seen in live]
 
 
 @bp.get("/v1/models")

@@ -3,10 +3,12 @@
 The whole batch fails validation, with `errors` (code, line, message) filled in, when the file
 is not UTF-8 JSONL, a line is not `{custom_id, method, url, body}`, a custom_id repeats, a url is
 not the batch's endpoint, a model is served by no live worker, or the file is empty or has more
-than MAX_LINES lines. A line whose body the endpoint would refuse (a bad parameter, `stream`)
-fails alone: its error line (status 400 and OpenAI's error body) is recorded at once; bodies
-pass the same checks as a request's (no NUL characters, finite numbers: api/http/validation.py).
-Blank lines are skipped; line numbers count every line of the file from 1.
+than MAX_LINES lines. A line whose body the endpoint would refuse (a bad parameter, `stream`, a
+model of the wrong kind: an embedding model asked for a chat, shared/queue/model_kinds.py)
+fails alone: its error line (status 400 and OpenAI's error body) is recorded at once, so no
+batch waits on a job no worker can take; bodies pass the same checks as a request's (no NUL
+characters, finite numbers: api/http/validation.py). Blank lines are skipped; line numbers
+count every line of the file from 1.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pydantic import ValidationError
 from api.http.errors import validation_detail
 from api.http.validation import check_values
 from shared.queue.jobs import GenerationJob, job_for
+from shared.queue.model_kinds import refuse_wrong_kind
 from shared.wire.batches import (
     MAX_LINES,
     REQUEST_MODELS,
@@ -32,6 +35,7 @@ from shared.wire.batches import (
     StoredBatch,
     line_job_id,
 )
+from shared.wire.catalog import ModelKind
 from shared.wire.errors import ErrorBody, InvalidRequestError, MLXQError, UnsupportedParameterError
 
 # Errors kept on a batch that failed validation.
@@ -53,19 +57,32 @@ class Intake:
             self.errors.append(BatchError(code=code, line=line, message=message, param=param))
 
 
-def take_in(
-    content: bytes, batch: StoredBatch, is_served: Callable[[str], bool], owner: str
-) -> Intake:
+@dataclass
+class LineModels:
+    """The fleet's answers about the lines' models, asked once per model: whether a live
+    worker serves it (`is_served`) and, if one does, what kind of model it is (`kind_of`)."""
+
+    is_served: Callable[[str], bool]
+    kind_of: Callable[[str], ModelKind | None]
+    _known: dict[str, tuple[bool, ModelKind | None]] = field(default_factory=dict)
+
+    def look_up(self, model: str) -> tuple[bool, ModelKind | None]:
+        if model not in self._known:
+            served = self.is_served(model)
+            self._known[model] = (served, self.kind_of(model) if served else None)
+        return self._known[model]
+
+
+def take_in(content: bytes, batch: StoredBatch, models: LineModels, owner: str) -> Intake:
     intake = Intake(owner)
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError:
         intake.fail("invalid_file", None, "The input file is not UTF-8 text.")
         return intake
-    served: dict[str, bool] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         if raw.strip():
-            _take_line(intake, batch, number, raw, served, is_served)
+            _take_line(intake, batch, number, raw, models)
     if not intake.custom_ids and not intake.errors:
         intake.fail("empty_file", None, "The input file has no requests.")
     if len(intake.custom_ids) > MAX_LINES:
@@ -74,12 +91,7 @@ def take_in(
 
 
 def _take_line(
-    intake: Intake,
-    batch: StoredBatch,
-    number: int,
-    raw: str,
-    served: dict[str, bool],
-    is_served: Callable[[str], bool],
+    intake: Intake, batch: StoredBatch, number: int, raw: str, models: LineModels
 ) -> None:
     line = _parse_line(intake, number, raw)
     if line is None:
@@ -101,10 +113,10 @@ def _take_line(
             "url",
         )
     model = line.body.get("model")
+    kind: ModelKind | None = None
     if isinstance(model, str):
-        if model not in served:
-            served[model] = is_served(model)
-        if not served[model]:
+        served, kind = models.look_up(model)
+        if not served:
             intake.fail(
                 "model_not_found",
                 number,
@@ -113,7 +125,7 @@ def _take_line(
             )
         intake.models.add(model)
     if not intake.errors:
-        _take_request(intake, batch, line)
+        _take_request(intake, batch, line, kind)
 
 
 def _parse_line(intake: Intake, number: int, raw: str) -> BatchInputLine | None:
@@ -136,12 +148,19 @@ def _parse_line(intake: Intake, number: int, raw: str) -> BatchInputLine | None:
         return None
 
 
-def _take_request(intake: Intake, batch: StoredBatch, line: BatchInputLine) -> None:
+def _take_request(
+    intake: Intake, batch: StoredBatch, line: BatchInputLine, kind: ModelKind | None
+) -> None:
+    """Take a line's request as its job, or record its error line (`kind`: its model's)."""
     index = len(intake.custom_ids) - 1
     try:
         check_values(line.body)
         body = _batchable(batch.endpoint, line.body)
         request = REQUEST_MODELS[batch.endpoint].model_validate(body, strict=True)
+        # The owner after the fact: a batch line's fair share is not its owner's (it waits in
+        # the batch lane, in order), so `job_for` is not given it.
+        job = job_for(line_job_id(batch.id, index), request)
+        refuse_wrong_kind(job, kind)
     except ValidationError as err:
         error = ErrorBody(error=validation_detail(err))
         intake.refused[index] = LineResult.failed(line.custom_id, 400, error)
@@ -157,9 +176,6 @@ def _take_request(intake: Intake, batch: StoredBatch, line: BatchInputLine) -> N
         body=body,
         expires_at=batch.expires_at,
     )
-    # The owner after the fact: a batch line's fair share is not its owner's (it waits in the
-    # batch lane, in order), so `job_for` is not given it.
-    job = job_for(line_job_id(batch.id, index), request)
     intake.jobs.append(job.model_copy(update={"batch_line": record, "owner": intake.owner}))
 
 

@@ -32,7 +32,7 @@ from rq.serializers import JSONSerializer
 from api.http.auth import is_owner
 from api.queue.broker import Broker
 from api.queue.rate_limits import hold_batch, release_hold
-from api.stores.batch_intake import take_in
+from api.stores.batch_intake import LineModels, take_in
 from api.stores.files import FileStore
 from api.stores.listing import page
 from shared.queue import queued_tokens
@@ -110,7 +110,8 @@ class BatchStore:
         is stored as `failed` with its errors, or with `refuse` raised as a 400 and not stored
         (Anthropic's Message Batches)."""
         now = stored.created_at
-        intake = take_in(content, stored, self._is_served, owner)
+        models = LineModels(self._is_served, lambda model: self._broker.kinds([model])[model])
+        intake = take_in(content, stored, models, owner)
         if intake.errors and refuse:
             first = intake.errors[0]
             raise InvalidRequestError(first.message, param=first.param, code=first.code)

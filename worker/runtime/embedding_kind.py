@@ -21,6 +21,7 @@ from redis import Redis
 
 from shared.queue.jobs import EMBEDDING_JOB_FUNCTION, EmbeddingJob, JobOutcome
 from shared.queue.keys import Keys
+from shared.wire.catalog import ModelKind
 from shared.wire.completions import Usage
 from shared.wire.events import DoneEvent, EmbeddingEvent, Event
 from worker.engine.embedding.engine import EmbeddingOutput, PreparedEmbedding
@@ -36,7 +37,7 @@ class EmbeddingKind:
 
     function = EMBEDDING_JOB_FUNCTION
     job_model = EmbeddingJob
-    refusal = "an embedding model; send it to /v1/embeddings"
+    serves: ModelKind = "embedding"
     failure = "embedding failed"
 
     def route(self, keys: Keys, job: EmbeddingJob) -> Route:

@@ -21,6 +21,7 @@ from redis import Redis
 
 from shared.queue.jobs import JOB_FUNCTION, GenerationJob, JobOutcome
 from shared.queue.keys import Keys
+from shared.wire.catalog import ModelKind
 from shared.wire.completions import (
     CompletionTokensDetails,
     FinishReason,
@@ -42,7 +43,7 @@ class GenerationKind:
 
     function = JOB_FUNCTION
     job_model = GenerationJob
-    refusal = "a chat model; it does not serve /v1/embeddings"
+    serves: ModelKind = "chat"
     failure = "generation failed"
 
     def route(self, keys: Keys, job: GenerationJob) -> Route:

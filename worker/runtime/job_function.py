@@ -7,7 +7,9 @@ jobs. Both run the same steps; what differs by kind (how the job is read, where 
 what runs around it, how it ends at its run limit) is its `JobKind` (worker/runtime/
 generation_kind.py, worker/runtime/embedding_kind.py). A job of the kind its worker does not
 serve (chat on an embedding model, embeddings on a chat model) is answered with a 400 naming
-the model, so the client hears of it at once instead of waiting out its deadline.
+the model, so the client hears of it at once instead of waiting out its deadline. The API
+refuses such a job before it is queued (shared/queue/model_kinds.py); this is the same refusal
+for one that still arrives.
 
 Everything a client must see goes out on the job's channel; the return value is RQ's record.
 The job's limits are kept here: a job taken after its queue deadline is failed without being
@@ -45,6 +47,8 @@ from shared.queue.jobs import (
     JobOutcome,
 )
 from shared.queue.keys import Keys, is_valid_id
+from shared.queue.model_kinds import wrong_kind
+from shared.wire.catalog import ModelKind
 from shared.wire.completions import Usage
 from shared.wire.errors import (
     GenerationError,
@@ -90,8 +94,9 @@ class JobKind(StepReader[P, O], Protocol[J, P, O]):
     def job_model(self) -> type[J]: ...
 
     @property
-    def refusal(self) -> str:
-        """What a job of another kind is told this worker's model is."""
+    def serves(self) -> ModelKind:
+        """The kind of model it runs on: a job of another kind is refused
+        (shared/queue/model_kinds.py `wrong_kind`)."""
         ...
 
     def route(self, keys: Keys, job: J) -> Route: ...
@@ -192,7 +197,7 @@ def _refused(rt: Runtime[J, P, O], job_id: str, payload: dict[str, Any]) -> JobO
     """A job of the kind this worker does not serve, answered with a 400 naming its model."""
     model = str(payload.get("model", ""))
     _release_backlog(rt, model, job_id)
-    err = InvalidRequestError(f"The model '{model}' is {rt.kind.refusal}.", param="model")
+    err = wrong_kind(model, rt.kind.serves)
     route = Route.of(rt.keys, job_id, _reply_to(payload), replayed=False)
     _publish(rt, route, ErrorEvent.from_error(err))
     return _failed(err)

@@ -174,12 +174,13 @@ def serve(settings: Settings) -> None:
     # A runtime of each kind under its own name: one name for both would make mypy type it
     # Runtime[Any, ...] and stop checking that the kind fits its engine.
     loop: DrivenLoop
+    kind: ModelKind  # what the worker announces its model is: what its job kind serves
     if isinstance(engine, EmbeddingEngine):  # no prefix cache: no figures of one
         embedding = Runtime.start(EmbeddingKind(), engine, *plumbing)
-        loop = bind(embedding)
+        loop, kind = bind(embedding), embedding.kind.serves
     else:
         generation = Runtime.start(GenerationKind(), engine, *plumbing, figures)
-        loop = bind(generation)
+        loop, kind = bind(generation), generation.kind.serves
 
     services = threading.Event()  # stops the heartbeat, listener, reaper and watchdog
     slots: list[SlotWorker] = []
@@ -208,7 +209,6 @@ def serve(settings: Settings) -> None:
         logging.shutdown()
         os._exit(status)
 
-    kind: ModelKind = "embedding" if isinstance(engine, EmbeddingEngine) else "chat"
     _until_redis_answers(lambda: born(redis, keys, worker_id, name, kind))
     blocking = connect_blocking(settings)
     present = listen_for_cancels(blocking, keys, loop, worker_id, services)
