@@ -11,11 +11,9 @@ No prompt or output reaches a log, whatever raises, because the formatters write
 were not built to write:
 - only `log_event`'s fields: any other extra a library attaches to a record is dropped (RQ
   attaches a failed job's arguments, which are its whole payload, prompt included);
-- an exception as its traceback's frames and its type, without its text (`Redacted`): an
-  exception's text may quote anything it was raised over (a template's `raise_exception`, a
-  validation error's input, a token piece), while the frames are the code's own lines. Only the
-  types in `SAFE_TEXT` (network and file-system errors, which name addresses and paths) keep
-  their text.
+- an exception, as its traceback or as a message's argument (`log.warning("...: %s", err)`),
+  as shared/observe/redaction.py writes it: frames and type, no text but an address's or a
+  path's.
 `configure` also sends exceptions that nothing caught (in any thread) through these formatters,
 instead of Python's default printing of the whole exception.
 """
@@ -25,60 +23,17 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-import traceback
 from types import TracebackType
 from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
-from redis.exceptions import RedisError
 
+from shared.observe.redaction import described, redacted
 from shared.queue.config import Settings
 
 TEXT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 # The record attribute that holds a structured line's fields (`log_event`).
 FIELDS = "mlxq_fields"
-# Exceptions whose text is kept in a traceback: they describe a connection or a file (an
-# address, a path, Redis's own error), never a request's content.
-SAFE_TEXT: tuple[type[BaseException], ...] = (OSError, RedisError)
-
-
-def redacted(exc: BaseException) -> str:
-    """An exception as a traceback of frames and types, chained ones included, as Python prints
-    it but without the text of any exception outside `SAFE_TEXT`."""
-    blocks: list[str] = []
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        frames = traceback.extract_tb(current.__traceback__)
-        head = ["Traceback (most recent call last):\n", *frames.format()] if frames else []
-        blocks.insert(0, "".join([*head, _named(current), "\n"]))
-        if current.__cause__ is not None:
-            blocks.insert(0, _CAUSE)
-            current = current.__cause__
-        elif current.__context__ is not None and not current.__suppress_context__:
-            blocks.insert(0, _CONTEXT)
-            current = current.__context__
-        else:
-            current = None
-    return "".join(blocks).lstrip().rstrip("\n")
-
-
-_CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
-_CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
-
-
-def _named(exc: BaseException) -> str:
-    kind = type(exc)
-    name = (
-        kind.__qualname__
-        if kind.__module__ == "builtins"
-        else f"{kind.__module__}.{kind.__qualname__}"
-    )
-    text = str(exc)
-    if not text:
-        return name
-    return f"{name}: {text}" if isinstance(exc, SAFE_TEXT) else f"{name} (its text is not logged)"
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -90,7 +45,7 @@ class TextFormatter(logging.Formatter):
     """The plain format, with a structured line's fields appended as key=value."""
 
     def format(self, record: logging.LogRecord) -> str:
-        record.exc_text = None  # another handler's text of the exception may hold its message
+        _redact(record)
         line = super().format(record)
         pairs = [f"{k}={_text(v)}" for k, v in _fields(record).items()]
         return " ".join([line, *pairs])
@@ -104,7 +59,7 @@ class JsonLinesFormatter(JsonFormatter):
     exception as `redacted` writes it."""
 
     def format(self, record: logging.LogRecord) -> str:
-        record.exc_text = None  # another handler's text of the exception may hold its message
+        _redact(record)
         return super().format(record)
 
     def add_fields(
@@ -118,6 +73,15 @@ class JsonLinesFormatter(JsonFormatter):
 
     def formatException(self, ei: Any) -> str:
         return redacted(ei[1])
+
+
+def _redact(record: logging.LogRecord) -> None:
+    """An exception among the message's arguments as `described` writes it; an exception's text
+    another handler cached dropped, so it is made again by `redacted`."""
+    record.exc_text = None
+    if isinstance(record.args, tuple):
+        args = record.args
+        record.args = tuple(described(a) if isinstance(a, BaseException) else a for a in args)
 
 
 def _text(value: Any) -> str:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import openai
 import pytest
+from redis import Redis
+from redis.exceptions import ResponseError
 
 from shared.observe.logs import configure, log_event
 from shared.queue.config import Settings
@@ -128,3 +130,33 @@ def test_an_exception_nothing_caught_in_a_thread_is_logged_without_its_text(
     text = capsys.readouterr().err
     assert "uncaught exception in thread doomed" in text and "_raise_over" in text
     assert SECRET not in text
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_an_exception_given_as_a_messages_argument_is_written_as_its_type(
+    restore_logging: None, capsys: pytest.CaptureFixture[str], log_format: str
+) -> None:
+    configure(Settings(log_format=log_format))
+    logging.getLogger("mlxq.test").warning("could not read it: %s", ValueError(SECRET))
+    line = capsys.readouterr().err
+    assert "could not read it: ValueError" in line and SECRET not in line
+
+
+def test_a_redis_pipeline_error_keeps_its_command_but_not_its_values(
+    restore_logging: None,
+    capsys: pytest.CaptureFixture[str],
+    redis: Redis,
+    app_settings: Settings,
+) -> None:
+    configure(Settings())
+    key = f"{app_settings.namespace}:log-test"
+    pipe = redis.pipeline(transaction=False)
+    pipe.set(key, SECRET)
+    pipe.hset(key, "text", SECRET)  # a hash command on a string: redis-py quotes the command
+    with pytest.raises(ResponseError) as raised:
+        pipe.execute()
+    assert SECRET in str(raised.value)
+    logging.getLogger("mlxq.test").warning("Redis failed: %s", raised.value)
+    line = capsys.readouterr().err
+    assert "Command # 2 (HSET ...) of pipeline caused error: WRONGTYPE" in line
+    assert SECRET not in line
