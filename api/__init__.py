@@ -34,7 +34,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     b = Broker(settings)
     b.init_app(app)
     errors.init_app(app)
-    auth.init_app(app, settings)
+    auth.init_app(app, settings, b.redis)
     rate_limits.init_app(app, b)
     replicas.init_app(app, b)
     for blueprint in (chat.bp, completions.bp, models.bp, health.bp, openapi.bp):

@@ -53,6 +53,6 @@ def post_fork(server: Any, worker: Any) -> None:
 def on_starting(server: Any) -> None:
     """Refuse to listen beyond loopback without API keys (the final binds, CLI flags included)."""
     _in_our_format(server.log)
-    line = check_bind(server.cfg.bind, keys_configured=bool(_settings.api_keys))
+    line = check_bind(server.cfg.bind, keys_configured=_settings.keyed)
     if line is not None:
         server.log.info(line)

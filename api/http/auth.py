@@ -1,20 +1,25 @@
-"""Who is calling and whether they may: API keys, the owner of stored resources, and the rule
-that a server without keys listens on the loopback interface only.
+"""Who is calling and whether they may: API keys, operators, the owner of stored resources, and
+the rule that a server without keys listens on the loopback interface only.
 
-With keys configured (`MLXQ_API_KEYS`, comma-separated), every route but `PUBLIC_PATHS` (and
-the page's static files) needs `Authorization: Bearer <key>` (or `x-api-key: <key>`, as
-Anthropic's SDK sends it); a missing or wrong key is a 401 `invalid_api_key`. The presented
-key is compared with every configured key in constant time (`hmac.compare_digest`, no early
-exit), and is never logged or echoed. The check is one `before_request` hook (`init_app`).
+With keys configured (`MLXQ_API_KEYS`, and the operators' `MLXQ_ADMIN_KEYS`, comma-separated),
+every route but `PUBLIC_PATHS` (and the page's static files) needs `Authorization: Bearer <key>`
+(or `x-api-key: <key>`, as Anthropic's SDK sends it); a missing or wrong key is a 401
+`invalid_api_key`. The presented key is compared with every configured key in constant time
+(`hmac.compare_digest`, no early exit), and is never logged or echoed. The check is one
+`before_request` hook (`init_app`).
 
 A key may carry limits (`sk-key:rpm=60:tpm=40000`, shared/queue/config.py): `key_limits()`
-gives them to the rate limiter (api/queue/rate_limits.py).
+gives them to the rate limiter (api/queue/rate_limits.py). An operator key is a key like any
+other (its own owner, its own limits) that also sees the whole fleet (`is_operator()`); without
+any key the one local user is the operator.
 
-Each key is its own owner: `owner_id()` is a truncated SHA-256 of the key (128 bits, hex, so
-safe inside Redis keys and not reversible to the key). Stored resources (responses, batches,
-files) are stamped with it when created, listed filtered by it, and read through
-`require_owner`, which answers another owner's resource exactly like a missing one (404).
-Without keys every caller is the same owner, "anonymous".
+Each key is its own owner: `owner_id()` is an HMAC-SHA256 of the key under the owner secret
+(`OwnerSecret`), truncated to 128 bits of hex, so safe inside Redis keys; without the secret an
+owner id seen in the fleet view or a log cannot confirm a guessed key offline, as a plain hash
+with a public salt could. Stored resources (responses, batches, files) are stamped with it when
+created, listed filtered by it, and read through `require_owner`, which answers another owner's
+resource exactly like a missing one (404). Without keys every caller is the same owner,
+"anonymous".
 """
 
 from __future__ import annotations
@@ -22,11 +27,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import secrets
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from flask import Flask, g, request
+from redis import Redis
 
 from shared.queue.config import ApiKey, KeyLimits, Settings
+from shared.queue.connection import redis_errors_as_503
+from shared.queue.keys import Keys
 from shared.wire.errors import AuthenticationError, NotFoundError
 
 ANONYMOUS = "anonymous"
@@ -35,32 +46,78 @@ ANONYMOUS = "anonymous"
 PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/"})
 PUBLIC_PREFIXES = ("/static/",)
 _BEARER = "bearer "
+# How often a process reads the shared owner secret again: should Redis lose it (a Redis
+# without persistence, restarted), the processes agree again on whichever one is written first.
+SECRET_RECHECK_S = 60.0
 
 
-def owner_of_key(key: str) -> str:
-    """The owner id of an API key: not reversible, [0-9a-f]{32}."""
-    return hashlib.sha256(b"mlxq-owner\0" + key.encode()).hexdigest()[:32]
+def owner_of_key(key: str, secret: bytes) -> str:
+    """The owner id of an API key under `secret`: not reversible, [0-9a-f]{32}."""
+    return hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+class OwnerSecret:
+    """The secret owner ids are derived with: `MLXQ_OWNER_SECRET`, or else a random one kept
+    in Redis (`Keys.owner_secret`), written by the first API process that needs it, so every
+    process derives the same ids. Read at the first keyed request, not at start: the API
+    starts while Redis is down, and a request then gets the 503 every other route gives."""
+
+    def __init__(self, settings: Settings, redis: Redis):
+        configured = settings.owner_secret
+        self._fixed = configured.get_secret_value().encode() if configured else None
+        self._redis, self._key = redis, Keys(settings.namespace).owner_secret()
+        self._shared: bytes | None = None
+        self._read_at = 0.0
+
+    def get(self) -> bytes:
+        if self._fixed is not None:
+            return self._fixed
+        if self._shared is None or time.monotonic() - self._read_at > SECRET_RECHECK_S:
+            candidate = self._shared or secrets.token_hex(32).encode()
+            with redis_errors_as_503():
+                pipe = self._redis.pipeline(transaction=False)
+                pipe.set(self._key, candidate, nx=True)
+                pipe.get(self._key)
+                _, stored = pipe.execute()
+            self._shared, self._read_at = bytes(stored), time.monotonic()
+        return self._shared
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a key is: its owner id, its limits, and whether it is an operator's."""
+
+    owner: str
+    limits: KeyLimits
+    operator: bool
 
 
 class ApiKeys:
-    """The configured keys; `owner` finds the owner of a presented key, and its limits, in
+    """The configured keys, the operators' among them; `caller` finds who presented a key, in
     constant time."""
 
-    def __init__(self, keys: Iterable[ApiKey]):
-        secrets = [(key.key.get_secret_value(), key.limits) for key in keys]
-        self._keys = [(secret.encode(), owner_of_key(secret)) for secret, _ in secrets]
-        self._limits = {owner_of_key(secret): limits for secret, limits in secrets}
+    def __init__(self, keys: Iterable[ApiKey], admin_keys: Iterable[ApiKey], secret: OwnerSecret):
+        entries = [(key, False) for key in keys] + [(key, True) for key in admin_keys]
+        self._keys = [
+            (key.key.get_secret_value().encode(), key.limits, operator) for key, operator in entries
+        ]
+        self._secret = secret
 
     def __bool__(self) -> bool:
         return bool(self._keys)
 
-    def owner(self, presented: str) -> tuple[str, KeyLimits] | None:
+    def caller(self, presented: str) -> Caller | None:
         given = presented.encode("utf-8", "surrogateescape")
-        found = None
-        for key, owner in self._keys:  # every key compared, whichever matches
-            if hmac.compare_digest(key, given):
-                found = owner
-        return None if found is None else (found, self._limits[found])
+        found: tuple[bytes, KeyLimits, bool] | None = None
+        operator = False
+        for entry in self._keys:  # every key compared, whichever matches
+            if hmac.compare_digest(entry[0], given):
+                found = found or entry
+                operator = operator or entry[2]  # a key listed in both is an operator's
+        if found is None:
+            return None
+        owner = owner_of_key(found[0].decode("utf-8", "surrogateescape"), self._secret.get())
+        return Caller(owner=owner, limits=found[1], operator=operator)
 
 
 def _presented_key() -> str | None:
@@ -79,22 +136,35 @@ def _check_key(keys: ApiKeys) -> None:
             "You didn't provide an API key. Provide it in an Authorization header using Bearer "
             "auth (i.e. Authorization: Bearer YOUR_KEY), or in an x-api-key header."
         )
-    found = keys.owner(presented)
+    found = keys.caller(presented)
     if found is None:
         raise AuthenticationError("Incorrect API key provided.")
-    g.mlxq_owner, g.mlxq_limits = found
+    g.mlxq_owner, g.mlxq_limits, g.mlxq_operator = found.owner, found.limits, found.operator
 
 
-def init_app(app: Flask, settings: Settings) -> None:
-    keys = ApiKeys(settings.api_keys)
+def _local_operator() -> None:
+    g.mlxq_operator = True
+
+
+def init_app(app: Flask, settings: Settings, redis: Redis) -> None:
+    """Check keys on every request (`redis` keeps the shared owner secret); without any key,
+    the one local caller is the operator."""
+    keys = ApiKeys(settings.api_keys, settings.admin_keys, OwnerSecret(settings, redis))
     if keys:
         app.before_request(lambda: _check_key(keys))
+    else:
+        app.before_request(_local_operator)
 
 
 def owner_id() -> str:
     """The current request's owner id (safe to use inside Redis keys)."""
     owner: str = g.get("mlxq_owner", ANONYMOUS)
     return owner
+
+
+def is_operator() -> bool:
+    """Whether the current caller sees the whole fleet: an operator key, or no keys at all."""
+    return bool(g.get("mlxq_operator", False))
 
 
 def key_limits() -> KeyLimits | None:

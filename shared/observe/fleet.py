@@ -7,12 +7,16 @@ or whose process has gone, is not listed, so a dead worker is never shown busy),
 each model and the recent-jobs list (shared/observe/metrics.py). It makes four pipelined round trips
 whatever the size of the fleet. The API's /metrics and /v1/fleet, and `mlxq status`, all read
 this one snapshot.
+
+The whole snapshot is an operator's view. A caller's own (`FleetSnapshot.of_owner`) keeps the
+models and their queues, and of the recent jobs only its own, without the workers: their ids
+and hosts are the fleet's, as are other keys' jobs (ids, owners, tokens, errors).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis import Redis
@@ -88,6 +92,15 @@ class FleetSnapshot(BaseModel):
     workers: list[WorkerView]
     models: list[ModelView]
     recent_jobs: list[JobRecord]
+    # "fleet": everything (an operator's view); "owner": one caller's (`of_owner`).
+    scope: Literal["fleet", "owner"] = "fleet"
+
+    def of_owner(self, owner: str, recent: int) -> FleetSnapshot:
+        """What one caller may see: the models and queues, its own last `recent` jobs with
+        their worker left out, no workers."""
+        own = [j.model_copy(update={"worker": ""}) for j in self.recent_jobs if j.owner == owner]
+        update = {"workers": [], "recent_jobs": own[:recent], "scope": "owner"}
+        return self.model_copy(update=update)
 
 
 class FleetQuery(BaseModel):

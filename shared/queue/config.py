@@ -204,6 +204,12 @@ class ApiSettings(BaseModel):
     # API keys (comma-separated in MLXQ_API_KEYS, each maybe with its limits:
     # `key:rpm=60:tpm=40000:queued=90000`); none: no auth, and loopback only (api/http/auth.py).
     api_keys: Annotated[tuple[ApiKey, ...], NoDecode] = ()
+    # Operator keys (MLXQ_ADMIN_KEYS, the same form): each is a key like the others, which also
+    # sees the whole fleet's jobs in /v1/fleet (api/routes/fleet.py).
+    admin_keys: Annotated[tuple[ApiKey, ...], NoDecode] = ()
+    # The secret owner ids are derived from keys with (api/http/auth.py); none: a random one
+    # that the first API process keeps in Redis for all of them.
+    owner_secret: SecretStr | None = None
     # Logs (shared/observe/logs.py): text or JSON lines, and the level.
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
@@ -213,11 +219,16 @@ class ApiSettings(BaseModel):
     def _upper_level(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
     def _parse_keys(cls, value: Any) -> Any:
         entries = _split_commas(value)
         return tuple(ApiKey.parse(v) if isinstance(v, str) else v for v in entries)
+
+    @property
+    def keyed(self) -> bool:
+        """Whether callers need a key: any key configured, an operator's included."""
+        return bool(self.api_keys or self.admin_keys)
 
 
 class Settings(

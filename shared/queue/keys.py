@@ -71,6 +71,9 @@ Layout under the namespace `ns` (default "mlxq"):
                                 past which admission drops it (a lost release)
     {ns}:written:{api_id}       string  written by an API process right before WAIT, so that the
                                 WAIT covers every earlier write (api/stores/replicas.py)
+    {ns}:owner_secret           string  the secret owner ids are derived from API keys with
+                                (api/http/auth.py), made once by the first API process that
+                                needs it unless MLXQ_OWNER_SECRET is set; no TTL
     {ns}:idempotency:{owner}:{digest}  string  an Idempotency-Key of the owner (its SHA-256): the
                                 request it came with and, once answered, the answer
                                 (api/stores/idempotency.py); TTL 24 h
@@ -245,6 +248,9 @@ class Keys:
 
     def batches(self, owner: str) -> str:
         return f"{self.ns}:batches:{_id(owner)}"
+
+    def owner_secret(self) -> str:
+        return f"{self.ns}:owner_secret"
 
     def idempotency(self, owner: str, key_digest: str) -> str:
         return f"{self.ns}:idempotency:{_id(owner)}:{_id(key_digest)}"

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 import pytest
 from flask import Blueprint, Flask, Response, jsonify
 from flask.testing import FlaskClient
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from redis import Redis
 
 from api import create_app
-from api.http.auth import ANONYMOUS, ApiKeys, OpenBindError, check_bind, owner_id, require_owner
+from api.http import auth
+from api.http.auth import (
+    ANONYMOUS,
+    ApiKeys,
+    OpenBindError,
+    OwnerSecret,
+    check_bind,
+    owner_id,
+    owner_of_key,
+    require_owner,
+)
 from shared.queue.config import KeyLimits, Settings
-from shared.queue.keys import is_valid_id
+from shared.queue.keys import Keys, is_valid_id
 from tests.support import assert_openai_error
 
 KEYS = ("sk-first-0123456789", "sk-second-9876543210")
@@ -116,17 +127,60 @@ def test_without_keys_every_caller_is_anonymous(app: Flask) -> None:
         assert owner_id() == ANONYMOUS
 
 
-def test_owner_ids_are_per_key_fixed_and_safe_in_redis_keys() -> None:
-    configured = Settings(api_keys=",".join(KEYS)).api_keys
-    keys = ApiKeys(configured)
-    found, other = keys.owner(KEYS[0]), keys.owner(KEYS[1])
+def test_owner_ids_are_per_key_fixed_and_safe_in_redis_keys(redis: Redis) -> None:
+    settings = Settings(api_keys=",".join(KEYS), owner_secret="s3cret-for-owners")
+    secret = OwnerSecret(settings, redis)
+    keys = ApiKeys(settings.api_keys, (), secret)
+    found, other = keys.caller(KEYS[0]), keys.caller(KEYS[1])
     assert found is not None and other is not None
-    first, second = found[0], other[0]
+    first, second = found.owner, other.owner
     assert first != second
-    assert (first, KeyLimits()) == ApiKeys(reversed(configured)).owner(KEYS[0])
+    again = ApiKeys(reversed(settings.api_keys), (), secret).caller(KEYS[0])
+    assert again is not None and (again.owner, again.limits) == (first, KeyLimits())
     assert re.fullmatch("[0-9a-f]{32}", first) and is_valid_id(first)
     assert KEYS[0] not in first
-    assert keys.owner("sk-") is None and not ApiKeys([])
+    assert keys.caller("sk-") is None and not ApiKeys([], [], secret)
+
+
+def test_an_owner_id_cannot_be_derived_from_the_key_alone() -> None:
+    """A guessed key is confirmed against an owner id seen in the fleet view or a log only
+    with the secret: the id is an HMAC under it, not a hash with a public salt."""
+    key = KEYS[0]
+    public = hashlib.sha256(b"mlxq-owner\0" + key.encode()).hexdigest()[:32]  # the old scheme
+    ids = {owner_of_key(key, b"one secret"), owner_of_key(key, b"another secret"), public}
+    assert len(ids) == 3
+
+
+def test_every_api_process_derives_the_same_owners_from_the_secret_kept_in_redis(
+    app_settings: Settings, redis: Redis
+) -> None:
+    keyed = app_settings.model_copy(update={"api_keys": Settings(api_keys=KEYS).api_keys})
+    first, second = (create_app(keyed) for _ in range(2))
+    for app in (first, second):
+        app.register_blueprint(notes)
+    assert redis.get(Keys(keyed.namespace).owner_secret()) is None  # made when first needed
+    made = first.test_client().post("/v1/test-notes/n1", headers=bearer(KEYS[0]))
+    assert made.status_code == 200
+    secret = redis.get(Keys(keyed.namespace).owner_secret())
+    assert secret is not None and len(secret) == 64
+    assert second.test_client().get("/v1/test-notes/n1", headers=bearer(KEYS[0])).status_code == 200
+    # A process with a secret of its own derives other owners: the note is another's.
+    own_secret = SecretStr("an operator's own secret")
+    own = create_app(keyed.model_copy(update={"owner_secret": own_secret}))
+    own.register_blueprint(notes)
+    assert_openai_error(own.test_client().get("/v1/test-notes/n1", headers=bearer(KEYS[0])), 404)
+
+
+def test_a_secret_lost_from_redis_is_written_back_and_agreed_on_again(
+    app_settings: Settings, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = app_settings.model_copy(update={"api_keys": Settings(api_keys=KEYS).api_keys})
+    kept = OwnerSecret(settings, redis)
+    before = kept.get()
+    redis.delete(Keys(settings.namespace).owner_secret())  # a Redis without persistence restarted
+    monkeypatch.setattr(auth, "SECRET_RECHECK_S", 0.0)
+    assert kept.get() == before  # this process writes its own back...
+    assert OwnerSecret(settings, redis).get() == before  # ...and a new one takes it
 
 
 def test_a_record_of_another_key_is_404_like_a_missing_one(keyed: FlaskClient) -> None:
@@ -155,9 +209,11 @@ def test_without_keys_an_open_bind_is_refused(bind: str) -> None:
 
 
 def test_keys_are_secret_in_settings() -> None:
-    settings = Settings(api_keys="sk-a-secret, sk-b-secret")
-    assert len(settings.api_keys) == 2
-    assert "secret" not in repr(settings) and "secret" not in str(settings.model_dump())
+    settings = Settings(
+        api_keys="sk-a-hush, sk-b-hush", admin_keys="sk-op-hush", owner_secret="owner-hush"
+    )
+    assert (len(settings.api_keys), len(settings.admin_keys)) == (2, 1)
+    assert "hush" not in repr(settings) and "hush" not in str(settings.model_dump())
 
 
 def test_a_key_entry_may_end_in_its_limits_and_a_key_may_hold_colons() -> None:

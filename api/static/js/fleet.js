@@ -1,5 +1,6 @@
 // The fleet now (polls /v1/fleet): live workers, queues per model and lane, the last jobs; a job
 // of the list opens in a dialog with its model, lane, worker, timings, tokens and how it ended.
+// A key that is not an operator's sees its own jobs and no workers (scope "owner").
 import { call } from "./http.js";
 import { $, button, cell, clock, fill, seconds } from "./dom.js";
 
@@ -41,7 +42,7 @@ function showJob(job) {
     ["job", job.job_id],
     ["model", job.model],
     ["lane", job.lane],
-    ["worker", job.worker],
+    ["worker", job.worker || "-"],
     ["status", status === job.finish_reason ? status : `${status} (${job.finish_reason})`],
     ["queued at", clock(job.enqueued_at)],
     ["queue time", seconds(t.queue)],
@@ -67,6 +68,9 @@ function showJob(job) {
 }
 
 function showFleet(fleet) {
+  const own = fleet.scope === "owner";
+  $("workers-wrap").hidden = own;
+  $("jobs-title").textContent = own ? "Your last jobs" : "Last jobs";
   fill("workers", fleet.workers, (row, w) => {
     const used = Object.values(w.running).reduce((a, b) => a + b, 0);
     row.dataset.worker = w.worker_id;

@@ -60,7 +60,10 @@ def settled(cluster: Cluster, synthetic: list[str]) -> list[str]:
 
 
 def _held(cluster: Cluster, key: str) -> int:
-    entries: Any = cluster.redis().hvals(cluster.keys.queued_tokens(owner_of_key(key)))
+    secret: Any = cluster.redis().get(cluster.keys.owner_secret())  # made by the first request
+    if secret is None:
+        return 0  # no keyed request yet
+    entries: Any = cluster.redis().hvals(cluster.keys.queued_tokens(owner_of_key(key, secret)))
     return sum(int(tokens) for tokens in entries)
 
 
