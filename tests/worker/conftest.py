@@ -4,23 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import mlx.core as mx
 import pytest
-from mlx_lm.models import llama
+
+from tests.worker.tiny_models import TINY_LLAMA, tiny_model
 
 
 @pytest.fixture(scope="module")
 def model() -> Any:
-    """A tiny randomly initialised llama: real mlx-lm code, no weights to load."""
-    args = llama.ModelArgs(
-        model_type="llama",
-        hidden_size=32,
-        num_hidden_layers=2,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        vocab_size=100,
-    )
-    mx.random.seed(0)
-    return llama.Model(args)
+    """A tiny randomly initialised llama (tests/worker/tiny_models.py) of 100 tokens, seed 0."""
+    return tiny_model({**TINY_LLAMA, "vocab_size": 100}, seed=0)

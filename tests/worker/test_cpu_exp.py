@@ -19,10 +19,10 @@ import pytest
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 from mlx_lm.models import activations, base, llama
-from mlx_lm.utils import _get_classes
 
 from shared.queue.config import Settings
 from tests.support import MODEL
+from tests.worker.tiny_models import TINY_LLAMA, tiny_model
 from worker.engine.cpu import exponentials as cpu_exp
 from worker.engine.model import LoadedModel, load_model
 from worker.engine.sequence.sampling import greedy
@@ -108,22 +108,8 @@ class Calls:
 
 
 def _tiny(routes: cpu_exp.Routes | None) -> Any:
-    """A tiny llama (random weights, seed 7), hooked with `routes` unless None."""
-    config = {
-        "model_type": "llama",
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "intermediate_size": 64,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-5,
-        "vocab_size": 64,
-        "tie_word_embeddings": True,
-    }
-    model_class, args_class = _get_classes(config)
-    mx.random.seed(7)
-    model = model_class(args_class.from_dict(config))
-    mx.eval(model.parameters())
+    """A tiny llama (tests/worker/tiny_models.py, seed 7), hooked with `routes` unless None."""
+    model = tiny_model(TINY_LLAMA)
     if routes is not None:
         assert cpu_exp.attach(model, routes) == 4  # each block's attention and MLP
     return model

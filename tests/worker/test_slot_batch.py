@@ -23,29 +23,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.utils import _get_classes
 
 from shared.wire.sampling import SamplingParams
+from tests.worker.tiny_models import TINY_LLAMA, VOCAB, tiny_model
 from worker.engine.batch.slot_batch import SlotBatch
 from worker.engine.batch.token_batch import MlxLmBatch, TokenBatch, open_batch, plain_kv
 from worker.engine.batch.types import Entry
 from worker.engine.cpu import exponentials as cpu_exp
 from worker.engine.sequence.sampling import Sampler, greedy, make_sampler
 
-VOCAB = 64
 STOP = frozenset({3})
-BASE = {
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "intermediate_size": 64,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-5,
-    "vocab_size": VOCAB,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": True,
-    "rope_theta": 10000.0,
-}
+BASE = {**TINY_LLAMA, "max_position_embeddings": 512, "rope_theta": 10000.0}
 FAMILIES: dict[str, dict[str, Any]] = {
     "llama": {"model_type": "llama"},
     "qwen2": {"model_type": "qwen2"},
@@ -66,11 +54,7 @@ _alone: dict[tuple[str, tuple[int, ...], int, str], list[int]] = {}
 def tiny(family: str, exps: str = MLX) -> Any:
     """The family's tiny model (the same weights whatever `exps`)."""
     if (family, exps) not in _models:
-        config = {**BASE, **FAMILIES[family]}
-        model_class, args_class = _get_classes(config)
-        mx.random.seed(7)
-        model = model_class(args_class.from_dict(config))
-        mx.eval(model.parameters())
+        model = tiny_model({**BASE, **FAMILIES[family]})
         if exps == CPU:
             assert cpu_exp.attach(model, cpu_exp.BOTH) > 0
         _models[family, exps] = model
