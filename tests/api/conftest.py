@@ -1,5 +1,6 @@
-"""Fixtures of the API's plumbing tests: a stand-in worker (tests/support.py) for the test's
-namespace, and an app whose requests give up soon, for tests that read the queue meanwhile."""
+"""Fixtures of the API's plumbing tests: the keys of the test's own namespace, a stand-in worker
+(tests/support.py) for it, and an app whose requests give up soon, for tests that read the queue
+meanwhile."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ from api import create_app
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
 from tests.support import stand_in_worker
+
+
+@pytest.fixture
+def keys(app_settings: Settings) -> Keys:
+    """The keys of the test's own namespace, empty before and after it (`app_settings`)."""
+    return Keys(app_settings.namespace)
 
 
 @pytest.fixture

@@ -4,30 +4,17 @@ serves a burst concurrently, and the hot-spot rule still holds: the burst spread
 
 from __future__ import annotations
 
-import secrets
 from collections import Counter
-from collections.abc import Iterator
 
-import pytest
 from redis import Redis
 
 from api.queue.placement import MAX_IMBALANCE, Placement
 from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
-from shared.queue.prefix_blocks import BLOCK_TOKENS, block_hashes
-from tests.api.test_placement_rule import worker
-from tests.support import flush_namespace
+from shared.queue.prefix_blocks import block_hashes
+from tests.api.test_placement_rule import MODEL, PROMPT, worker
 
-MODEL = "m"
 SLOTS = 16
-PROMPT = list(range(8 * BLOCK_TOKENS))
-
-
-@pytest.fixture
-def keys(redis: Redis) -> Iterator[Keys]:
-    keys = Keys(f"burst{secrets.token_hex(4)}")
-    yield keys
-    flush_namespace(redis, keys.ns)
 
 
 def job(i: int) -> GenerationJob:

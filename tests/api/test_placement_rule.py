@@ -4,9 +4,6 @@ into the session's real Redis and placed by the real script."""
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Iterator
-
 import pytest
 from redis import Redis
 
@@ -15,17 +12,9 @@ from shared.observe.fleet import WorkerStats
 from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
 from shared.queue.prefix_blocks import BLOCK_TOKENS, block_hashes, matched_blocks
-from tests.support import flush_namespace
 
 MODEL = "m"
 PROMPT = list(range(8 * BLOCK_TOKENS))
-
-
-@pytest.fixture
-def keys(redis: Redis) -> Iterator[Keys]:
-    keys = Keys(f"rule{secrets.token_hex(4)}")
-    yield keys
-    flush_namespace(redis, keys.ns)
 
 
 def worker(redis: Redis, keys: Keys, name: str, slots: int, running: int, holds: int) -> None:
@@ -71,13 +60,38 @@ def test_the_leading_run_of_held_blocks_is_what_counts() -> None:
     assert matched_blocks([False, True]) == 0
 
 
-def test_a_request_goes_to_the_worker_holding_most_of_its_prefix_while_it_has_room(
-    redis: Redis, keys: Keys
+# Fleets, each worker as (name, slots, running, holds), and where the rule places the request.
+FLEETS = [
+    pytest.param(
+        [("a", 4, 1, 2), ("b", 4, 3, 8), ("c", 4, 0, 0)],
+        ("placed", "b"),
+        id="a_request_goes_to_the_worker_holding_most_of_its_prefix_while_it_has_room",
+    ),
+    pytest.param(
+        [("a", 4, 4, 8), ("b", 4, 4, 0)],
+        ("placed", "a"),
+        id="when_every_worker_is_full_the_request_waits_for_the_holder",
+    ),
+    pytest.param(
+        [("a", 4, 1, 0), ("b", 8, 2, 0)],
+        ("spread", "b"),
+        id="a_prompt_no_worker_holds_goes_to_the_worker_with_most_free_slots",
+    ),
+    pytest.param(
+        [("a", 2, 2, 0)],
+        ("", ""),
+        id="nothing_is_placed_when_no_worker_has_a_free_slot_and_none_holds_the_prompt",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fleet", "placed"), FLEETS)
+def test_the_rule_places_a_request_on_a_fleet(
+    redis: Redis, keys: Keys, fleet: list[tuple[str, int, int, int]], placed: tuple[str, str]
 ) -> None:
-    worker(redis, keys, "a", slots=4, running=1, holds=2)
-    worker(redis, keys, "b", slots=4, running=3, holds=8)
-    worker(redis, keys, "c", slots=4, running=0, holds=0)
-    assert place(redis, keys, {"a", "b", "c"}) == ("placed", "b")
+    for name, slots, running, holds in fleet:
+        worker(redis, keys, name, slots, running, holds)
+    assert place(redis, keys, {name for name, *_ in fleet}) == placed
 
 
 def test_a_full_holder_leaves_the_request_to_the_least_loaded_worker(
@@ -100,26 +114,3 @@ def test_a_holder_far_busier_than_the_least_loaded_worker_is_not_followed(
     redis.lpop(keys.taking("a"))  # now MAX_IMBALANCE more than b: still followed
     redis.delete(keys.placement(MODEL))
     assert place(redis, keys, {"a", "b"}, i=1) == ("placed", "a")
-
-
-def test_when_every_worker_is_full_the_request_waits_for_the_holder(
-    redis: Redis, keys: Keys
-) -> None:
-    worker(redis, keys, "a", slots=4, running=4, holds=8)
-    worker(redis, keys, "b", slots=4, running=4, holds=0)
-    assert place(redis, keys, {"a", "b"}) == ("placed", "a")
-
-
-def test_a_prompt_no_worker_holds_goes_to_the_worker_with_most_free_slots(
-    redis: Redis, keys: Keys
-) -> None:
-    worker(redis, keys, "a", slots=4, running=1, holds=0)
-    worker(redis, keys, "b", slots=8, running=2, holds=0)
-    assert place(redis, keys, {"a", "b"}) == ("spread", "b")
-
-
-def test_nothing_is_placed_when_no_worker_has_a_free_slot_and_none_holds_the_prompt(
-    redis: Redis, keys: Keys
-) -> None:
-    worker(redis, keys, "a", slots=2, running=2, holds=0)
-    assert place(redis, keys, {"a"}) == ("", "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from flask import Flask
 from redis import Redis
 
@@ -31,11 +32,16 @@ def test_resets_are_written_as_openai_writes_them() -> None:
     ]
 
 
+@pytest.fixture
+def limiters(redis: Redis, keys: Keys) -> tuple[RateLimiter, RateLimiter]:
+    """Two limiters on the test's namespace, as two API processes have."""
+    return RateLimiter(redis, keys), RateLimiter(redis, keys)
+
+
 def test_two_limiters_share_a_keys_buckets_and_a_burst_gets_exactly_the_limit(
-    redis: Redis, app_settings: Settings
+    limiters: tuple[RateLimiter, RateLimiter],
 ) -> None:
-    keys = Keys(app_settings.namespace)
-    first, second = RateLimiter(redis, keys), RateLimiter(redis, keys)
+    first, second = limiters
     limits = KeyLimits(rpm=5)
     waits = [(first if i % 2 else second).take("alice", limits, 0).wait_ms for i in range(8)]
     assert waits[:5] == [0] * 5
@@ -45,9 +51,9 @@ def test_two_limiters_share_a_keys_buckets_and_a_burst_gets_exactly_the_limit(
 
 
 def test_tokens_are_taken_only_with_the_request_and_a_request_over_the_limit_never_fits(
-    redis: Redis, app_settings: Settings
+    redis: Redis, keys: Keys
 ) -> None:
-    limiter = RateLimiter(redis, Keys(app_settings.namespace))
+    limiter = RateLimiter(redis, keys)
     limits = KeyLimits(rpm=100, tpm=1000)
     assert limiter.take("carol", limits, 600).wait_ms == 0
     verdict = limiter.take("carol", limits, 600)
@@ -61,10 +67,9 @@ def test_tokens_are_taken_only_with_the_request_and_a_request_over_the_limit_nev
 
 
 def test_queued_tokens_are_held_by_their_entry_until_released_or_past_their_deadline(
-    redis: Redis, app_settings: Settings
+    redis: Redis, keys: Keys, limiters: tuple[RateLimiter, RateLimiter]
 ) -> None:
-    keys = Keys(app_settings.namespace)
-    first, second = RateLimiter(redis, keys), RateLimiter(redis, keys)
+    first, second = limiters
     limits = KeyLimits(queued=1000)
     hour = 3_600_000
     assert first.take("dave", limits, 600, Hold("job-a", hour)).taken
@@ -85,10 +90,7 @@ def test_queued_tokens_are_held_by_their_entry_until_released_or_past_their_dead
     assert first.take("dave", limits, 1000, Hold("job-e", hour)).queued == 1000
 
 
-def test_a_key_with_only_a_queued_limit_takes_nothing_per_minute(
-    redis: Redis, app_settings: Settings
-) -> None:
-    keys = Keys(app_settings.namespace)
+def test_a_key_with_only_a_queued_limit_takes_nothing_per_minute(redis: Redis, keys: Keys) -> None:
     verdict = RateLimiter(redis, keys).take("frank", KeyLimits(queued=10), 5, Hold("job", 60_000))
     assert verdict.taken and verdict.queued == 5
     assert not redis.exists(keys.rate_limit("frank"))
