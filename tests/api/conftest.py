@@ -25,10 +25,9 @@ def keys(app_settings: Settings) -> Keys:
 
 
 @pytest.fixture
-def stand_in(redis: Redis, app_settings: Settings) -> Iterator[tuple[Keys, PubSub]]:
+def stand_in(redis: Redis, keys: Keys) -> Iterator[tuple[Keys, PubSub]]:
     """The test namespace's keys, with a live worker that takes nothing; closing the presence
     connection is the worker dying."""
-    keys = Keys(app_settings.namespace)
     with stand_in_worker(redis, keys) as presence:
         yield keys, presence
 

@@ -9,6 +9,8 @@ A queued request gives up after 3 s (`impatient_http`); the jobs are read while 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -51,8 +53,13 @@ WEATHER = {
 }
 
 
+# A request, as its route and body; the jobs of requests, as `queued_jobs` reads them.
+Ask = tuple[str, dict[str, Any]]
+Queued = Callable[[list[Ask]], list[dict[str, Any]]]
+
+
 def queued_jobs(
-    http: FlaskClient, redis: Redis, keys: Keys, asks: list[tuple[str, dict[str, Any]]]
+    http: FlaskClient, redis: Redis, keys: Keys, asks: list[Ask]
 ) -> list[dict[str, Any]]:
     """Each request's job as it waits in the model's queue, in the order asked."""
     queue = rq_queue(redis, keys.queue(MODEL))
@@ -80,6 +87,13 @@ def queued_jobs(
     return jobs
 
 
+@pytest.fixture
+def queued(impatient_http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]) -> Queued:
+    """`queued_jobs` on the app whose requests give up soon, reading the stand-in's queue."""
+    keys, _ = stand_in
+    return partial(queued_jobs, impatient_http, redis, keys)
+
+
 def chat_body(**extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": HI, **extra}
 
@@ -89,9 +103,8 @@ def message_body(**extra: Any) -> dict[str, Any]:
 
 
 def test_chat_reasoning_controls_and_history_reasoning_are_queued_on_the_job(
-    impatient_http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
+    queued: Queued,
 ) -> None:
-    keys, _ = stand_in
     history = [
         {"role": "user", "content": "Say hi"},
         {"role": "assistant", "content": "Hi!", "reasoning_content": "DeepSeek's name."},
@@ -99,10 +112,7 @@ def test_chat_reasoning_controls_and_history_reasoning_are_queued_on_the_job(
         {"role": "assistant", "content": "Hi again!", "reasoning": "vLLM's name."},
         {"role": "user", "content": "Once more"},
     ]
-    controls, quiet = queued_jobs(
-        impatient_http,
-        redis,
-        keys,
+    controls, quiet = queued(
         [
             (
                 CHAT,
@@ -130,9 +140,8 @@ def test_chat_reasoning_controls_and_history_reasoning_are_queued_on_the_job(
 
 
 def test_the_openai_sdks_own_message_sent_back_is_queued_with_its_reasoning(
-    impatient_http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
+    queued: Queued,
 ) -> None:
-    keys, _ = stand_in
     call = ChatCompletionMessageFunctionToolCall(
         id="call_1", type="function", function=Function(name="weather", arguments="{}")
     )
@@ -140,10 +149,7 @@ def test_the_openai_sdks_own_message_sent_back_is_queued_with_its_reasoning(
         role="assistant", content=None, tool_calls=[call], reasoning_content="Look it up."
     )
     result = {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}
-    (job,) = queued_jobs(
-        impatient_http,
-        redis,
-        keys,
+    (job,) = queued(
         [(CHAT, chat_body(messages=[*HI, answer.model_dump(), result], tools=[WEATHER]))],
     )
     sent_back = job["messages"][1]
@@ -227,9 +233,8 @@ def test_chat_fields_mlxq_cannot_honour_are_refused_by_name(
 
 
 def test_anthropic_thinking_and_effort_are_queued_as_the_jobs_control(
-    impatient_http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
+    queued: Queued,
 ) -> None:
-    keys, _ = stand_in
     asks = [
         message_body(
             thinking={"type": "enabled", "budget_tokens": 2048, "display": "omitted"},
@@ -239,7 +244,7 @@ def test_anthropic_thinking_and_effort_are_queued_as_the_jobs_control(
         message_body(thinking={"type": "adaptive"}),
         message_body(),
     ]
-    jobs = queued_jobs(impatient_http, redis, keys, [(MESSAGES, body) for body in asks])
+    jobs = queued([(MESSAGES, body) for body in asks])
     assert [job["reasoning"] for job in jobs] == [
         {"enabled": True, "effort": "max", "budget_tokens": 2048},
         {"enabled": False, "effort": None, "budget_tokens": None},
@@ -250,9 +255,8 @@ def test_anthropic_thinking_and_effort_are_queued_as_the_jobs_control(
 
 
 def test_the_anthropic_sdks_own_blocks_sent_back_are_queued_with_their_thinking(
-    impatient_http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
+    queued: Queued,
 ) -> None:
-    keys, _ = stand_in
     cited = CitationCharLocation(
         cited_text="Paris",
         document_index=0,
@@ -281,9 +285,7 @@ def test_the_anthropic_sdks_own_blocks_sent_back_are_queued_with_their_thinking(
         {"role": "user", "content": [result]},
     ]
     tools = [{"name": "weather", "input_schema": {"type": "object"}}]
-    (job,) = queued_jobs(
-        impatient_http, redis, keys, [(MESSAGES, message_body(messages=messages, tools=tools))]
-    )
+    (job,) = queued([(MESSAGES, message_body(messages=messages, tools=tools))])
     turn = job["messages"][1]
     assert turn["reasoning_content"] == "Check the weather.\nThen ask."
     assert turn["content"] == "Let me look."
@@ -339,9 +341,8 @@ def codex_body(**extra: Any) -> dict[str, Any]:
 
 
 def test_a_codex_shaped_request_is_queued_with_its_effort_and_sent_back_reasoning(
-    impatient_http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
+    queued: Queued,
 ) -> None:
-    keys, _ = stand_in
     turn = [
         ResponseReasoningItem(
             id="rs_1",
@@ -368,10 +369,7 @@ def test_a_codex_shaped_request_is_queued_with_its_effort_and_sent_back_reasonin
         ).model_dump(),
         {"role": "user", "content": "thanks"},
     ]
-    first, second = queued_jobs(
-        impatient_http,
-        redis,
-        keys,
+    first, second = queued(
         [(RESPONSES, codex_body()), (RESPONSES, codex_body(input=[*codex_body()["input"], *turn]))],
     )
     assert first["reasoning"] == {"enabled": None, "effort": "high", "budget_tokens": None}
@@ -410,14 +408,13 @@ def test_an_opaque_reasoning_value_from_elsewhere_is_accepted_and_left_out(
 
 
 def test_anthropics_max_tokens_is_a_ceiling_on_the_window_where_chats_is_refused(
-    impatient_http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
+    impatient_http: FlaskClient, redis: Redis, keys: Keys, queued: Queued
 ) -> None:
-    keys, _ = stand_in
     publish_spec(redis, keys, MODEL, word_spec(context_length=64))
     refused = impatient_http.post(CHAT, json=chat_body(max_tokens=32_000))
     assert_openai_error(refused, 400, "messages")
     assert refused.get_json()["error"]["code"] == "context_length_exceeded"
-    (job,) = queued_jobs(impatient_http, redis, keys, [(MESSAGES, message_body(max_tokens=32_000))])
+    (job,) = queued([(MESSAGES, message_body(max_tokens=32_000))])
     assert (job["max_tokens"], job["max_tokens_ceiling"]) == (32_000, True)
     too_long = [{"role": "user", "content": "word " * 80}]
     response = impatient_http.post(MESSAGES, json=message_body(messages=too_long))
