@@ -9,6 +9,7 @@ benchmarks use too.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import subprocess
@@ -62,6 +63,19 @@ NO_END = {"2": -100, "0": -100}
 def chat(http: FlaskClient, **body: Any) -> TestResponse:
     """A chat request to the in-process app, for a model that need not exist."""
     return http.post(CHAT, json={"model": "m", "messages": MESSAGES, **body})
+
+
+def post_file(
+    http: FlaskClient, data: bytes, purpose: str = "batch", headers: dict[str, str] | None = None
+) -> TestResponse:
+    """An upload of `data` (as in.jsonl) to the in-process app."""
+    form = {"purpose": purpose, "file": (io.BytesIO(data), "in.jsonl")}
+    return http.post("/v1/files", data=form, content_type="multipart/form-data", headers=headers)
+
+
+def batch_body(file_id: str) -> dict[str, str]:
+    """The body of a batch of text completions over the file `file_id`."""
+    return {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"}
 
 
 def assert_openai_error(response: TestResponse, status: int, param: str | None = None) -> None:

@@ -4,7 +4,6 @@ is a 422, a try in flight a 409, a failed try leaves the key free, and keys are 
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 from flask import Flask
@@ -15,23 +14,13 @@ from api import create_app
 from api.stores.idempotency import IdempotencyStore, fingerprint
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
-from tests.support import assert_openai_error
+from tests.support import assert_openai_error, batch_body, post_file
 
 BAD_LINES = b"not json\n"
 
 
 def _upload(http: FlaskClient, key: str, content: bytes = BAD_LINES, **headers: str) -> Any:
-    form = {"purpose": "batch", "file": (io.BytesIO(content), "in.jsonl")}
-    return http.post(
-        "/v1/files",
-        data=form,
-        content_type="multipart/form-data",
-        headers={"Idempotency-Key": key, **headers},
-    )
-
-
-def _batch_body(file_id: str) -> dict[str, str]:
-    return {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"}
+    return post_file(http, content, headers={"Idempotency-Key": key, **headers})
 
 
 def test_the_same_upload_with_the_same_key_answers_the_first_file_again(
@@ -59,7 +48,7 @@ def test_a_try_that_failed_validation_leaves_the_key_free(http: FlaskClient) -> 
     refused = http.post("/v1/batches", json={"endpoint": "/v1/completions"}, headers=headers)
     assert_openai_error(refused, 400)
     file_id = _upload(http, "k3-file").get_json()["id"]
-    created = http.post("/v1/batches", json=_batch_body(file_id), headers=headers)
+    created = http.post("/v1/batches", json=batch_body(file_id), headers=headers)
     assert created.status_code == 200
     assert "Idempotent-Replayed" not in created.headers
 
@@ -68,7 +57,7 @@ def test_a_try_while_the_first_is_in_flight_is_a_409_with_retry_after(
     http: FlaskClient, app_settings: Settings, redis: Redis
 ) -> None:
     file_id = _upload(http, "k4-file").get_json()["id"]
-    body = _batch_body(file_id)
+    body = batch_body(file_id)
     # The first try holds the key: claimed with this very request's fingerprint.
     with http.application.test_request_context(
         "/v1/batches", method="POST", json=body, headers={"Idempotency-Key": "k4"}

@@ -5,14 +5,12 @@ No worker is needed: everything here is answered before a job would run.
 
 from __future__ import annotations
 
-import io
-
 import pytest
 from flask.testing import FlaskClient
 
 from api import create_app
 from shared.queue.config import Settings
-from tests.support import assert_openai_error
+from tests.support import assert_openai_error, batch_body, post_file
 
 RESPONSES = "/v1/responses"
 
@@ -64,25 +62,19 @@ def test_unknown_file_and_batch_are_404s(http: FlaskClient) -> None:
     assert_openai_error(http.delete("/v1/files/file-nope"), 404)
     assert_openai_error(http.get("/v1/batches/batch_nope"), 404)
     assert_openai_error(http.post("/v1/batches/batch_nope/cancel"), 404)
-    body = {"input_file_id": "file-nope", "endpoint": "/v1/completions", "completion_window": "24h"}
-    assert_openai_error(http.post("/v1/batches", json=body), 404)
-
-
-def upload(http: FlaskClient, data: bytes, purpose: str = "batch") -> object:
-    form = {"purpose": purpose, "file": (io.BytesIO(data), "in.jsonl")}
-    return http.post("/v1/files", data=form, content_type="multipart/form-data")
+    assert_openai_error(http.post("/v1/batches", json=batch_body("file-nope")), 404)
 
 
 def test_upload_over_the_size_cap_is_a_413(app_settings: Settings) -> None:
     small = app_settings.model_copy(update={"max_file_bytes": 2048})
     http = create_app(small).test_client()
-    assert upload(http, b"x" * 2000).status_code == 200  # type: ignore[attr-defined]
-    assert_openai_error(upload(http, b"x" * 3000), 413)  # type: ignore[arg-type]
-    assert_openai_error(upload(http, b"x" * 200_000), 413)  # type: ignore[arg-type]
+    assert post_file(http, b"x" * 2000).status_code == 200
+    assert_openai_error(post_file(http, b"x" * 3000), 413)
+    assert_openai_error(post_file(http, b"x" * 200_000), 413)
 
 
 def test_upload_needs_purpose_batch_and_a_file(http: FlaskClient) -> None:
-    assert_openai_error(upload(http, b"{}", purpose="fine-tune"), 400, "purpose")  # type: ignore[arg-type]
+    assert_openai_error(post_file(http, b"{}", purpose="fine-tune"), 400, "purpose")
     response = http.post("/v1/files", data={"purpose": "batch"}, content_type="multipart/form-data")
     assert_openai_error(response, 400, "file")
 
@@ -95,7 +87,7 @@ def test_batch_needs_a_known_endpoint_and_the_24h_window(http: FlaskClient) -> N
 
 
 def test_lists_page_with_after_and_limit(http: FlaskClient) -> None:
-    ids = [upload(http, b"{}\n").get_json()["id"] for _ in range(3)]  # type: ignore[attr-defined]
+    ids = [post_file(http, b"{}\n").get_json()["id"] for _ in range(3)]
     first = http.get("/v1/files?limit=2").get_json()
     assert [f["id"] for f in first["data"]] == ids[::-1][:2]
     assert first["has_more"] is True

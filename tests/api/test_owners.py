@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
@@ -12,7 +10,7 @@ from api.queue.broker import Broker
 from api.routes import batches, files, responses
 from api.stores.responses import ResponseStore
 from shared.wire.responses import ResponsesRequest, StoredResponse
-from tests.support import assert_openai_error
+from tests.support import assert_openai_error, batch_body, post_file
 
 
 def act_as(monkeypatch: pytest.MonkeyPatch, owner: str) -> None:
@@ -24,26 +22,22 @@ def test_another_owners_file_is_a_404_and_not_listed(
     http: FlaskClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     act_as(monkeypatch, "alice")
-    form = {"purpose": "batch", "file": (io.BytesIO(b"{}\n"), "a.jsonl")}
-    file_id = http.post("/v1/files", data=form, content_type="multipart/form-data").get_json()["id"]
+    file_id = post_file(http, b"{}\n").get_json()["id"]
     assert http.get(f"/v1/files/{file_id}").status_code == 200
     act_as(monkeypatch, "bob")
     assert_openai_error(http.get(f"/v1/files/{file_id}"), 404)
     assert_openai_error(http.get(f"/v1/files/{file_id}/content"), 404)
     assert_openai_error(http.delete(f"/v1/files/{file_id}"), 404)
     assert file_id not in [f["id"] for f in http.get("/v1/files").get_json()["data"]]
-    body = {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"}
-    assert_openai_error(http.post("/v1/batches", json=body), 404)
+    assert_openai_error(http.post("/v1/batches", json=batch_body(file_id)), 404)
 
 
 def test_another_owners_batch_is_a_404_and_not_listed(
     http: FlaskClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     act_as(monkeypatch, "alice")
-    form = {"purpose": "batch", "file": (io.BytesIO(b"not json\n"), "a.jsonl")}
-    file_id = http.post("/v1/files", data=form, content_type="multipart/form-data").get_json()["id"]
-    body = {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"}
-    batch = http.post("/v1/batches", json=body).get_json()
+    file_id = post_file(http, b"not json\n").get_json()["id"]
+    batch = http.post("/v1/batches", json=batch_body(file_id)).get_json()
     assert batch["status"] == "failed"  # validation needs no worker
     act_as(monkeypatch, "bob")
     assert_openai_error(http.get(f"/v1/batches/{batch['id']}"), 404)

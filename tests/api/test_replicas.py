@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import io
 import time
 
 from flask.testing import FlaskClient
@@ -11,16 +10,12 @@ from redis import Redis
 
 from api import create_app
 from shared.queue.config import Settings
+from tests.support import post_file
 
 
 def _waits(redis: Redis) -> int:
     stats = redis.info("commandstats").get("cmdstat_wait", {"calls": 0})
     return int(stats["calls"])
-
-
-def _upload(http: FlaskClient) -> int:
-    form = {"purpose": "batch", "file": (io.BytesIO(b"{}\n"), "in.jsonl")}
-    return http.post("/v1/files", data=form, content_type="multipart/form-data").status_code
 
 
 def test_a_creating_post_waits_for_replicas_and_a_read_does_not(
@@ -30,7 +25,7 @@ def test_a_creating_post_waits_for_replicas_and_a_read_does_not(
     http = create_app(waiting).test_client()
     before = _waits(redis)
     started = time.monotonic()
-    assert _upload(http) == 200
+    assert post_file(http, b"{}\n").status_code == 200
     assert time.monotonic() - started >= 0.3  # no replica here: WAIT runs out its time
     assert http.get("/v1/files").status_code == 200
     assert _waits(redis) == before + 1
@@ -38,5 +33,5 @@ def test_a_creating_post_waits_for_replicas_and_a_read_does_not(
 
 def test_without_the_setting_nothing_waits(http: FlaskClient, redis: Redis) -> None:
     before = _waits(redis)
-    assert _upload(http) == 200
+    assert post_file(http, b"{}\n").status_code == 200
     assert _waits(redis) == before
