@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -63,14 +64,6 @@ def looping(running: EngineLoop[Any, Any]) -> Iterator[None]:
     thread.join(timeout=5)
 
 
-@pytest.fixture
-def loop(redis: Redis) -> Iterator[tuple[GenerationLoop, SyntheticEngine]]:
-    engine = SyntheticEngine(STEP_S, default_max_tokens=16)
-    running = EngineLoop(engine, GenerationKind(), EventSink(redis, replay_ttl_s=60))
-    with looping(running):
-        yield running, engine
-
-
 def job(job_id: str, max_tokens: int, **extra: Any) -> GenerationJob:
     """A job that keeps a replay log, as a stored response does."""
     return GenerationJob(
@@ -83,26 +76,48 @@ def job(job_id: str, max_tokens: int, **extra: Any) -> GenerationJob:
     )
 
 
-def submit(
-    running: GenerationLoop, engine: SyntheticEngine, keys: Keys, job: GenerationJob
-) -> Future[JobOutcome]:
-    """Hand `job` to the loop as a worker's slot would, its events kept in a replay log when
-    the job asks for one (these tests read the log)."""
-    return running.submit(
-        engine.prepare(job), Route.of(keys, job.job_id, job.reply_to, job.replayed)
-    )
-
-
 def events(redis: Redis, keys: Keys, job_id: str) -> list[Event]:
     return [decode_event(row) for row in redis.lrange(keys.replay(job_id), 0, -1)]  # type: ignore[union-attr]
 
 
-def test_a_job_publishes_started_then_its_tokens_then_one_done(
-    loop: tuple[GenerationLoop, SyntheticEngine], redis: Redis, keys: Keys
-) -> None:
-    running, engine = loop
-    outcome = submit(running, engine, keys, job("a", 5)).result(timeout=5)
-    seen = events(redis, keys, "a")
+def after_two_steps(redis: Redis, keys: Keys, job_id: str) -> None:
+    """Wait until the job has published its start and two steps' events."""
+    wait_until(lambda: len(events(redis, keys, job_id)) >= 3, 5, f"two steps of job {job_id}")
+
+
+@dataclass
+class Generating:
+    """A generation loop running on its synthetic engine, its jobs publishing under `keys`."""
+
+    loop: GenerationLoop
+    engine: SyntheticEngine
+    redis: Redis
+    keys: Keys
+
+    def submit(self, job: GenerationJob) -> Future[JobOutcome]:
+        """Hand `job` to the loop as a worker's slot would, its events kept in a replay log when
+        the job asks for one (these tests read the log)."""
+        route = Route.of(self.keys, job.job_id, job.reply_to, job.replayed)
+        return self.loop.submit(self.engine.prepare(job), route)
+
+    def events(self, job_id: str) -> list[Event]:
+        return events(self.redis, self.keys, job_id)
+
+    def after_two_steps(self, job_id: str) -> None:
+        after_two_steps(self.redis, self.keys, job_id)
+
+
+@pytest.fixture
+def generation(redis: Redis, keys: Keys) -> Iterator[Generating]:
+    engine = SyntheticEngine(STEP_S, default_max_tokens=16)
+    running = EngineLoop(engine, GenerationKind(), EventSink(redis, replay_ttl_s=60))
+    with looping(running):
+        yield Generating(running, engine, redis, keys)
+
+
+def test_a_job_publishes_started_then_its_tokens_then_one_done(generation: Generating) -> None:
+    outcome = generation.submit(job("a", 5)).result(timeout=5)
+    seen = generation.events("a")
     assert isinstance(seen[0], StartedEvent) and seen[0].prompt_tokens == 3
     assert [type(e) for e in seen[1:]] == [TokenEvent] * 5 + [DoneEvent]
     done = seen[-1]
@@ -110,42 +125,35 @@ def test_a_job_publishes_started_then_its_tokens_then_one_done(
     assert done.usage.completion_tokens == 5 and outcome.completion_tokens == 5
 
 
-def test_a_job_submitted_while_a_batch_runs_joins_it(
-    loop: tuple[GenerationLoop, SyntheticEngine], redis: Redis, keys: Keys
-) -> None:
-    running, engine = loop
-    first = submit(running, engine, keys, job("long", 60))
-    wait_until(lambda: len(events(redis, keys, "long")) >= 3, 5, "two steps of the first job")
-    second = submit(running, engine, keys, job("short", 3))
+def test_a_job_submitted_while_a_batch_runs_joins_it(generation: Generating) -> None:
+    first = generation.submit(job("long", 60))
+    generation.after_two_steps("long")
+    second = generation.submit(job("short", 3))
     second.result(timeout=5)
     assert not first.done()  # the second came and went while the first ran on
-    long_tokens = [e for e in events(redis, keys, "long") if isinstance(e, TokenEvent)]
+    long_tokens = [e for e in generation.events("long") if isinstance(e, TokenEvent)]
     assert 0 < len(long_tokens) < 60
     first.result(timeout=5)
 
 
 def test_a_cancelled_job_ends_at_the_next_step_and_publishes_nothing_more(
-    loop: tuple[GenerationLoop, SyntheticEngine], redis: Redis, keys: Keys
+    generation: Generating,
 ) -> None:
-    running, engine = loop
-    future = submit(running, engine, keys, job("c", 10_000))
-    wait_until(lambda: len(events(redis, keys, "c")) >= 3, 5, "two steps of the job")
-    running.cancel("c")
+    future = generation.submit(job("c", 10_000))
+    generation.after_two_steps("c")
+    generation.loop.cancel("c")
     outcome = future.result(timeout=2)
     assert outcome.finish_reason == "cancelled"
-    count = len(events(redis, keys, "c"))
-    turns = running.turns
-    wait_until(lambda: running.turns >= turns + 2, 5, "two more turns of the loop")
-    assert len(events(redis, keys, "c")) == count
-    assert not running.busy
+    count = len(generation.events("c"))
+    turns = generation.loop.turns
+    wait_until(lambda: generation.loop.turns >= turns + 2, 5, "two more turns of the loop")
+    assert len(generation.events("c")) == count
+    assert not generation.loop.busy
 
 
-def test_a_job_with_several_choices_ends_each_then_the_job(
-    loop: tuple[GenerationLoop, SyntheticEngine], redis: Redis, keys: Keys
-) -> None:
-    running, engine = loop
-    outcome = submit(running, engine, keys, job("n", 4, n=3)).result(timeout=5)
-    seen = events(redis, keys, "n")
+def test_a_job_with_several_choices_ends_each_then_the_job(generation: Generating) -> None:
+    outcome = generation.submit(job("n", 4, n=3)).result(timeout=5)
+    seen = generation.events("n")
     ends = [e for e in seen if isinstance(e, ChoiceEndEvent)]
     assert sorted(e.index for e in ends) == [0, 1, 2]
     assert isinstance(seen[-1], DoneEvent) and seen.index(ends[-1]) < len(seen) - 1
@@ -154,18 +162,15 @@ def test_a_job_with_several_choices_ends_each_then_the_job(
     assert outcome.completion_tokens == 12
 
 
-def test_a_job_with_one_choice_publishes_no_choice_end(
-    loop: tuple[GenerationLoop, SyntheticEngine], redis: Redis, keys: Keys
-) -> None:
-    running, engine = loop
-    submit(running, engine, keys, job("one", 4)).result(timeout=5)
-    assert not any(isinstance(e, ChoiceEndEvent) for e in events(redis, keys, "one"))
+def test_a_job_with_one_choice_publishes_no_choice_end(generation: Generating) -> None:
+    generation.submit(job("one", 4)).result(timeout=5)
+    assert not any(isinstance(e, ChoiceEndEvent) for e in generation.events("one"))
 
 
 def test_plain_jobs_publish_on_their_api_process_channel_one_frame_per_step_and_leave_no_key(
-    loop: tuple[GenerationLoop, SyntheticEngine], redis: Redis, keys: Keys
+    generation: Generating,
 ) -> None:
-    running, engine = loop
+    redis, keys = generation.redis, generation.keys
     listener = redis.pubsub()
     listener.subscribe(keys.reply("api-1"))
     assert listener.get_message(timeout=1) is not None  # the subscription is confirmed
@@ -174,7 +179,7 @@ def test_plain_jobs_publish_on_their_api_process_channel_one_frame_per_step_and_
         for name in ("p1", "p2")
     ]
     assert not any(j.replayed for j in plain)
-    for done in [submit(running, engine, keys, j) for j in plain]:
+    for done in [generation.submit(j) for j in plain]:
         done.result(timeout=5)
     heard: dict[str, list[Event]] = {"p1": [], "p2": []}
     messages = 0
@@ -227,7 +232,7 @@ def test_a_job_of_either_kind_is_cancelled_at_the_next_step_by_the_one_loop(
             job_id: running.submit(prepare(job_id), Route.of(keys, job_id, None, replayed=True))
             for job_id in ("c", "kept")
         }
-        wait_until(lambda: len(events(redis, keys, "c")) >= 3, 5, "two steps of the job")
+        after_two_steps(redis, keys, "c")
         running.cancel("c")
         outcome = futures["c"].result(timeout=2)
         count, kept = len(events(redis, keys, "c")), len(events(redis, keys, "kept"))
