@@ -130,15 +130,9 @@ def start_redis(
 ) -> subprocess.Popen[bytes]:
     """A redis-server (`redis_command`); `url` is how to reach it."""
     args = redis_command(port, data_dir, extra)
-    url = url or f"redis://127.0.0.1:{port}/0"
     # Its own session: a Ctrl-C meant for the caller must not stop Redis under draining workers.
     server = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
-    try:
-        wait_until(lambda: redis_answers(url), 10, f"Redis on {port}")
-    except TimeoutError:
-        stop(server)
-        raise
-    return server
+    return _answering(server, url or local_url(port), f"Redis on {port}")
 
 
 def start_sentinel(
@@ -175,9 +169,18 @@ def start_sentinel(
     server = subprocess.Popen(
         [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, start_new_session=True
     )
-    url = url or f"redis://127.0.0.1:{port}/0"
+    return _answering(server, url or local_url(port), f"Sentinel on {port}")
+
+
+def local_url(port: int) -> str:
+    """The URL of a Redis (or Sentinel) started here on 127.0.0.1:`port`."""
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def _answering(server: subprocess.Popen[bytes], url: str, what: str) -> subprocess.Popen[bytes]:
+    """`server` once it answers at `url`; stopped, and TimeoutError, if it does not in 10 s."""
     try:
-        wait_until(lambda: redis_answers(url), 10, f"Sentinel on {port}")
+        wait_until(lambda: redis_answers(url), 10, what)
     except TimeoutError:
         stop(server)
         raise
@@ -242,7 +245,7 @@ class Cluster:
 
     @property
     def redis_url(self) -> str:
-        return self.url or f"redis://127.0.0.1:{self.port}/0"
+        return self.url or local_url(self.port)
 
     @property
     def keys(self) -> Keys:
