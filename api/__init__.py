@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Flask
 
-from api.http import auth, errors
+from api.http import auth, errors, exposure
 from api.queue import rate_limits
 from api.queue.broker import Broker
 from api.routes import (
@@ -34,6 +34,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     b = Broker(settings)
     b.init_app(app)
     errors.init_app(app)
+    exposure.init_app(app, settings)  # before the key check
     auth.init_app(app, settings, b.redis)
     rate_limits.init_app(app, b)
     replicas.init_app(app, b)

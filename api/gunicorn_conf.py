@@ -17,7 +17,7 @@ monkey.patch_all()
 
 from typing import Any  # noqa: E402 (after the patch, on purpose)
 
-from api.http.auth import check_bind  # noqa: E402
+from api.http.exposure import check_bind  # noqa: E402
 from shared.observe import tracing  # noqa: E402
 from shared.observe.logs import configure, formatter  # noqa: E402
 from shared.queue.config import Settings  # noqa: E402

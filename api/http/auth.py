@@ -1,5 +1,5 @@
-"""Who is calling and whether they may: API keys, operators, the owner of stored resources, and
-the rule that a server without keys listens on the loopback interface only.
+"""Who is calling and whether they may: API keys, operators and the owner of stored resources.
+Where a server without keys may be reached from is api/http/exposure.py's.
 
 With keys configured (`MLXQ_API_KEYS`, and the operators' `MLXQ_ADMIN_KEYS`, comma-separated),
 every route but `PUBLIC_PATHS` (and the page's static files) needs `Authorization: Bearer <key>`
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import secrets
 import time
 from collections.abc import Iterable
@@ -185,40 +184,3 @@ def require_owner(owner: str | None, kind: str, resource_id: str) -> None:
     """
     if owner is None or not hmac.compare_digest(owner.encode(), owner_id().encode()):
         raise NotFoundError(f"No {kind} found with id '{resource_id}'.", param=None)
-
-
-class OpenBindError(SystemExit):
-    """The API was asked to listen beyond loopback without API keys."""
-
-
-def _bind_host(bind: str) -> str:
-    if bind.startswith("["):  # [::1]:8000
-        return bind[1 : bind.find("]")]
-    if bind.count(":") > 1:  # a bare IPv6 address
-        return bind
-    return bind.rsplit(":", 1)[0]
-
-
-def _is_loopback(bind: str) -> bool:
-    if bind.startswith("unix:"):
-        return True
-    host = _bind_host(bind)
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(binds: Iterable[str], keys_configured: bool) -> str | None:
-    """The line to log about exposure, or OpenBindError for a non-loopback bind without keys."""
-    if keys_configured:
-        return None
-    open_binds = [bind for bind in binds if not _is_loopback(bind)]
-    if open_binds:
-        raise OpenBindError(
-            f"mlxq: refusing to listen on {', '.join(open_binds)} without API keys: set "
-            "MLXQ_API_KEYS, or bind to 127.0.0.1 (MLXQ_API_BIND)."
-        )
-    return "mlxq: no API keys set (MLXQ_API_KEYS): listening on the loopback interface only"

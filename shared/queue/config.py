@@ -210,6 +210,10 @@ class ApiSettings(BaseModel):
     # The secret owner ids are derived from keys with (api/http/auth.py); none: a random one
     # that the first API process keeps in Redis for all of them.
     owner_secret: SecretStr | None = None
+    # Host names the API answers under besides the loopback ones (comma-separated in
+    # MLXQ_ALLOWED_HOSTS); checked always without keys, and with keys only once set
+    # (api/http/exposure.py).
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
     # Logs (shared/observe/logs.py): text or JSON lines, and the level.
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
@@ -218,6 +222,11 @@ class ApiSettings(BaseModel):
     @classmethod
     def _upper_level(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        return _split_commas(value)
 
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod

@@ -96,6 +96,14 @@ class AuthenticationError(MLXQError):
     code = "invalid_api_key"
 
 
+class ForbiddenError(MLXQError):
+    """Refused for where the request comes from: its peer, Host or Origin (403;
+    api/http/exposure.py)."""
+
+    status = 403
+    type = "request_forbidden"
+
+
 class NotFoundError(MLXQError):
     """An unknown route or resource (404)."""
 

@@ -16,9 +16,7 @@ from api.http import auth
 from api.http.auth import (
     ANONYMOUS,
     ApiKeys,
-    OpenBindError,
     OwnerSecret,
-    check_bind,
     owner_id,
     owner_of_key,
     require_owner,
@@ -191,21 +189,6 @@ def test_a_record_of_another_key_is_404_like_a_missing_one(keyed: FlaskClient) -
     assert_openai_error(foreign, 404)
     assert foreign.get_json()["error"]["message"] == "No note found with id 'n1'."
     assert missing.get_json()["error"]["message"] == "No note found with id 'n2'."
-
-
-@pytest.mark.parametrize(
-    "bind", ["127.0.0.1:8000", "localhost:9", "[::1]:8000", "unix:/tmp/mlxq.sock", "127.0.0.2"]
-)
-def test_without_keys_loopback_binds_are_allowed_and_said(bind: str) -> None:
-    line = check_bind([bind], keys_configured=False)
-    assert line is not None and "loopback" in line and "MLXQ_API_KEYS" in line
-
-
-@pytest.mark.parametrize("bind", ["0.0.0.0:8000", ":8000", "[::]:8000", "10.1.2.3:80", "host:80"])
-def test_without_keys_an_open_bind_is_refused(bind: str) -> None:
-    with pytest.raises(OpenBindError, match="MLXQ_API_KEYS"):
-        check_bind(["127.0.0.1:8000", bind], keys_configured=False)
-    assert check_bind([bind], keys_configured=True) is None
 
 
 def test_keys_are_secret_in_settings() -> None:
