@@ -27,7 +27,7 @@ from bench import systems
 from bench.baseline import baseline
 from bench.load import chat_body, percentile
 from bench.machine import describe
-from bench.report import write
+from bench.report import markdown_table, write
 from bench.sse_client import StreamRecord, stream_chat
 from worker.gguf.default_model import ensure_default_model
 
@@ -151,26 +151,30 @@ def main(args: Any) -> None:
     print(text)
 
 
+# The interactive probes' figures, idle and during the batch, in the table's order.
+PROBE_FIGURES = ("ttft_p50_ms", "gap_p50_ms", "gap_p99_ms", "failed")
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
 def _table(rows: list[dict[str, Any]], lines: int, max_tokens: int) -> str:
-    out = [
-        f"Batch API, {lines} chat lines of {max_tokens} tokens, default model, one worker\n",
-        "| MLXQ_BATCH_SIZE | lines/s | tokens/s | forward step tokens/s | x forward step | "
-        "interactive TTFT p50 ms idle / during | gap p50 ms idle / during | "
-        "gap p99 ms idle / during | failed probes idle / during |",
-        "|" + " --- |" * 9,
-    ]
+    head = ["MLXQ_BATCH_SIZE", "lines/s", "tokens/s", "forward step tokens/s", "x forward step"]
+    head += ["interactive TTFT p50 ms idle / during", "gap p50 ms idle / during"]
+    head += ["gap p99 ms idle / during", "failed probes idle / during"]
+    cells = []
     for r in rows:
         idle, busy = r["idle"], r["busy"]
-        out.append(
-            f"| {r['batch_size']} | {r['lines_per_s']:.2f} | {r['tokens_per_s']:.0f} | "
-            f"{r['forward_tokens_per_s']:.0f} | {r['x_forward']:.2f} | "
-            f"{_ms(idle['ttft_p50_ms'])} / {_ms(busy['ttft_p50_ms'])} | "
-            f"{_ms(idle['gap_p50_ms'])} / {_ms(busy['gap_p50_ms'])} | "
-            f"{_ms(idle['gap_p99_ms'])} / {_ms(busy['gap_p99_ms'])} | "
-            f"{_ms(idle['failed'])} / {_ms(busy['failed'])} |"
+        cells.append(
+            [
+                str(r["batch_size"]),
+                f"{r['lines_per_s']:.2f}",
+                f"{r['tokens_per_s']:.0f}",
+                f"{r['forward_tokens_per_s']:.0f}",
+                f"{r['x_forward']:.2f}",
+                *(f"{_ms(idle[k])} / {_ms(busy[k])}" for k in PROBE_FIGURES),
+            ]
         )
-    return "\n".join(out)
+    title = f"Batch API, {lines} chat lines of {max_tokens} tokens, default model, one worker\n"
+    return "\n".join([title, *markdown_table(head, cells)])

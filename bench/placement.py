@@ -36,7 +36,7 @@ from typing import Any
 
 from bench.load import percentile
 from bench.machine import describe
-from bench.report import write
+from bench.report import markdown_table, write
 from bench.sse_client import StreamRecord, stream_chat
 from shared.observe.metrics import JobRecord
 from worker.ops.cluster import Cluster, wait_until
@@ -238,13 +238,11 @@ def _against(value: float | None, base: float | None) -> str:
 
 def table(rows: list[Row]) -> str:
     one = next((r for r in rows if r.workers == 1), None)
-    lines = [
-        "| workers | placement | wall s | TTFT p50 by turn (s) | turns 2+ TTFT p50 s "
-        "(x one worker) | the same from enqueue | later turns' cache share "
-        "| followed / busy / waited out / spread | jobs per worker: turn 1; all turns | errors "
-        "| load avg |",
-        "|" + " --- |" * 11,
-    ]
+    head = ["workers", "placement", "wall s", "TTFT p50 by turn (s)"]
+    head += ["turns 2+ TTFT p50 s (x one worker)", "the same from enqueue"]
+    head += ["later turns' cache share", "followed / busy / waited out / spread"]
+    head += ["jobs per worker: turn 1; all turns", "errors", "load avg"]
+    cells = []
     for r in rows:
         ttft = " / ".join("-" if t is None else f"{t:.2f}" for t in r.ttft_p50_by_turn)
         later = _against(r.later_ttft_p50, one.later_ttft_p50 if one else None)
@@ -253,14 +251,23 @@ def table(rows: list[Row]) -> str:
             f"{' '.join(map(str, r.first_turn_jobs_per_worker))}; "
             f"{' '.join(map(str, r.jobs_per_worker))}"
         )
-        lines.append(
-            f"| {r.workers} | {'on' if r.placement else 'off'} | {r.wall_s} | {ttft} | {later} | "
-            f"{queued} | {r.later_cache_share:.2f} | "
-            f"{r.followed} / {r.overridden_busy} / {r.overridden_wait} / {r.spread} | "
-            f"{per_worker} | {r.errors} | "
-            f"{r.load_average} |"
+        outcomes = f"{r.followed} / {r.overridden_busy} / {r.overridden_wait} / {r.spread}"
+        cells.append(
+            [
+                str(r.workers),
+                "on" if r.placement else "off",
+                str(r.wall_s),
+                ttft,
+                later,
+                queued,
+                f"{r.later_cache_share:.2f}",
+                outcomes,
+                per_worker,
+                str(r.errors),
+                str(r.load_average),
+            ]
         )
-    return "\n".join(lines)
+    return "\n".join(markdown_table(head, cells))
 
 
 def add_parser(sub: Any) -> None:

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from bench import systems
 from bench.load import chat_body, percentile
 from bench.machine import describe
-from bench.report import write
+from bench.report import markdown_table, write
 from bench.sse_client import StreamRecord, stream_chat
 
 MODEL = "synthetic"
@@ -153,29 +153,41 @@ def main(args: Any) -> None:
     out = Path(args.out)
     result = {"machine": describe(), "engine": "SYNTHETIC", "step_ms": args.step_ms, "rows": rows}
     write(out, "relay", result)
-    lines = [
-        "| streams | phase | events/s | latency p50 ms | latency p99 ms | added gap p99 ms | "
-        "of which the relay's, p99 ms | CPU s/1k events: API / worker / Redis / client | "
-        "machine CPU busy | errors | replay logs kept | replay bytes/event | keys kept/job |",
-        "|" + " --- |" * 13,
-    ]
+    text = "SYNTHETIC engine (no model), one API process\n\n" + table(rows)
+    (out / "relay.md").write_text(f"Machine: {result['machine']['summary']}\n\n{text}\n")
+    print(text)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ["streams", "phase", "events/s", "latency p50 ms", "latency p99 ms"]
+    head += ["added gap p99 ms", "of which the relay's, p99 ms"]
+    head += ["CPU s/1k events: API / worker / Redis / client", "machine CPU busy", "errors"]
+    head += ["replay logs kept", "replay bytes/event", "keys kept/job"]
+    cells = []
     for r in rows:
         cpu = " / ".join(f"{v:.3f}" for v in r["cpu_s_per_1k_events"].values())
         for phase in ("all_open", "whole_run"):
             f = r[phase]
             if f is None:
                 continue
-            lines.append(
-                f"| {r['streams']} | {phase.replace('_', ' ')} | {f['events_per_s']:.0f} | "
-                f"{_ms(f['latency_p50_ms'])} | {_ms(f['latency_p99_ms'])} | "
-                f"{_ms(f['added_gap_p99_ms'])} | {_ms(f['relay_added_gap_p99_ms'])} | {cpu} | "
-                f"{100 * r['machine_busy']:.0f}% | "
-                f"{r['errors']} | {r['replay_logs_kept']} | {r['replay_bytes_per_event']:.1f} | "
-                f"{r['keys_kept_per_job']:.2f} |"
+            cells.append(
+                [
+                    str(r["streams"]),
+                    phase.replace("_", " "),
+                    f"{f['events_per_s']:.0f}",
+                    _ms(f["latency_p50_ms"]),
+                    _ms(f["latency_p99_ms"]),
+                    _ms(f["added_gap_p99_ms"]),
+                    _ms(f["relay_added_gap_p99_ms"]),
+                    cpu,
+                    f"{100 * r['machine_busy']:.0f}%",
+                    str(r["errors"]),
+                    str(r["replay_logs_kept"]),
+                    f"{r['replay_bytes_per_event']:.1f}",
+                    f"{r['keys_kept_per_job']:.2f}",
+                ]
             )
-    text = "SYNTHETIC engine (no model), one API process\n\n" + "\n".join(lines)
-    (out / "relay.md").write_text(f"Machine: {result['machine']['summary']}\n\n{text}\n")
-    print(text)
+    return "\n".join(markdown_table(head, cells))
 
 
 def _ms(value: float | None) -> str:

@@ -50,15 +50,24 @@ def _groups(rows: list[dict[str, Any]], workload: str) -> dict[tuple[int, str], 
     return dict(sorted(found.items(), key=lambda kv: kv[0][0]))
 
 
+def markdown_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines: the headings, the rule under them, then a line a row."""
+    return [_row(head), "|" + " --- |" * len(head), *map(_row, rows)]
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
 def _table(rows: list[dict[str, Any]], workload: str) -> list[str]:
     head = ["c", "system", *(h for h, _, _ in COLUMNS), "machine busy %"]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines = []
     for (c, system), mine in _groups(rows, workload).items():
         cells = [str(c), system, *(_joined(mine, key, d) for _, key, d in COLUMNS)]
         busy = [r.get("machine_busy") for r in mine]
         cells.append(" / ".join(_fmt(b * 100 if b is not None else None, 0) for b in busy))
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        lines.append(cells)
+    return markdown_table(head, lines)
 
 
 def _ratio_lines(rows: list[dict[str, Any]], workload: str) -> list[str]:

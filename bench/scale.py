@@ -25,7 +25,7 @@ from tqdm import tqdm
 from bench import systems
 from bench.load import chat_body
 from bench.machine import describe
-from bench.report import write
+from bench.report import markdown_table, write
 from bench.sse_client import StreamRecord, stream_chat
 from worker.ops.cluster import Cluster
 
@@ -117,19 +117,26 @@ def run_level(workers: int, args: Any) -> Row:
 
 def table(rows: list[Row]) -> str:
     base = rows[0].tokens_per_s / rows[0].workers
-    lines = [
-        "| workers | streams | tokens/s | x one worker | target 0.9 x N | Redis cmds/token | "
-        "API CPU s/1k tok | Redis CPU s/1k | workers CPU s/1k | client CPU s/1k | errors |",
-        "|" + " --- |" * 11,
+    head = ["workers", "streams", "tokens/s", "x one worker", "target 0.9 x N"]
+    head += ["Redis cmds/token", "API CPU s/1k tok", "Redis CPU s/1k", "workers CPU s/1k"]
+    head += ["client CPU s/1k", "errors"]
+    cells = [
+        [
+            str(r.workers),
+            str(r.streams),
+            f"{r.tokens_per_s:.0f}",
+            f"{r.tokens_per_s / base:.2f}",
+            f"{0.9 * r.workers:.1f}",
+            f"{r.redis_commands_per_token:.2f}",
+            f"{r.api_cpu_s_per_1k:.3f}",
+            f"{r.redis_cpu_s_per_1k:.3f}",
+            f"{r.workers_cpu_s_per_1k:.3f}",
+            f"{r.client_cpu_s_per_1k:.3f}",
+            str(r.errors),
+        ]
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r.workers} | {r.streams} | {r.tokens_per_s:.0f} | {r.tokens_per_s / base:.2f} | "
-            f"{0.9 * r.workers:.1f} | {r.redis_commands_per_token:.2f} | "
-            f"{r.api_cpu_s_per_1k:.3f} | {r.redis_cpu_s_per_1k:.3f} | "
-            f"{r.workers_cpu_s_per_1k:.3f} | {r.client_cpu_s_per_1k:.3f} | {r.errors} |"
-        )
-    return "\n".join(lines)
+    return "\n".join(markdown_table(head, cells))
 
 
 def main(args: Any) -> None:
