@@ -45,22 +45,30 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 
+def story_messages(number: int | str) -> list[dict[str, str]]:
+    """A request for a long story about `number`: a sequence that writes as long as it may."""
+    return [{"role": "user", "content": f"Tell me a long story about the number {number}."}]
+
+
+def story_request(number: int | str, max_tokens: int, **extra: Any) -> ChatCompletionRequest:
+    """`story_messages` as a greedy chat request of `max_tokens`, with `extra` parameters."""
+    body = {
+        "model": "m",
+        "messages": story_messages(number),
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        **extra,
+    }
+    return ChatCompletionRequest.model_validate(body)
+
+
 def _requests(scenario: str, max_tokens: int) -> list[ChatCompletionRequest]:
     found = []
     for i in range(BATCH):
         extra = dict(SCENARIOS[scenario])
         if scenario == "one_json_schema_in_16" and i == 0:
             extra = {"response_format": SCHEMA_FORMAT}
-        body = {
-            "model": "m",
-            "messages": [
-                {"role": "user", "content": f"Tell me a long story about the number {i}."}
-            ],
-            "temperature": 0,
-            "max_tokens": max_tokens,
-            **extra,
-        }
-        found.append(ChatCompletionRequest.model_validate(body))
+        found.append(story_request(i, max_tokens, **extra))
     return found
 
 

@@ -36,10 +36,10 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from bench.step_cost import story_messages, story_request
 from bench.systems import rerun_with_openblas
 from shared.queue.config import Settings
 from shared.queue.jobs import job_for
-from shared.wire.completions import ChatCompletionRequest
 from worker.engine.batch.slot_batch import SlotBatch
 from worker.engine.batch.token_batch import PREFILL_CHUNK
 from worker.engine.batch.types import Entry
@@ -54,10 +54,7 @@ WARM = 4  # steps of each run not counted: the batch's first tokens, shapes comp
 def _prompts(loaded: LoadedModel, size: int) -> list[list[int]]:
     tokenizer = loaded.tokenizer
     return [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Tell me a long story about the number {i}."}],
-            add_generation_prompt=True,
-        )
+        tokenizer.apply_chat_template(story_messages(i), add_generation_prompt=True)
         for i in range(size)
     ]
 
@@ -96,15 +93,7 @@ def _engine(loaded: LoadedModel, size: int) -> Engine:
 
 
 def _send(run: Engine, job_id: str, max_tokens: int) -> None:
-    body = {
-        "model": "m",
-        "messages": [
-            {"role": "user", "content": f"Tell me a long story about the number {job_id[1:]}."}
-        ],
-        "temperature": 0,
-        "max_tokens": max_tokens,
-    }
-    run.insert(run.prepare(job_for(job_id, ChatCompletionRequest.model_validate(body))))
+    run.insert(run.prepare(job_for(job_id, story_request(job_id[1:], max_tokens))))
 
 
 def engine(loaded: LoadedModel, size: int, steps: int, profile: cProfile.Profile | None) -> Any:
