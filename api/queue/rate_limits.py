@@ -205,20 +205,14 @@ def refusal(limits: KeyLimits, verdict: Verdict, tokens: int) -> RateLimitError:
             kind="tokens",
             retry_after_ms=None,
         )
-    if verdict.queued_full == TOO_LARGE:
-        return RateLimitError(
-            f"Request too large for queued tokens: Limit {limits.queued}, Requested {tokens}. "
-            "The input or output tokens must be reduced in order to run successfully.",
-            kind="queued_tokens",
-            retry_after_ms=None,
-        )
-    if verdict.wait_ms == 0:  # the per-minute limits had room: the queued tokens had not
-        return RateLimitError(
-            f"Queued token limit reached: Limit {limits.queued}, Queued {verdict.queued}, "
+    if verdict.queued_full == TOO_LARGE or verdict.wait_ms == 0:  # the queued tokens had no room
+        return _queued_refusal(
+            verdict,
+            never=f"Request too large for queued tokens: Limit {limits.queued}, Requested "
+            f"{tokens}. The input or output tokens must be reduced in order to run successfully.",
+            later=f"Queued token limit reached: Limit {limits.queued}, Queued {verdict.queued}, "
             f"Requested {tokens}. Please try again once some of your queued or running "
             "requests have finished.",
-            kind="queued_tokens",
-            retry_after_ms=broker().settings.retry_after_s * 1000,
         )
     buckets, wait_ms = verdict.buckets, verdict.wait_ms
     on_requests = limits.rpm is not None and buckets.requests < 1
@@ -230,6 +224,16 @@ def refusal(limits: KeyLimits, verdict: Verdict, tokens: int) -> RateLimitError:
         kind=kind,
         retry_after_ms=wait_ms,
     )
+
+
+def _queued_refusal(verdict: Verdict, never: str, later: str) -> RateLimitError:
+    """The 429 of a request or batch whose tokens the key's queued tokens had no room for:
+    `never` when they are more than the limit itself (no wait helps), else `later`, to retry
+    after MLXQ_RETRY_AFTER_S (nobody knows when queued jobs end)."""
+    if verdict.queued_full == TOO_LARGE:
+        return RateLimitError(never, kind="queued_tokens", retry_after_ms=None)
+    retry_after_ms = broker().settings.retry_after_s * 1000
+    return RateLimitError(later, kind="queued_tokens", retry_after_ms=retry_after_ms)
 
 
 def admission_tokens(settings: Settings, job: QueuedJob, prompt: PromptCount | None) -> int:
@@ -299,20 +303,14 @@ def hold_batch(batch_id: str, jobs: list[GenerationJob], expires_at: int) -> lis
         verdict = limiter().take(
             owner_id(), queued_only, sum(counts), Hold(batch_id, math.ceil(hold_s * 1000))
         )
-    if verdict.queued_full == TOO_LARGE:
-        raise RateLimitError(
-            f"This batch holds {sum(counts)} tokens, more than this API key's limit of "
+    if not verdict.taken:  # it takes nothing per minute: the queued tokens had no room
+        raise _queued_refusal(
+            verdict,
+            never=f"This batch holds {sum(counts)} tokens, more than this API key's limit of "
             f"{limits.queued} enqueued tokens: it can never run. Split it into smaller batches.",
-            kind="queued_tokens",
-            retry_after_ms=None,
-        )
-    if not verdict.taken:
-        raise RateLimitError(
-            f"Enqueued token limit reached for this API key. Limit: {limits.queued} enqueued "
-            f"tokens, queued now {verdict.queued}, this batch {sum(counts)}. Please try again "
-            "once some in_progress batches or requests have been completed.",
-            kind="queued_tokens",
-            retry_after_ms=b.settings.retry_after_s * 1000,
+            later=f"Enqueued token limit reached for this API key. Limit: {limits.queued} "
+            f"enqueued tokens, queued now {verdict.queued}, this batch {sum(counts)}. Please try "
+            "again once some in_progress batches or requests have been completed.",
         )
     return [
         job.model_copy(update={"queued_tokens": count})  # before they are queued
