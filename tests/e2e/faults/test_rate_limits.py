@@ -106,6 +106,11 @@ def _client(api: str, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0)
 
 
+def _synthetic_lines(count: int, max_tokens: int) -> list[dict[str, Any]]:
+    """A batch's lines for SYNTHETIC, each asking `max_tokens`."""
+    return [chat_line(f"l{i}", "hi", model=SYNTHETIC, max_tokens=max_tokens) for i in range(count)]
+
+
 def _state(api: str, key: str) -> dict[str, str]:
     answer = httpx.get(f"{api}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
     return {k: v for k, v in answer.headers.items() if k.startswith("x-ratelimit")}
@@ -197,8 +202,7 @@ def test_a_batch_holds_its_lines_tokens_until_they_are_answered(
     settled: list[str], cluster: Cluster
 ) -> None:
     client = _client(settled[0], QUEUED)
-    lines = [chat_line(f"l{i}", "hi", model=SYNTHETIC, max_tokens=100) for i in range(2)]
-    batch = start_batch(client, lines)
+    batch = start_batch(client, _synthetic_lines(2, 100))
     assert batch.status == "in_progress"
     assert 200 < _held(cluster, QUEUED) < LIMIT
     assert _chat(settled[1], QUEUED, 200, SYNTHETIC).status_code == 429
@@ -214,13 +218,12 @@ def test_a_batch_over_the_room_left_or_the_limit_fails_as_openai_fails_it(
     settled: list[str], cluster: Cluster
 ) -> None:
     client = _client(settled[0], QUEUED)
-    huge = [chat_line(f"l{i}", "hi", model=SYNTHETIC, max_tokens=200) for i in range(2)]
-    batch = start_batch(client, huge)
+    batch = start_batch(client, _synthetic_lines(2, 200))  # 400 tokens: more than the limit
     assert batch.status == "failed" and batch.errors is not None and batch.errors.data
     error = batch.errors.data[0]
     assert error.code == "token_limit_exceeded" and "can never run" in (error.message or "")
     running = _background(settled[1], QUEUED, 200)
-    late = start_batch(client, [chat_line("l", "hi", model=SYNTHETIC, max_tokens=150)])
+    late = start_batch(client, _synthetic_lines(1, 150))
     assert late.status == "failed" and late.errors is not None and late.errors.data
     assert late.errors.data[0].code == "token_limit_exceeded"
     assert "Enqueued token limit reached" in (late.errors.data[0].message or "")
