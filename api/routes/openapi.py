@@ -65,6 +65,9 @@ bp = Blueprint("openapi", __name__)
 ERRORS = {
     400: "Invalid request: OpenAI's error body names the parameter and code",
     401: "Missing or wrong API key (`invalid_api_key`), when keys are configured",
+    403: "Refused for where the request comes from: an API without keys serves its own machine "
+    "only (`loopback_only`, `host_not_allowed`, `origin_not_allowed`), and one with "
+    "MLXQ_ALLOWED_HOSTS those hosts only (api/http/exposure.py)",
     404: "Unknown model (`model_not_found`), route, response, file or batch",
     405: "Method not allowed",
     413: "Request body too large",
@@ -76,6 +79,7 @@ ERRORS = {
     529: "Overloaded: the model's queue is full, or the job was not started by its deadline "
     "(Anthropic's `overloaded_error`)",
 }
+EXPOSURE_ERROR = 403
 GENERATION_ERRORS = (400, 401, 404, 405, 413, 415, 429, 500, 503)
 READ_ERRORS = (401, 404, 405, 503)
 # Stored resources: an id or query that is not well-formed is a 400.
@@ -287,7 +291,8 @@ def _responses(route: Route) -> dict[str, OpenAPIResponse]:
             headers=_headers(RATE_LIMIT_STATE) if limited else None,
         )
     }
-    for status in route.errors:
+    # Any route may refuse a request for where it comes from (api/http/exposure.py).
+    for status in sorted({*route.errors, EXPOSURE_ERROR}):
         responses[str(status)] = OpenAPIResponse(
             description=ERRORS[status],
             content=_json(PydanticSchema(schema_class=route.error_body)),
