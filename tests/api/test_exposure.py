@@ -163,3 +163,16 @@ def test_with_keys_and_allowed_hosts_another_host_is_refused_before_the_key_chec
     passed(http.post(CHAT, json=BODY, headers={**auth, "Host": "api.example.com"}))
     refused(http.post(CHAT, json=BODY, headers={"Host": "rebind.example"}), "host_not_allowed")
     assert http.get("/health", headers={"Host": "10.0.0.5"}).status_code == 200
+
+
+def test_without_keys_anthropics_routes_refuse_another_origin_in_anthropics_shape(
+    http: FlaskClient,
+) -> None:
+    body = {"model": "no-such-model", "max_tokens": 8, "messages": BODY["messages"]}
+    response = http.post(
+        "/v1/messages",
+        json=body,
+        headers={"Origin": "https://attacker.example", "anthropic-version": "2023-06-01"},
+    )
+    assert response.status_code == 403
+    assert response.get_json()["error"]["type"] == "permission_error"
