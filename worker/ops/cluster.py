@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 from rq.worker import Worker as RQWorker
 
 from shared.observe.fleet import WorkerStats
+from shared.queue.config import Settings
 from shared.queue.connection import client_for
 from shared.queue.keys import Keys
 from shared.queue.liveness import slot_name
@@ -253,6 +254,13 @@ class Cluster:
 
     def redis(self) -> Redis:
         return client_for(self.redis_url, socket_timeout=2, socket_connect_timeout=1)
+
+    def settings(self) -> Settings:
+        """Settings on this cluster's Redis, namespace and heartbeat, for a caller that drives
+        its queue directly (a test's or a benchmark's Broker)."""
+        return Settings(
+            redis_url=self.redis_url, namespace=self.namespace, heartbeat_s=self.heartbeat_s
+        )
 
     def environment(self, **extra: str) -> dict[str, str]:
         own = {

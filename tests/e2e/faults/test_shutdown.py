@@ -16,11 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from api.queue.broker import Broker
-from shared.queue.config import Settings
 from shared.queue.jobs import GenerationJob
 from shared.wire.events import RequeuedEvent, decode_event
 from shared.wire.sampling import SamplingParams
-from tests.e2e.faults.conftest import HEARTBEAT_S, exactly_workers, started_ids
+from tests.e2e.faults.conftest import exactly_workers, started_ids
 from tests.support import MODEL, STORY, Reply, Stream, chat_body, post, rq_job, rq_queue
 from worker.ops.cluster import Cluster, wait_until
 
@@ -86,9 +85,6 @@ def test_past_the_drain_timeout_running_jobs_are_handed_back_and_the_worker_exit
     redis = cluster.redis()
     stream = Stream(cluster.api_url, chat_body(max_tokens=2000))
     stream.read_tokens(1)
-    settings = Settings(
-        redis_url=cluster.redis_url, namespace=cluster.namespace, heartbeat_s=HEARTBEAT_S
-    )
     bulk = GenerationJob(  # greedy on a long story: still running when the drain times out
         job_id="resp_drain",
         model=MODEL,
@@ -97,7 +93,7 @@ def test_past_the_drain_timeout_running_jobs_are_handed_back_and_the_worker_exit
         max_tokens=2000,
         sampling=SamplingParams(temperature=0),
     )
-    Broker(settings).submit_bulk([bulk])
+    Broker(cluster.settings()).submit_bulk([bulk])
     wait_until(lambda: rq_job(redis, bulk.job_id).get_status() == "started", 30, "the bulk job")
 
     worker.proc.send_signal(signal.SIGTERM)

@@ -15,7 +15,6 @@ from collections.abc import Callable
 import pytest
 
 from api.queue.broker import Broker
-from shared.queue.config import Settings
 from shared.queue.jobs import GenerationJob
 from shared.wire.events import DoneEvent, RequeuedEvent, decode_event
 from tests.e2e.faults.conftest import HEARTBEAT_S, exactly_workers
@@ -64,13 +63,10 @@ def test_a_wedged_loop_is_caught_by_the_watchdog_its_jobs_handed_on_and_the_work
     redis = cluster.redis()
     stream = Stream(cluster.api_url, chat_body(max_tokens=2000))
     stream.read_tokens(2)
-    settings = Settings(
-        redis_url=cluster.redis_url, namespace=cluster.namespace, heartbeat_s=HEARTBEAT_S
-    )
     bulk = GenerationJob(
         job_id="resp_wedge", model=MODEL, prompt=f"Once {WEDGE}", max_tokens=6, replay_ttl_s=600
     )
-    Broker(settings).submit_bulk([bulk])
+    Broker(cluster.settings()).submit_bulk([bulk])
     wedge_from = time.monotonic()
 
     error = json.loads(stream.rest()[-1])

@@ -18,7 +18,6 @@ from redis import Redis
 from rq.worker import Worker as RQWorker
 
 from api.queue.broker import Broker
-from shared.queue.config import Settings
 from shared.queue.jobs import JOB_FUNCTION, GenerationJob
 from shared.queue.liveness import LIVE_FACTOR
 from shared.wire.events import DoneEvent, RequeuedEvent, StartedEvent, decode_event
@@ -72,10 +71,7 @@ def test_bulk_jobs_of_a_killed_worker_run_again_on_a_live_one_and_finish_exactly
 ) -> None:
     exactly_workers(cluster, 2)
     redis = cluster.redis()
-    settings = Settings(
-        redis_url=cluster.redis_url, namespace=cluster.namespace, heartbeat_s=HEARTBEAT_S
-    )
-    broker = Broker(settings)
+    broker = Broker(cluster.settings())
     jobs = [
         GenerationJob(
             job_id=f"resp_bulk{i}",
@@ -133,13 +129,10 @@ def test_a_frozen_worker_declared_dead_exits_when_it_wakes_and_its_job_finishes_
 ) -> None:
     exactly_workers(cluster, 2)
     redis = cluster.redis()
-    settings = Settings(
-        redis_url=cluster.redis_url, namespace=cluster.namespace, heartbeat_s=HEARTBEAT_S
-    )
     job = GenerationJob(
         job_id="resp_sleeper", model=MODEL, messages=STORY, max_tokens=24, replay_ttl_s=600
     )
-    Broker(settings).submit_bulk([job])
+    Broker(cluster.settings()).submit_bulk([job])
     wait_until(lambda: rq_job(redis, job.job_id).get_status() == "started", 60, "the job")
     sleeper = holder(cluster, job.job_id)
     sleeper.proc.send_signal(signal.SIGSTOP)  # a Mac that went to sleep
