@@ -41,6 +41,14 @@ TOOLS: list[Any] = [
 ]
 SCHEMAS = {"get_weather": WEATHER_SCHEMA, "add": ADD_SCHEMA}
 ASK: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+# A request that must call get_weather.
+FORCED_WEATHER: dict[str, Any] = {
+    "model": MODEL,
+    "max_tokens": 64,
+    "messages": ASK,
+    "tools": TOOLS,
+    "tool_choice": {"type": "tool", "name": "get_weather"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -173,13 +181,7 @@ def test_tool_choice_tool_forces_that_tool_once(claude: anthropic.Anthropic) -> 
 
 
 def test_a_forced_call_streams_as_a_tool_use_block(claude: anthropic.Anthropic) -> None:
-    with claude.messages.stream(
-        model=MODEL,
-        max_tokens=64,
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice={"type": "tool", "name": "get_weather"},
-    ) as stream:
+    with claude.messages.stream(**FORCED_WEATHER) as stream:
         pieces = [e for e in stream if e.type == "input_json"]
         final = stream.get_final_message()
     assert_valid_uses(final, "get_weather")
@@ -187,13 +189,7 @@ def test_a_forced_call_streams_as_a_tool_use_block(claude: anthropic.Anthropic) 
 
 
 def test_a_tool_result_round_trip_is_answered(claude: anthropic.Anthropic) -> None:
-    first = claude.messages.create(
-        model=MODEL,
-        max_tokens=64,
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice={"type": "tool", "name": "get_weather"},
-    )
+    first = claude.messages.create(**FORCED_WEATHER)
     use = next(block for block in first.content if block.type == "tool_use")
     reply = claude.messages.create(
         model=MODEL,
