@@ -35,6 +35,13 @@ PERSON_FORMAT: dict[str, Any] = {
     "type": "json_schema",
     "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True},
 }
+# PERSON as a greedy Responses request (its text format is the test's).
+PERSON_RESPONSE: dict[str, Any] = {
+    "model": MODEL,
+    "input": PERSON[0]["content"],
+    "temperature": 0,
+    "max_output_tokens": 80,
+}
 
 
 class Person(BaseModel):
@@ -79,10 +86,7 @@ def test_parse_with_a_pydantic_model_returns_parsed(client: openai.OpenAI) -> No
 
 def test_responses_text_format_constrains_the_output(client: openai.OpenAI) -> None:
     response = client.responses.create(
-        model=MODEL,
-        input="Describe a person called Ada as JSON.",
-        temperature=0,
-        max_output_tokens=80,
+        **PERSON_RESPONSE,
         text={"format": {"type": "json_schema", "name": "person", "schema": PERSON_SCHEMA}},
     )
     jsonschema.validate(json.loads(response.output_text), PERSON_SCHEMA)
@@ -91,12 +95,7 @@ def test_responses_text_format_constrains_the_output(client: openai.OpenAI) -> N
 
 def test_background_response_carries_its_text_format(client: openai.OpenAI) -> None:
     started = client.responses.create(
-        model=MODEL,
-        input="Describe a person called Ada as JSON.",
-        temperature=0,
-        max_output_tokens=80,
-        background=True,
-        text={"format": {"type": "json_object"}},
+        **PERSON_RESPONSE, background=True, text={"format": {"type": "json_object"}}
     )
     done = poll(client, started.id, finished, 60)
     assert done.status == "completed"
