@@ -14,8 +14,10 @@ for one that still arrives.
 Everything a client must see goes out on the job's channel; the return value is RQ's record.
 The job's limits are kept here: a job taken after its queue deadline is failed without being
 run (`queue_timeout`), and one that runs past its run limit is ended by the slot thread, which
-waits on it anyway (`JobKind.on_run_limit`: "length", a normal end, or "error"). Once a job has
-ended, however it ended, its figures go to the fleet's metrics and recent jobs in one pipeline
+waits on it anyway (`JobKind.on_run_limit`: "length", a normal end, or "error"). One that runs
+past RQ's job timeout (`MLXQ_JOB_TIMEOUT_S`) is cancelled in the engine the same way before RQ
+hears of it, so a retry never runs beside its first copy. Once a job has ended, however it
+ended, its figures go to the fleet's metrics and recent jobs in one pipeline
 (shared/observe/metrics.py), off the per-token path, which also gives back its key's queued
 tokens (shared/queue/queued_tokens.py).
 """
@@ -34,6 +36,7 @@ from redis.commands.core import Script
 from redis.exceptions import RedisError
 from rq import get_current_job
 from rq.job import Job
+from rq.timeouts import JobTimeoutException
 
 from shared.observe import tracing
 from shared.observe.logs import log_event
@@ -66,7 +69,8 @@ log = logging.getLogger(__name__)
 # One structured line per ended job (shared/observe/logs.py).
 job_log = logging.getLogger("mlxq.job")
 
-# How long a slot waits for the loop to apply the cancel that ends a job at its run limit.
+# How long a slot waits for the loop to apply the cancel that ends a job at its run limit or at
+# RQ's job timeout.
 END_GRACE_S = 30.0
 
 J = TypeVar("J", GenerationJob, EmbeddingJob)  # a kind of job: one of shared/queue/jobs.py's
@@ -282,14 +286,15 @@ def _start_and_wait(rt: Runtime[J, P, O], job: J, route: Route) -> JobOutcome:
     limit_s = job.limits.run_limit_s
     try:
         return future.result(timeout=min(limit_s or rt.job_timeout_s, rt.job_timeout_s))
-    except TimeoutError:
+    except (TimeoutError, JobTimeoutException):  # RQ raises its job timeout in this thread
+        # Out of the engine first, at its own limit or RQ's: a retry never runs beside it.
+        rt.loop.cancel(job.job_id)
+        outcome = future.result(timeout=END_GRACE_S)
+        if outcome.finish_reason != "cancelled":
+            return outcome  # it ended on its own meanwhile
         if limit_s is None or limit_s >= rt.job_timeout_s:
-            raise
-    rt.loop.cancel(job.job_id)
-    outcome = future.result(timeout=END_GRACE_S)
-    if outcome.finish_reason != "cancelled":
-        return outcome  # it ended on its own meanwhile
-    return _end_at_limit(rt, route, job, outcome, limit_s)
+            raise  # past RQ's job timeout: RQ fails it, and retries it if it has retries left
+        return _end_at_limit(rt, route, job, outcome, limit_s)
 
 
 def _taken(rt: Runtime[J, P, O], job: J) -> bool:
