@@ -3,7 +3,9 @@
 A key's limits come from its MLXQ_API_KEYS entry (`sk-key:rpm=60:tpm=40000`,
 shared/queue/config.py). Each limit is a bucket that holds at most the limit and refills
 continuously at limit/60 per second; a generation request (chat, text completion, response,
-background or not) takes one request and its tokens from the buckets, or is refused with 429
+background or not) takes one request and its tokens from the buckets, and every other creating
+request (a file upload, a batch, a message batch: `takes_a_request`) one request, or is refused
+with 429
 `rate_limit_exceeded` and a `Retry-After` (and `retry-after-ms`) saying when it would fit. One
 Lua script decides and takes, against Redis's clock, so every API process shares the buckets
 and two processes cannot both take the last request.
@@ -33,8 +35,10 @@ an upload), the state now.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from flask import Flask, Response, current_app, g
@@ -279,6 +283,26 @@ def take_share(
     if not verdict.taken:
         raise refusal(key, verdict, tokens)
     return tokens if hold is not None else None
+
+
+def takes_a_request(view: Callable[[], Response]) -> Callable[[], Response]:
+    """Wrap a creating route that generates nothing itself (an upload; a batch, whose lines are
+    not counted per minute) so that it takes one request of its key's per-minute buckets, or
+    answers their 429, before anything of the request, its body included, is read."""
+
+    @functools.wraps(view)
+    def wrapped() -> Response:
+        key = key_limits()
+        if key is not None and key.per_minute:
+            per_minute = KeyLimits(rpm=key.rpm, tpm=key.tpm)  # its tokens: none
+            with redis_errors_as_503():
+                verdict = limiter().take(owner_id(), per_minute, 0)
+            g.mlxq_rate = verdict.buckets
+            if not verdict.taken:
+                raise refusal(key, verdict, 0)
+        return view()
+
+    return wrapped
 
 
 def _hold_ms(settings: Settings, limits: JobLimits, wait_s: float) -> int:

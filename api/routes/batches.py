@@ -8,6 +8,7 @@ from pydantic import BaseModel
 from api.http.auth import owner_id
 from api.http.validation import parse_body
 from api.queue.broker import broker
+from api.queue.rate_limits import takes_a_request
 from api.routes.files import store as file_store
 from api.stores.batches import BatchStore
 from api.stores.idempotency import idempotent
@@ -26,6 +27,7 @@ def _json(model: BaseModel) -> Response:
 
 
 @bp.post("/v1/batches")
+@takes_a_request
 @idempotent
 def create_batch() -> Response:
     return _json(store().create(owner_id(), parse_body(BatchCreateRequest)))

@@ -7,6 +7,7 @@ from pydantic import BaseModel, ValidationError
 
 from api.http.auth import owner_id
 from api.queue.broker import broker
+from api.queue.rate_limits import takes_a_request
 from api.stores.files import FileStore
 from api.stores.idempotency import idempotent
 from api.stores.listing import parse_query
@@ -39,6 +40,7 @@ def _upload_cap() -> None:
 
 
 @bp.post("/v1/files")
+@takes_a_request
 @idempotent
 def create_file() -> Response:
     cap = broker().settings.max_file_bytes

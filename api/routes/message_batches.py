@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from api.http.auth import owner_id
 from api.http.validation import parse_body
 from api.queue.broker import broker
+from api.queue.rate_limits import takes_a_request
 from api.routes.files import store as file_store
 from api.routes.messages import check_version
 from api.stores.batches import FINAL, BatchStore
@@ -78,6 +79,7 @@ def _view(batch: Batch) -> MessageBatch:
 
 
 @bp.post("/v1/messages/batches")
+@takes_a_request
 @idempotent
 def create_message_batch() -> Response:
     req = parse_body(MessageBatchCreate)
