@@ -23,7 +23,7 @@ from api.routes import (
     page,
     responses,
 )
-from api.stores import replicas
+from api.stores import quotas, replicas
 from shared.queue.config import Settings
 
 
@@ -38,6 +38,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     auth.init_app(app, settings, b.redis)
     rate_limits.init_app(app, b)
     replicas.init_app(app, b)
+    quotas.init_app(app, b)
     for blueprint in (chat.bp, completions.bp, models.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
     for blueprint in (responses.bp, files.bp, batches.bp, fleet.bp, embeddings.bp):

@@ -11,6 +11,7 @@ from api.queue.rate_limits import takes_a_request
 from api.stores.files import FileStore
 from api.stores.idempotency import idempotent
 from api.stores.listing import parse_query
+from api.stores.quotas import quotas
 from shared.wire.digits import parse_integer
 from shared.wire.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedParameterError
 from shared.wire.files import ExpiresAfter, FileListQuery
@@ -25,7 +26,7 @@ MAX_FILENAME_CHARS = 255
 
 def store() -> FileStore:
     b = broker()
-    return FileStore(b.redis, b.keys, b.settings.batch_ttl_s)
+    return FileStore(b.redis, b.keys, b.settings.batch_ttl_s, quotas())
 
 
 def _json(model: BaseModel, status: int = 200) -> Response:

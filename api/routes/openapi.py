@@ -72,8 +72,10 @@ ERRORS = {
     405: "Method not allowed",
     413: "Request body too large",
     415: "The body is not declared as JSON",
-    429: "The model's queue is full (`queue_full`), or the API key is over its requests or "
-    "tokens per minute or its queued tokens (`rate_limit_exceeded`; docs/operations.md)",
+    429: "The model's queue is full (`queue_full`), the API key is over its requests or "
+    "tokens per minute, its queued tokens or its open background responses or batches "
+    "(`rate_limit_exceeded`), or it keeps as much as its quotas allow (`insufficient_quota`: "
+    "files, their bytes, stored responses, batches, Idempotency-Keys; docs/operations.md)",
     500: "The worker failed while generating",
     503: "Redis is unreachable (`backend_unavailable`)",
     529: "Overloaded: the model's queue is full, or the job was not started by its deadline "

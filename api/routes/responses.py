@@ -21,6 +21,7 @@ from api.queue.broker import broker
 from api.queue.generation import KeepaliveEvent, Relayed, RunningJob, collect, start
 from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from api.stores.listing import parse_query
+from api.stores.quotas import quotas
 from api.stores.responses import ResponseStore
 from shared.queue.jobs import job_for
 from shared.wire.digits import parse_integer
@@ -62,17 +63,22 @@ def create_response() -> Response:
     )
     responses = store()
     job = job_for(stored.id, req, owner_id(), replay_ttl_s=responses.ttl_s if req.store else None)
-    if req.background:
-        b = broker()
-        queued = admit_background(b, job)
-        responses.create(owner_id(), stored)
-        b.submit_bulk([queued])
+    running: RunningJob | None = None
+    # Its places in the key's quotas first: a key without room gets its 429 before anything runs.
+    with quotas().holding(owner_id(), *responses.usages(stored)):
+        if req.background:
+            b = broker()
+            queued = admit_background(b, job)
+            responses.create(owner_id(), stored)
+            b.submit_bulk([queued])
+        else:
+            running = start(broker(), job)
+            if req.store:
+                responses.create(owner_id(), stored)
+    if running is None:  # a background response, queued
         if req.stream:
             return sse_response(replay_stream(responses, owner_id(), stored, after=-1))
         return _json(responses.derive(stored, False).model_dump_json())
-    running = start(broker(), job)
-    if req.store:
-        responses.create(owner_id(), stored)
     if req.stream:
         return sse_response(live_stream(running, stored, responses))
     result = collect(running)

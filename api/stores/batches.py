@@ -35,9 +35,11 @@ from api.queue.rate_limits import hold_batch, release_hold
 from api.stores.batch_intake import LineModels, take_in
 from api.stores.files import FileStore
 from api.stores.listing import page
+from api.stores.quotas import Usage, quotas
 from shared.queue import queued_tokens
 from shared.wire.batches import (
     COMPLETION_WINDOW_S,
+    FINAL_STATUSES,
     Batch,
     BatchCreateRequest,
     BatchError,
@@ -66,7 +68,7 @@ redis.call('HSET', KEYS[1], 'status', ARGV[2], 'ending', ARGV[3], ARGV[2] .. '_a
 return 1
 """
 FINALIZE_LOCK_S = 60
-FINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+FINAL = FINAL_STATUSES
 UNANSWERED = {
     "cancelled": ("batch_cancelled", "The batch was cancelled before this request finished."),
     "expired": (
@@ -77,6 +79,12 @@ UNANSWERED = {
 }
 
 
+def _usages(batch_id: str) -> tuple[Usage, Usage]:
+    """What a batch takes of its owner's quotas: a place among its batches, and among those
+    open until it ends (api/stores/quotas.py finds out when)."""
+    return Usage("batches", batch_id), Usage("open_batches", batch_id)
+
+
 class BatchStore:
     def __init__(self, broker: Broker, files: FileStore):
         self._broker = broker
@@ -85,6 +93,7 @@ class BatchStore:
         self._settings = broker.settings
         self._files = files
         self._move = self._redis.register_script(_MOVE)
+        self._quotas = quotas()
 
     def create(self, owner: str, req: BatchCreateRequest) -> Batch:
         source = self._files.get(owner, req.input_file_id)
@@ -108,7 +117,12 @@ class BatchStore:
     def start(self, owner: str, stored: StoredBatch, content: bytes, refuse: bool = False) -> Batch:
         """Take in the JSONL `content` and queue its lines. A batch whose file fails validation
         is stored as `failed` with its errors, or with `refuse` raised as a 400 and not stored
-        (Anthropic's Message Batches)."""
+        (Anthropic's Message Batches). It takes its place among its owner's batches, kept and
+        open, first (api/stores/quotas.py: a 429 when the key has no room)."""
+        with self._quotas.holding(owner, *_usages(stored.id)):
+            return self._start(owner, stored, content, refuse)
+
+    def _start(self, owner: str, stored: StoredBatch, content: bytes, refuse: bool) -> Batch:
         now = stored.created_at
         models = LineModels(self._is_served, lambda model: self._broker.kinds([model])[model])
         intake = take_in(content, stored, models, owner)
@@ -254,6 +268,7 @@ class BatchStore:
         pipe = self._redis.pipeline()
         pipe.delete(self._keys.batch(batch_id))
         pipe.zrem(self._keys.batches(owner), batch_id)
+        self._quotas.release(owner, *_usages(batch_id), pipe=pipe)
         pipe.execute()
         return batch
 

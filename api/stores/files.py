@@ -2,6 +2,8 @@
 
 Any API process on any machine serves any file. A file lives for its TTL (MLXQ_BATCH_TTL_S,
 or the upload's `expires_after`); a file of another owner is answered as if it did not exist.
+Each file takes its place and bytes in its owner's quota (api/stores/quotas.py) before it is
+written, for as long as it lives.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from redis import Redis
 
 from api.http.auth import is_owner
 from api.stores.listing import page
+from api.stores.quotas import Quotas, Usage
 from shared.queue.keys import Keys
 from shared.wire.errors import NotFoundError
 from shared.wire.files import FileDeleted, FileList, FileListQuery, FileObject, FilePurpose
@@ -20,10 +23,11 @@ from shared.wire.ids import new_id
 
 
 class FileStore:
-    def __init__(self, redis: Redis, keys: Keys, default_ttl_s: int):
+    def __init__(self, redis: Redis, keys: Keys, default_ttl_s: int, quotas: Quotas):
         self._redis = redis
         self._keys = keys
         self._default_ttl_s = default_ttl_s
+        self._quotas = quotas
 
     def create(
         self,
@@ -43,6 +47,11 @@ class FileStore:
             filename=filename,
             purpose=purpose,
         )
+        usage = Usage("files", obj.id, size=len(content), hold_s=ttl_s)
+        if purpose == "batch_output":  # the answer to work the key was let start: never refused
+            self._quotas.count(owner, usage)
+        else:
+            self._quotas.take(owner, usage)
         key = self._keys.file(obj.id)
         pipe = self._redis.pipeline()
         pipe.hset(
@@ -51,7 +60,11 @@ class FileStore:
         pipe.expire(key, ttl_s)
         pipe.zadd(self._keys.files(owner), {obj.id: time.time()})
         pipe.expire(self._keys.files(owner), max(ttl_s, self._default_ttl_s))
-        pipe.execute()
+        try:
+            pipe.execute()
+        except BaseException:
+            self._quotas.release(owner, usage)
+            raise
         return obj
 
     def get(self, owner: str, file_id: str) -> FileObject:
@@ -72,6 +85,7 @@ class FileStore:
         pipe = self._redis.pipeline()
         pipe.delete(self._keys.file(file_id))
         pipe.zrem(self._keys.files(owner), file_id)
+        self._quotas.release(owner, Usage("files", file_id), pipe=pipe)
         pipe.execute()
         return FileDeleted(id=file_id)
 

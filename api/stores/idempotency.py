@@ -13,7 +13,8 @@ meet) gets:
 - another request: 422 `idempotency_key_reused`.
 Only a successful (2xx) answer is kept: a try that failed (a validation error, a full queue, an
 outage) releases the key, so the corrected request can use it. A claim whose API process died
-mid-request lapses after `claim_ttl_s`.
+mid-request lapses after `claim_ttl_s`. Each record, claimed or kept, takes a place in its
+owner's quota (api/stores/quotas.py): a new key claimed beyond it is a 429 and not held.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from redis import Redis
 
 from api.http.auth import owner_id
 from api.queue.broker import broker
+from api.stores.quotas import Quotas, Usage, quotas
 from shared.queue.keys import Keys
 from shared.wire.errors import (
     IdempotencyKeyInUseError,
@@ -61,20 +63,24 @@ class Answer(BaseModel):
 class IdempotencyStore:
     """The keys of one owner in Redis."""
 
-    def __init__(self, redis: Redis, keys: Keys, owner: str, claim_ttl_s: int):
+    def __init__(
+        self, redis: Redis, keys: Keys, owner: str, claim_ttl_s: int, quotas: Quotas | None = None
+    ):
         self._redis = redis
         self._keys = keys
         self._owner = owner
         self._claim_ttl_s = claim_ttl_s
+        self._quotas = quotas  # None: the records are not counted
 
     def _key(self, key: str) -> str:
-        return self._keys.idempotency(self._owner, hashlib.sha256(key.encode()).hexdigest())
+        return self._keys.idempotency(self._owner, _digest(key))
 
     def claim(self, key: str, fingerprint: str) -> Answer | None:
         """None if this request now holds `key`; else what an earlier one left there."""
         pending = Answer(fingerprint=fingerprint).model_dump_json()
         for _ in range(3):  # an earlier claim may lapse between SET and GET
             if self._redis.set(self._key(key), pending, nx=True, ex=self._claim_ttl_s):
+                self._take_place(key)
                 return None
             raw = self._redis.get(self._key(key))
             if raw is not None:
@@ -83,9 +89,31 @@ class IdempotencyStore:
 
     def keep(self, key: str, answer: Answer) -> None:
         self._redis.set(self._key(key), answer.model_dump_json(), ex=RECORD_TTL_S)
+        if self._quotas is not None:  # its place, for as long as the answer is kept
+            self._quotas.count(self._owner, self._usage(key, RECORD_TTL_S))
 
     def release(self, key: str) -> None:
         self._redis.delete(self._key(key))
+        if self._quotas is not None:
+            self._quotas.release(self._owner, self._usage(key, RECORD_TTL_S))
+
+    def _take_place(self, key: str) -> None:
+        """A new claim's place in its owner's quota, or the claim given up and the 429 raised."""
+        if self._quotas is None:
+            return
+        try:
+            self._quotas.take(self._owner, self._usage(key, self._claim_ttl_s))
+        except BaseException:
+            self._redis.delete(self._key(key))
+            raise
+
+    def _usage(self, key: str, hold_s: int) -> Usage:
+        return Usage("idempotency", _digest(key), hold_s=hold_s)
+
+
+def _digest(key: str) -> str:
+    """An Idempotency-Key as it is kept: its SHA-256, safe inside a Redis key."""
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def presented_key() -> str | None:
@@ -145,7 +173,7 @@ def _replay(earlier: Answer, fingerprint: str) -> Response:
 def _store() -> IdempotencyStore:
     b = broker()
     claim_ttl_s = int(b.settings.queue_timeout_s + b.settings.run_limit_s) + 60
-    return IdempotencyStore(b.redis, b.keys, owner_id(), claim_ttl_s)
+    return IdempotencyStore(b.redis, b.keys, owner_id(), claim_ttl_s, quotas())
 
 
 def idempotent(view: Callable[[], Response]) -> Callable[[], Response]:

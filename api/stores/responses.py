@@ -6,6 +6,8 @@ generates it (job id = response id): its event log (keys.py `replay`, kept by th
 long as the record lives) and, while that log has no final event, its RQ record (queued with a
 position, started, ended, failed or gone). shared/wire/responses.py derives the response object from
 those, so every API process answers the same, and nothing needs updating when the job moves.
+A stored response, and a background one until it ends, takes a place in its owner's quotas
+(api/stores/quotas.py) before its job is queued (`usages`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rq.serializers import JSONSerializer
 from api.http.auth import is_owner
 from api.queue.broker import Broker
 from api.queue.rate_limits import release_hold
+from api.stores.quotas import Usage, quotas
 from shared.wire.errors import NotFoundError
 from shared.wire.events import Event, RequeuedEvent, decode_event
 from shared.wire.response_state import JobView, Progress, derive
@@ -35,6 +38,14 @@ class ResponseStore:
         self._redis: Redis = broker.redis
         self._keys = broker.keys
         self.ttl_s = broker.settings.response_ttl_s
+        self._quotas = quotas()
+
+    @staticmethod
+    def usages(stored: StoredResponse) -> list[Usage]:
+        """What a response takes of its owner's quotas: a place among its stored responses
+        (unless store=false), and among its background responses not ended."""
+        found = [Usage("responses", stored.id)] if stored.request.store else []
+        return found + ([Usage("background", stored.id)] if stored.background else [])
 
     def create(self, owner: str, stored: StoredResponse) -> None:
         key = self._keys.response(stored.id)
@@ -118,6 +129,7 @@ class ResponseStore:
         if current.status in FINAL_STATUSES:
             return current
         self.cancel(stored)
+        self._quotas.release(owner, Usage("background", stored.id))  # it ends now
         return self.derive(stored, True)
 
     def delete(self, owner: str, response_id: str) -> ResponseDeleted:
@@ -125,4 +137,5 @@ class ResponseStore:
         if self.derive(stored, cancelled).status not in FINAL_STATUSES:
             self.cancel(stored)
         self._redis.delete(self._keys.response(response_id), self._keys.replay(response_id))
+        self._quotas.release(owner, *self.usages(stored))
         return ResponseDeleted(id=response_id)

@@ -124,6 +124,29 @@ class LimitSettings(BaseModel):
     max_file_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
 
 
+class QuotaSettings(BaseModel):
+    """What one key may keep in Redis at once (api/stores/quotas.py); 0: no limit. Without keys
+    the one local owner has them too. Each bounds one key whatever the others do; what Redis
+    needs for all of them together is keys x quotas (docs/operations.md, "Security and
+    limits")."""
+
+    # Files (uploads and batch outputs) and their bytes: 1 GiB is ten of the largest uploads
+    # (MLXQ_MAX_FILE_BYTES), and keeps one key from filling a Redis of a few GiB.
+    quota_files: int = Field(default=10_000, ge=0)
+    quota_file_bytes: int = Field(default=1024**3, ge=0)
+    # Stored responses (each its request and its event log, MLXQ_RESPONSE_TTL_S): about seven a
+    # minute, every minute of a day.
+    quota_responses: int = Field(default=10_000, ge=0)
+    # Batches kept (any status, MLXQ_BATCH_TTL_S), and those not ended: each open one holds its
+    # lines' jobs, a copy of its input, in the queue.
+    quota_batches: int = Field(default=1_000, ge=0)
+    quota_open_batches: int = Field(default=10, ge=0)
+    # Background responses queued or in progress: their lane has no cap of its own.
+    quota_background: int = Field(default=100, ge=0)
+    # Idempotency-Key records (each keeps its whole answer for 24 h).
+    quota_idempotency_keys: int = Field(default=10_000, ge=0)
+
+
 class WorkerSettings(BaseModel):
     """A worker and its engine: what it serves, its batch, prefill, KV, prefix cache, shutdown."""
 
@@ -241,7 +264,13 @@ class ApiSettings(BaseModel):
 
 
 class Settings(
-    QueueSettings, LimitSettings, WorkerSettings, CpuSettings, ApiSettings, BaseSettings
+    QueueSettings,
+    LimitSettings,
+    QuotaSettings,
+    WorkerSettings,
+    CpuSettings,
+    ApiSettings,
+    BaseSettings,
 ):
     """Every setting, read from the environment (MLXQ_*, and REDIS_URL): the groups above in one
     object, which each process builds once and passes down. A function that needs one concern

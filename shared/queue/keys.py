@@ -69,6 +69,14 @@ Layout under the namespace `ns` (default "mlxq"):
                                 tokens; released when the job ends, the batch's per line
     {ns}:queued_until:{owner}   zset  the same entries -> when (Redis ms) each must have ended,
                                 past which admission drops it (a lost release)
+    {ns}:quota:{owner}:{kind}   zset  what an API key keeps of one kind (api/stores/quotas.py:
+                                files, responses, batches, open_batches, background,
+                                idempotency): object id -> when its hold ends (Redis ms), its
+                                lifetime or its deadline; entries past it are trimmed at the
+                                next check. TTL: its longest entry
+    {ns}:usage:{owner}:{kind}   hash  the bytes of those objects, for a kind that counts them
+                                (files): "total" -> their sum, "object:{id}" -> one object's;
+                                TTL: as its kind's entries, never longer
     {ns}:written:{api_id}       string  written by an API process right before WAIT, so that the
                                 WAIT covers every earlier write (api/stores/replicas.py)
     {ns}:owner_secret           string  the secret owner ids are derived from API keys with
@@ -263,6 +271,12 @@ class Keys:
 
     def queued_until(self, owner: str) -> str:
         return f"{self.ns}:queued_until:{_id(owner)}"
+
+    def quota(self, owner: str, kind: str) -> str:
+        return f"{self.ns}:quota:{_id(owner)}:{_id(kind)}"
+
+    def usage(self, owner: str, kind: str) -> str:
+        return f"{self.ns}:usage:{_id(owner)}:{_id(kind)}"
 
     def written(self, api_id: str) -> str:
         return f"{self.ns}:written:{_id(api_id)}"

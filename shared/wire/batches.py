@@ -54,6 +54,8 @@ BatchStatus = Literal[
     "cancelling",
     "cancelled",
 ]
+# The statuses after which a batch no longer changes.
+FINAL_STATUSES: frozenset[BatchStatus] = frozenset({"completed", "failed", "expired", "cancelled"})
 COUNTERS = ("total", "completed", "failed", "input_tokens", "output_tokens")
 TIMESTAMPS = (
     "in_progress_at",

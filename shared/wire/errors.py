@@ -178,6 +178,20 @@ class RateLimitError(MLXQError):
         }
 
 
+class QuotaExceededError(MLXQError):
+    """The API key keeps as much of something as its quota allows (files, their bytes, stored
+    responses, batches, Idempotency-Keys): nothing more until some is deleted or expires (429).
+    OpenAI's `insufficient_quota`, its status and code for a quota that waiting does not
+    restore; the SDKs are told not to retry."""
+
+    status = 429
+    type = "insufficient_quota"
+    code = "insufficient_quota"
+
+    def headers(self) -> dict[str, str]:
+        return {"x-should-retry": "false"}
+
+
 class QueueFullError(MLXQError):
     """The model's queue is over its cap of jobs or of prompt tokens; retry later (429)."""
 

@@ -10,11 +10,12 @@ from shared.queue.config import (
     CpuSettings,
     LimitSettings,
     QueueSettings,
+    QuotaSettings,
     Settings,
     WorkerSettings,
 )
 
-GROUPS = (QueueSettings, LimitSettings, WorkerSettings, CpuSettings, ApiSettings)
+GROUPS = (QueueSettings, LimitSettings, QuotaSettings, WorkerSettings, CpuSettings, ApiSettings)
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
