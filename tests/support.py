@@ -33,7 +33,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from werkzeug.test import TestResponse
 
-from shared.observe.fleet import read_snapshot
+from shared.observe.fleet import WorkerStats, publish_stats, read_snapshot
 from shared.observe.metrics import RECENT_JOBS, JobRecord
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
@@ -293,3 +293,32 @@ def add_network_namespace(name: str) -> None:
                 f"{NEEDS_NETNS}: the kernel refused `ip netns add` (errno {number}, {code}): {said}"
             )
     raise AssertionError(f"`ip netns add {name}` failed (exit {done.returncode}): {said}")
+
+
+def announce(
+    redis: Redis,
+    keys: Keys,
+    worker_id: str,
+    busy: int,
+    at: float,
+    heartbeat_s: float,
+    host: str = "host-a",
+    model: str = MODEL,
+) -> None:
+    """What a live worker's heartbeat writes (worker/runtime/heartbeat.py): its model and its
+    report, `busy` interactive rows running, at time `at`."""
+    stats = WorkerStats(
+        worker_id=worker_id,
+        host=host,
+        model=model,
+        batch_size=8,
+        running={"interactive": busy, "background": 1, "batch": 0},
+        tokens_per_s=12.5,
+        generated_tokens=100,
+        started_at=at - 60,
+    )
+    pipe = redis.pipeline()
+    pipe.zadd(keys.models(), {model: at})
+    pipe.zadd(keys.workers(model), {worker_id: at})
+    publish_stats(pipe, keys, stats, heartbeat_s)
+    pipe.execute()

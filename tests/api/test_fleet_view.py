@@ -16,11 +16,10 @@ from redis import Redis
 
 from api import create_app
 from api.http.auth import owner_of_key
-from shared.observe.fleet import WorkerStats, publish_stats
 from shared.observe.metrics import JobRecord, record_job
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
-from tests.support import MODEL, assert_openai_error
+from tests.support import MODEL, announce, assert_openai_error
 
 ALICE, BOB, OPERATOR = "sk-alice-0a1b2c", "sk-bob-3d4e5f", "sk-operator-6a7b8c"
 SECRET = "the owners' secret"
@@ -42,21 +41,8 @@ def fleet(app_settings: Settings, redis: Redis) -> Iterator[Settings]:
     keys = Keys(app_settings.namespace)
     presence = redis.pubsub()
     presence.subscribe(keys.presence(WORKER))
-    now = time.time()
-    stats = WorkerStats(
-        worker_id=WORKER,
-        host="gpu-host-7",
-        model=MODEL,
-        batch_size=8,
-        running={"interactive": 1, "background": 0, "batch": 0},
-        tokens_per_s=3.0,
-        generated_tokens=10,
-        started_at=now - 60,
-    )
+    announce(redis, keys, WORKER, 1, time.time(), app_settings.heartbeat_s, host="gpu-host-7")
     pipe = redis.pipeline()
-    pipe.zadd(keys.models(), {MODEL: now})
-    pipe.zadd(keys.workers(MODEL), {WORKER: now})
-    publish_stats(pipe, keys, stats, app_settings.heartbeat_s)
     for job_id, key in (("job-alice", ALICE), ("job-bob", BOB), ("job-op", OPERATOR)):
         record_job(pipe, keys, _record(job_id, owner(key)))
     pipe.execute()

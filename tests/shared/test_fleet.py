@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 from flask.testing import FlaskClient
@@ -14,14 +15,16 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from api import create_app
-from shared.observe.fleet import WorkerStats, publish_stats, read_snapshot
+from shared.observe.fleet import read_snapshot
 from shared.observe.metrics import JobRecord, ModelFigures, record_job
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
+from tests.support import announce as announce_worker
 from worker.ops.cluster import wait_until
 
 MODEL = "fleet-model"
 HEARTBEAT_S = 0.5
+announce = partial(announce_worker, heartbeat_s=HEARTBEAT_S, model=MODEL)
 
 
 @pytest.fixture
@@ -32,25 +35,6 @@ def keys(redis: Redis) -> Iterator[Keys]:
         redis.delete(key)
     for key in redis.scan_iter(f"rq:*{keys.ns}.{MODEL}*"):
         redis.delete(key)
-
-
-def announce(redis: Redis, keys: Keys, worker_id: str, busy: int, at: float) -> None:
-    """What a worker's heartbeat writes (worker/runtime/heartbeat.py)."""
-    stats = WorkerStats(
-        worker_id=worker_id,
-        host="host-a",
-        model=MODEL,
-        batch_size=8,
-        running={"interactive": busy, "background": 1, "batch": 0},
-        tokens_per_s=12.5,
-        generated_tokens=100,
-        started_at=at - 60,
-    )
-    pipe = redis.pipeline()
-    pipe.zadd(keys.models(), {MODEL: at})
-    pipe.zadd(keys.workers(MODEL), {worker_id: at})
-    publish_stats(pipe, keys, stats, HEARTBEAT_S)
-    pipe.execute()
 
 
 def record(job_id: str, reason: str, ttft: float | None, tokens: int, cached: int) -> JobRecord:
@@ -77,7 +61,8 @@ def test_a_live_worker_is_listed_with_its_slots_and_a_dead_one_never_is(
     presence.subscribe(keys.presence("host-a.1"))
     now = time.time()
     announce(redis, keys, "host-a.1", busy=3, at=now)
-    announce(redis, keys, "host-a.2", busy=5, at=now)  # nobody holds its presence: process gone
+    # Nobody holds host-a.2's presence: its process is gone.
+    announce(redis, keys, "host-a.2", busy=5, at=now)
     snapshot = read_snapshot(redis, keys, HEARTBEAT_S, now=now)
     assert [(w.worker_id, w.slots_used, w.host) for w in snapshot.workers] == [
         ("host-a.1", 4, "host-a")
