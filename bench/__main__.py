@@ -12,7 +12,19 @@ from shared.queue.config import Settings
 BENCH_EXTRA = ("matplotlib", "httpx", "httpx_sse")
 
 try:
-    from bench import bulk, embed, parity, placement, reasoning, relay, scale, serve
+    from bench import (
+        bulk,
+        embed,
+        intake,
+        kv_quantization,
+        model_switch,
+        parity,
+        placement,
+        reasoning,
+        relay,
+        scale,
+        serve,
+    )
 except ModuleNotFoundError as missing:
     if (missing.name or "").split(".")[0] not in BENCH_EXTRA:
         raise
@@ -21,7 +33,10 @@ except ModuleNotFoundError as missing:
         ".venv/bin/pip install -e '.[bench]'"
     ) from None
 
-WORKLOADS_HELP = "short (~40 prompt tokens), medium (~600), long (~2,000), multiturn"
+WORKLOADS_HELP = (
+    "short (~40 prompt tokens), medium (~600), long (~2,000), multiturn, restart (a ~2,000-token "
+    "conversation's next turn after a worker restart: the prefix cache's disk tier)"
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -29,11 +44,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench/results", help="folder for JSON, PNG and table")
     sub = p.add_subparsers(dest="mode", required=True)
     s = sub.add_parser("serve", help="mlxq vs mlx_lm.server vs vllm-mlx vs the forward step")
-    s.add_argument("--workloads", default="short,medium,long,multiturn", help=WORKLOADS_HELP)
+    s.add_argument(
+        "--workloads", default="short,medium,long,multiturn,restart", help=WORKLOADS_HELP
+    )
     s.add_argument("--concurrency", default="1,4,8,16", help="for the one-shot workloads")
     s.add_argument("--multiturn-concurrency", default="4")
     s.add_argument("--skip", default="", help="cells to leave out, e.g. long@16,medium@1")
-    s.add_argument("--systems", default="mlxq,mlx_lm.server,vllm-mlx,forward,engine")
+    s.add_argument("--systems", default="mlxq,mlx_lm.server,vllm-mlx,forward,engine,mlxq-kv8")
     s.add_argument("--repeats", type=int, default=1, help="each in another order of systems")
     s.add_argument("--max-tokens", type=int, default=48)
     s.add_argument("--per-client", type=int, default=2, help="one-shot requests each client sends")
@@ -60,6 +77,9 @@ def parser() -> argparse.ArgumentParser:
     q = sub.add_parser("parity", help="decode step: structured outputs, logprobs, penalties")
     q.add_argument("--rounds", type=int, default=3)
     q.set_defaults(func=parity.main)
+    k = sub.add_parser("kv", help="quantized KV against float: accuracy, decode speed, memory")
+    kv_quantization.add_arguments(k)
+    k.set_defaults(func=kv_quantization.bench_main)
     b = sub.add_parser("bulk", help="a Batch API run on the default model, per worker batch size")
     b.add_argument("--batch-sizes", default="16,32,64")
     b.add_argument("--lines", type=int, default=1000)
@@ -71,7 +91,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--rounds", type=int, default=3, help="runs per figure; the best is kept")
     e.set_defaults(func=embed.main)
     placement.add_parser(sub)
+    intake.add_parser(sub)
     reasoning.add_parser(sub)
+    model_switch.add_parser(sub)
     return p
 
 

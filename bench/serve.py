@@ -26,7 +26,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench import systems
+from bench import restart, systems
 from bench.baseline import Baseline, baseline
 from bench.load import Traffic, run_load
 from bench.machine import describe
@@ -36,7 +36,10 @@ from worker.gguf.default_model import ensure_default_model
 
 ENGINE = "engine (mlx-lm BatchGenerator)"
 FORWARD = "forward step (ceiling)"
-SERVERS = ("mlxq", "mlx_lm.server", "vllm-mlx")
+SERVERS = ("mlxq", "mlx_lm.server", "vllm-mlx", "mlxq-kv8")
+# mlxq with its KV quantized to 8 bits (MLXQ_KV_BITS=8): measured in the long-prompt cells only,
+# where KV is what fills a worker's memory.
+KV8 = "mlxq-kv8"
 TEMPLATE_TOKENS = 30  # the default model's chat template around one user message
 
 
@@ -64,6 +67,8 @@ def cells(args: Any) -> list[Cell]:
     skip = set(args.skip.split(",")) if args.skip else set()
     found = []
     for name in args.workloads.split(","):
+        if name == restart.WORKLOAD.name:  # a cell of its own: `run`
+            continue
         workload = WORKLOADS[name]
         if workload.conversational:
             levels, requests = _ints(args.multiturn_concurrency), args.turns
@@ -148,6 +153,8 @@ class Systems:
             return
         if name == "mlxq":
             running = stack.enter_context(systems.mlxq(model))
+        elif name == KV8:
+            running = stack.enter_context(systems.mlxq(model, settings={"MLXQ_KV_BITS": "8"}))
         elif name == "mlx_lm.server":
             running = stack.enter_context(systems.peer(model))
         elif name == "vllm-mlx":
@@ -164,6 +171,8 @@ class Systems:
         self.order.append(name)
 
     def measure(self, name: str, cell: Cell, traffic: Traffic) -> dict[str, Any] | None:
+        if name == KV8 and cell.workload.name != "long":
+            return None
         if name in self.servers:
             row: dict[str, Any] = _server_row(name, self.servers[name], cell, traffic)
             return row
@@ -209,6 +218,11 @@ def run(args: Any, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     started = time.time()
     machine = describe()
+    restarts: list[dict[str, Any]] = []
+    if restart.WORKLOAD.name in args.workloads.split(","):
+        restarts = restart.measure(model, texts, args.repeats, args.max_tokens)
+    if not grid:
+        return _result(args, machine, started, [], [], restarts)
     with ExitStack() as stack:
         running = Systems(stack, model, args)
         names = running.order
@@ -232,12 +246,17 @@ def run(args: Any, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
                             }
                             rows.append(row)
                         bar.update()
-                    save(_result(args, machine, started, running.not_installed, rows))
-        return _result(args, machine, started, running.not_installed, rows)
+                    save(_result(args, machine, started, running.not_installed, rows, restarts))
+        return _result(args, machine, started, running.not_installed, rows, restarts)
 
 
 def _result(
-    args: Any, machine: Any, started: float, not_installed: list[str], rows: list[Any]
+    args: Any,
+    machine: Any,
+    started: float,
+    not_installed: list[str],
+    rows: list[Any],
+    restarts: list[dict[str, Any]],
 ) -> dict[str, Any]:
     return {
         "machine": machine,
@@ -247,6 +266,7 @@ def _result(
         "settings": {k: str(v) for k, v in vars(args).items() if k != "func"},
         "not_installed": not_installed,
         "rows": rows,
+        "restart": restarts,
         "warnings": ceiling_warnings(rows),
     }
 
@@ -256,11 +276,16 @@ def main(args: Any) -> None:
 
     def save(result: dict[str, Any]) -> None:
         write(out, args.name, result)
-        serve_chart(result, out / f"{args.name}.png")
-        (out / f"{args.name}.md").write_text(serve_markdown(result))
+        if result["rows"]:
+            serve_chart(result, out / f"{args.name}.png")
+        (out / f"{args.name}.md").write_text(_markdown(result))
 
     # Stopped with SIGTERM (or Ctrl-C): unwind, so that every system started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run(args, save)
     save(result)
-    print(serve_markdown(result))
+    print(_markdown(result))
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    return serve_markdown(result) + "\n".join(restart.markdown(result["restart"])) + "\n"

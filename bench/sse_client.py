@@ -27,6 +27,7 @@ class StreamRecord:
     chunk_texts: list[str] = field(default_factory=list)
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # of the prompt's, as the server's usage counts them
     done_at: float | None = None
     error: str | None = None
 
@@ -115,6 +116,8 @@ def _take(line: bytes, record: StreamRecord) -> bool:
     if chunk.get("usage"):
         record.completion_tokens = chunk["usage"]["completion_tokens"]
         record.prompt_tokens = chunk["usage"].get("prompt_tokens")
+        details = chunk["usage"].get("prompt_tokens_details") or {}
+        record.cached_tokens = details.get("cached_tokens")
     for choice in chunk.get("choices", []):
         text = (choice.get("delta") or {}).get("content")
         if text:

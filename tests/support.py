@@ -37,8 +37,10 @@ from shared.observe.fleet import WorkerStats, publish_stats, read_snapshot
 from shared.observe.metrics import RECENT_JOBS, JobRecord
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
-from shared.wire.events import encode_frame
+from shared.wire.errors import QueueTimeoutError
+from shared.wire.events import ErrorEvent, encode_event, encode_frame
 from worker.gguf.default_model import DEFAULT_MODEL_NAME
+from worker.ops.cluster import wait_until
 
 MODEL = DEFAULT_MODEL_NAME
 # The end-to-end clusters' environment: the real engine, whatever the defaults become.
@@ -182,11 +184,26 @@ def upload(client: openai.OpenAI, lines: list[dict[str, Any]] | bytes) -> str:
 def start_batch(
     client: openai.OpenAI, lines: list[dict[str, Any]] | bytes, endpoint: str = CHAT
 ) -> Batch:
-    return client.batches.create(
+    """A batch of `lines`, as it is once its intake process has checked its first lines (no
+    longer `validating`: `in_progress`, or `failed` with its errors)."""
+    batch = client.batches.create(
         input_file_id=upload(client, lines),
         endpoint=endpoint,  # type: ignore[arg-type]
         completion_window="24h",
     )
+    deadline = time.monotonic() + 60
+    while batch.status == "validating":
+        assert time.monotonic() < deadline, "the batch is still validating"
+        time.sleep(0.1)
+        batch = client.batches.retrieve(batch.id)
+    return batch
+
+
+def taken_in(redis: Redis, keys: Keys, batch_id: str, timeout_s: float = 60) -> None:
+    """Wait until the batch's intake process has ended (api/stores/batch_feed.py): every line
+    recorded and queued, or the batch failed or stopped."""
+    batch = keys.batch(batch_id)
+    wait_until(lambda: not redis.hexists(batch, "intake_until"), timeout_s, "the batch's intake")
 
 
 def wait_batch(client: openai.OpenAI, batch_id: str, timeout_s: float = 120) -> Batch:
@@ -236,6 +253,11 @@ def stand_in_worker(redis: Redis, keys: Keys, model: str = MODEL) -> Iterator[Pu
         yield presence
     finally:
         presence.close()
+        # Gone as a worker that stops leaves, so a shared namespace (the session stack's)
+        # lists no model the stand-in announced for the next tests.
+        redis.zrem(keys.workers(model), STAND_IN)
+        if not redis.zcard(keys.workers(model)):
+            redis.zrem(keys.models(), model)
 
 
 def rq_job(redis: Redis, job_id: str) -> Job:
@@ -248,6 +270,18 @@ def publish_as_worker(redis: Redis, keys: Keys, job_id: str, *events: bytes) -> 
     reply_to = rq_job(redis, job_id).args[0]["reply_to"]
     for data in events:
         redis.publish(keys.reply(reply_to), encode_frame([(job_id, data)]))
+
+
+def finish_queued(redis: Redis, keys: Keys, model: str = MODEL, *taken: str) -> None:
+    """End every request waiting in `model`'s lanes, and the jobs `taken` off them, with the
+    answer its queue timeout would give (503 queue_timeout), sent as a worker sends an error,
+    so that a test which has read the queue need not wait out the timeout itself."""
+    timeout = encode_event(ErrorEvent.from_error(QueueTimeoutError("ended by the test")))
+    waiting = [
+        job_id for lane in keys.lanes(model) for job_id in rq_queue(redis, lane).get_job_ids()
+    ]
+    for job_id in [*waiting, *taken]:
+        publish_as_worker(redis, keys, job_id, timeout)
 
 
 def recent_jobs(redis: Redis, settings: Settings) -> list[JobRecord]:

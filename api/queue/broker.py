@@ -3,8 +3,9 @@
 `Broker.init_app(app)` attaches one Broker per API process (Flask's extension pattern);
 routes reach it with `broker()`. Any Redis failure surfaces as BackendUnavailableError (503).
 Admission (api/queue/admission.py) calls its checks once each: the live workers of a job's
-model (404 when none), its queue's caps of jobs and of prompt tokens, in one round trip
-(shared/queue/backlog.py: 429 with Retry-After), and placement on the worker holding its prefix
+model (404 when none, unless a live pool may load it: shared/queue/pool.py), its queue's caps
+of jobs and of prompt tokens, in one round trip (shared/queue/backlog.py: 429 with
+Retry-After), and placement on the worker holding its prefix
 (api/queue/placement.py); then `enqueue` queues the admitted job as it is. Every job it queues
 is watched until its request ends (api/queue/watch.py).
 """
@@ -38,6 +39,7 @@ from shared.queue.jobs import (
 from shared.queue.keys import Keys
 from shared.queue.liveness import horizon, live_workers
 from shared.queue.model_kinds import read_kinds, refuse_wrong_kind
+from shared.queue.pool import Catalog, read_catalog
 from shared.wire.catalog import ModelKind
 from shared.wire.errors import ModelNotFoundError, QueueFullError
 from shared.wire.ids import new_id
@@ -105,13 +107,24 @@ class Broker:
         refuse_wrong_kind(job, self.kinds([job.model])[job.model])
 
     def served_by(self, model: str) -> frozenset[str]:
-        """The live workers serving `model`, read once for a job's admission; a 404 if none."""
+        """The live workers serving `model`, read once for a job's admission. None while a
+        live pool may load it (it waits in its queue: shared/queue/pool.py); a 404 if neither,
+        a 400 naming the budget if it fits no pool."""
         workers = self._live_workers([model])[model]
-        if not workers:
+        if not workers and not self.catalog().admits(model):
             raise ModelNotFoundError(
                 f"The model '{model}' does not exist or no live worker serves it.", param="model"
             )
         return frozenset(workers)
+
+    def catalog(self) -> Catalog:
+        """The live pools' catalog (shared/queue/pool.py)."""
+        heartbeat_s = self.settings.heartbeat_s
+        return self._call(lambda: read_catalog(self.redis, self.keys, heartbeat_s))
+
+    def live_workers(self, models: list[str]) -> dict[str, set[str]]:
+        """The live workers of each of `models` (shared/queue/liveness.py)."""
+        return self._live_workers(models)
 
     def _live_workers(self, models: list[str]) -> dict[str, set[str]]:
         heartbeat_s = self.settings.heartbeat_s

@@ -22,8 +22,9 @@ tokens, counted the same way, in jobs accepted but not yet ended (shared/queue/q
 keeps and gives them back). The same script checks it and takes the request's share, all limits
 or none: over it, 429 `rate_limit_exceeded` of type `queued_tokens` with the usual Retry-After
 (MLXQ_RETRY_AFTER_S: nobody knows when jobs end), or `x-should-retry: false` for a request larger
-than the limit. A batch takes all its lines' tokens at creation, and over the limit fails as
-OpenAI's does, `failed` with the error `token_limit_exceeded` (an Anthropic message batch: 429).
+than the limit. A batch takes its lines' tokens a chunk at a time as they pass intake, into one
+entry, and over the limit fails as OpenAI's does, `failed` with the error
+`token_limit_exceeded` (an Anthropic message batch ends with every request `errored`).
 OpenAI states no header for it, so none is sent.
 
 Every answer to a key with per-minute limits carries `x-ratelimit-limit-requests`,
@@ -105,7 +106,7 @@ if ARGV[4] == '1' and wait == 0 and full == 0 then
   end
   if limit > 0 then
     local hold = tonumber(ARGV[7])
-    redis.call('HSET', KEYS[2], ARGV[6], asked)
+    redis.call('HINCRBY', KEYS[2], ARGV[6], asked)  -- a batch's entry grows a chunk at a time
     redis.call('ZADD', KEYS[3], now + hold, ARGV[6])
     for i = 2, 3 do  -- both live as long as their longest entry
       if redis.call('PTTL', KEYS[i]) < hold then redis.call('PEXPIRE', KEYS[i], hold) end
@@ -312,34 +313,48 @@ def _hold_ms(settings: Settings, limits: JobLimits, wait_s: float) -> int:
     return math.ceil((wait_s + run_s + HOLD_GRACE_S) * 1000)
 
 
-def hold_batch(batch_id: str, jobs: list[GenerationJob], expires_at: int) -> list[GenerationJob]:
-    """Put all of a batch's lines' tokens among its key's queued tokens, as one entry; the
-    lines as they will be queued, each carrying its own share (as they were: the key has no
-    such limit). A RateLimitError says why they do not fit."""
-    limits = key_limits()
-    if limits is None or limits.queued is None:
-        return jobs
-    b = broker()
-    counts = [_line_tokens(b, job) for job in jobs]
-    hold_s = expires_at - time.time() + b.settings.job_timeout_s + HOLD_GRACE_S
-    queued_only = KeyLimits(queued=limits.queued)  # a batch takes nothing per minute
-    with redis_errors_as_503():
-        verdict = limiter().take(
-            owner_id(), queued_only, sum(counts), Hold(batch_id, math.ceil(hold_s * 1000))
-        )
-    if not verdict.taken:  # it takes nothing per minute: the queued tokens had no room
-        raise _queued_refusal(
-            verdict,
-            never=f"This batch holds {sum(counts)} tokens, more than this API key's limit of "
-            f"{limits.queued} enqueued tokens: it can never run. Split it into smaller batches.",
-            later=f"Enqueued token limit reached for this API key. Limit: {limits.queued} "
-            f"enqueued tokens, queued now {verdict.queued}, this batch {sum(counts)}. Please try "
-            "again once some in_progress batches or requests have been completed.",
-        )
-    return [
-        job.model_copy(update={"queued_tokens": count})  # before they are queued
-        for job, count in zip(jobs, counts, strict=True)
-    ]
+class BatchHold:
+    """A batch's entry among its key's queued tokens (`limit`), taken a chunk of lines at a
+    time as they pass intake (api/stores/batch_feed.py, outside any request), each line's
+    share carried by its job; the entry holds what the batch's lines took until each is
+    answered, or the batch ends."""
+
+    def __init__(self, b: Broker, owner: str, limit: int, batch_id: str, expires_at: int):
+        self._broker, self._owner, self._limit = b, owner, limit
+        self._limiter = RateLimiter(b.redis, b.keys)
+        self._entry = batch_id
+        hold_s = expires_at - time.time() + b.settings.job_timeout_s + HOLD_GRACE_S
+        self._hold_ms = math.ceil(hold_s * 1000)
+        self.taken = 0  # tokens the batch's lines took so far
+
+    def take(self, jobs: list[GenerationJob]) -> list[GenerationJob]:
+        """The lines as they will be queued, their tokens taken; a RateLimitError (OpenAI's
+        `token_limit_exceeded` text) when they do not fit."""
+        counts = [_line_tokens(self._broker, job) for job in jobs]
+        total = self.taken + sum(counts)
+        if total > self._limit:
+            raise RateLimitError(
+                f"This batch holds {total} tokens or more, more than this API key's limit of "
+                f"{self._limit} enqueued tokens: it can never run. Split it into smaller batches.",
+                kind="queued_tokens",
+                retry_after_ms=None,
+            )
+        queued_only = KeyLimits(queued=self._limit)  # a batch takes nothing per minute
+        hold = Hold(self._entry, self._hold_ms)
+        verdict = self._limiter.take(self._owner, queued_only, sum(counts), hold)
+        if not verdict.taken:
+            raise RateLimitError(
+                f"Enqueued token limit reached for this API key. Limit: {self._limit} enqueued "
+                f"tokens, queued now {verdict.queued}, this batch {total}. Please try again "
+                "once some in_progress batches or requests have been completed.",
+                kind="queued_tokens",
+                retry_after_ms=None,
+            )
+        self.taken = total
+        return [
+            job.model_copy(update={"queued_tokens": count})  # before they are queued
+            for job, count in zip(jobs, counts, strict=True)
+        ]
 
 
 def _line_tokens(b: Broker, job: GenerationJob) -> int:

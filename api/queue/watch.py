@@ -7,7 +7,8 @@ then the live workers of the models involved (shared/queue/liveness.py, the rule
 `/v1/models` use; nothing per token).
 - a job started by a worker that is no longer alive (shared/queue/liveness.py) -> WorkerLostError;
 - a job still queued while no live worker serves its model -> ModelNotFoundError (and the job
-  is taken off the queue);
+  is taken off the queue), unless a live pool may load its model (shared/queue/pool.py): then
+  it waits, and ModelLoadError ends it if that model's load failed after it was queued;
 - a job RQ records as failed (its job function crashed) -> GenerationError.
 The error enters the request's subscription like any event from the channel: a stream ends
 with an OpenAI error object in `data:`, a request that has not answered yet answers 5xx/404.
@@ -32,6 +33,7 @@ from rq.job import Job
 from api.queue.relay import Subscription
 from shared.queue.keys import Keys
 from shared.queue.liveness import live_workers, worker_of
+from shared.queue.pool import read_catalog, read_failures
 from shared.wire.errors import (
     BackendUnavailableError,
     GenerationError,
@@ -40,6 +42,7 @@ from shared.wire.errors import (
     WorkerLostError,
 )
 from shared.wire.events import ErrorEvent, encode_event
+from shared.wire.pool import LoadFailure
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,15 @@ class Watched:
     job_id: str
     model: str
     sub: Subscription
+    since: float  # unix s: when it was queued
+
+
+@dataclass(frozen=True)
+class Pools:
+    """What the live pools say of the watched jobs' models (shared/queue/pool.py)."""
+
+    models: frozenset[str]  # in a live pool's catalog: a waiting job waits for its load
+    failures: dict[str, LoadFailure]
 
 
 @dataclass(frozen=True)
@@ -82,7 +94,7 @@ class JobWatch:
 
     def add(self, job_id: str, model: str, sub: Subscription) -> None:
         with self._lock:
-            self._open[job_id] = Watched(job_id, model, sub)
+            self._open[job_id] = Watched(job_id, model, sub, time.time())
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="job-watch", daemon=True)
                 self._thread.start()
@@ -105,8 +117,9 @@ class JobWatch:
         if not watched:
             return
         records, live = self._read(watched)
+        pools = self._pools(watched, records, live)
         for w, record in zip(watched, records, strict=True):
-            err = self._verdict(w, record, live.get(w.model, set()))
+            err = self._verdict(w, record, live.get(w.model, set()), pools)
             if err is not None:
                 self._end(w, err)
 
@@ -119,7 +132,27 @@ class JobWatch:
         models = sorted({w.model for w in watched})
         return records, live_workers(self._redis, self._keys, models, self._heartbeat_s)
 
-    def _verdict(self, w: Watched, record: Record, live: set[str]) -> MLXQError | None:
+    def _pools(
+        self, watched: list[Watched], records: list[Record], live: dict[str, set[str]]
+    ) -> Pools:
+        """The pools' word on the models of waiting jobs no live worker serves; nothing is read
+        while every waiting job's model is served."""
+        unserved = sorted(
+            {
+                w.model
+                for w, r in zip(watched, records, strict=True)
+                if r.status in _WAITING and not live.get(w.model)
+            }
+        )
+        if not unserved:
+            return Pools(frozenset(), {})
+        catalog = read_catalog(self._redis, self._keys, self._heartbeat_s)
+        failures = read_failures(self._redis, self._keys, unserved)
+        return Pools(frozenset(catalog.models()), failures)
+
+    def _verdict(
+        self, w: Watched, record: Record, live: set[str], pools: Pools
+    ) -> MLXQError | None:
         if record.status is None:
             return BackendUnavailableError("The job's record was lost (did Redis lose its data?).")
         if record.status == "started" and record.worker is not None and record.worker not in live:
@@ -128,16 +161,28 @@ class JobWatch:
                 "before the job finished; retry the request."
             )
         if record.status in _WAITING and not live:
-            self._withdraw(w.job_id, w.model)
-            return ModelNotFoundError(
-                f"No live worker serves the model '{w.model}' any more.", param="model"
-            )
+            return self._unserved(w, pools)
         if record.status == "failed":
             # Whoever failed it usually published why: give that event one poll to arrive.
             if w.job_id in self._failing:
                 return GenerationError("The job failed on the worker.")
             self._failing.add(w.job_id)
         return None
+
+    def _unserved(self, w: Watched, pools: Pools) -> MLXQError | None:
+        """A waiting job whose model no live worker serves: it waits on while a live pool may
+        load its model, unless that model's load failed after the job was queued; else it is
+        taken off its queue."""
+        failure = pools.failures.get(w.model)
+        if failure is not None and failure.at >= w.since:
+            self._withdraw(w.job_id, w.model)
+            return failure.error()
+        if w.model in pools.models:
+            return None
+        self._withdraw(w.job_id, w.model)
+        return ModelNotFoundError(
+            f"No live worker serves the model '{w.model}' any more.", param="model"
+        )
 
     def _end(self, w: Watched, err: MLXQError) -> None:
         with self._lock:

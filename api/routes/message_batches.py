@@ -11,7 +11,7 @@ from flask import Blueprint, Response, url_for
 from pydantic import BaseModel
 
 from api.http.auth import owner_id
-from api.http.validation import parse_body
+from api.http.validation import json_body
 from api.queue.broker import broker
 from api.queue.rate_limits import takes_a_request
 from api.routes.files import store as file_store
@@ -32,9 +32,9 @@ from shared.wire.message_batches import (
     DeletedMessageBatch,
     IndividualResponse,
     MessageBatch,
-    MessageBatchCreate,
     MessageBatchList,
     MessageBatchListQuery,
+    failed_result,
     message_batch,
     result_of,
 )
@@ -64,6 +64,9 @@ def _results(batch: Batch) -> list[IndividualResponse] | None:
     """Every request's result in input order of the files, once the batch has ended."""
     if batch.status not in FINAL:
         return None
+    if batch.status == "failed" and batch.errors is not None and batch.errors.data:
+        error = batch.errors.data[0]
+        return [failed_result(c, error) for c in store().line_ids(batch.id)]
     files = file_store()
     found: list[IndividualResponse] = []
     for file_id in (batch.output_file_id, batch.error_file_id):
@@ -82,7 +85,7 @@ def _view(batch: Batch) -> MessageBatch:
 @takes_a_request
 @idempotent
 def create_message_batch() -> Response:
-    req = parse_body(MessageBatchCreate)
+    requests = json_body()  # parsed by the batch's intake process, not on the hub
     now = int(time.time())
     stored = StoredBatch(
         id=new_id("msgbatch_"),
@@ -91,7 +94,7 @@ def create_message_batch() -> Response:
         endpoint=MESSAGES_PATH,
         input_file_id="",
     )
-    return _json(_view(store().start(owner_id(), stored, req.input_lines(), refuse=True)))
+    return _json(_view(store().start(owner_id(), stored, requests)))
 
 
 @bp.get("/v1/messages/batches")

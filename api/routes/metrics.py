@@ -83,6 +83,7 @@ class FleetCollector(Collector):
         pipe.hgetall(b.keys.refusals())
         *figures, refusals = pipe.execute()
         yield from _gauges(snapshot)
+        yield from _pool_metrics(snapshot)
         by_model = {
             m.model: ModelFigures.decode(f) for m, f in zip(snapshot.models, figures, strict=True)
         }
@@ -112,6 +113,42 @@ def _gauges(snapshot: FleetSnapshot) -> Iterator[Metric]:
             oldest.add_metric([model.model, lane.lane], lane.oldest_waiting_s or 0.0)
     yield from (running, waiting, oldest, workers)
     yield from _worker_gauges(snapshot)
+
+
+def _pool_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
+    """Each machine's pool (shared/queue/pool.py): memory against its budget, the models it
+    holds, and its loads, evictions, unloads and failed loads."""
+    machine = ["machine"]
+    budget = GaugeMetricFamily("mlxq:pool_budget_bytes", "The pool's budget.", labels=machine)
+    counted = GaugeMetricFamily(
+        "mlxq:pool_used_bytes", "What the held models cost (weights, KV...).", labels=machine
+    )
+    resident = GaugeMetricFamily(
+        "mlxq:pool_resident_bytes", "Its workers' resident memory.", labels=machine
+    )
+    held = GaugeMetricFamily(
+        "mlxq:pool_model_loaded",
+        "1 for each model the pool holds (state: loading, loaded, unloading).",
+        labels=["machine", "model_name", "state"],
+    )
+    counters = {
+        name: CounterMetricFamily(f"mlxq:pool_{name}_total", text, labels=machine)
+        for name, text in [
+            ("loads", "Models loaded."),
+            ("evictions", "Idle models evicted to make room."),
+            ("unloads", "Models unloaded (keep-alive, an order)."),
+            ("failed_loads", "Loads whose worker failed to start."),
+        ]
+    }
+    for p in snapshot.pools:
+        budget.add_metric([p.machine], p.budget_bytes)
+        counted.add_metric([p.machine], p.used_bytes)
+        resident.add_metric([p.machine], p.rss_bytes)
+        for h in p.held:
+            held.add_metric([p.machine, h.model, h.state], 1)
+        for name, family in counters.items():
+            family.add_metric([p.machine], getattr(p, name))
+    yield from (budget, counted, resident, held, *counters.values())
 
 
 def _worker_gauges(snapshot: FleetSnapshot) -> Iterator[Metric]:

@@ -1,24 +1,40 @@
-"""GET /v1/models and /v1/models/{id}: the models at least one live worker serves."""
+"""GET /v1/models and /v1/models/{id}: the fleet's catalog, each model with its state.
+
+A model is listed while a live worker serves it or a live pool may load it
+(shared/queue/pool.py), the rule admission follows. Its `status` (an extension, as llama.cpp's
+router's) says whether it is loaded (on which workers), loading, or not loaded, and on which
+machines' pools it may load.
+"""
 
 from __future__ import annotations
 
 from flask import Blueprint, Response
 
 from api.queue.broker import broker
-from shared.wire.catalog import ModelCard, ModelList
+from shared.wire.catalog import ModelCard, ModelList, ModelStatus
 from shared.wire.errors import ModelNotFoundError
 
 bp = Blueprint("models", __name__)
 
 
 def _cards() -> list[ModelCard]:
-    """The live models, each with the kind its workers announced (chat or embedding)."""
+    """The live models and the pools' catalog, each with its kind and state."""
     served = broker()
-    live = served.live_models()
-    if not live:
+    live = dict(served.live_models())
+    catalog = served.catalog()
+    names = sorted(set(live) | set(catalog.models()))
+    if not names:
         return []
-    kinds = served.kinds([name for name, _ in live])
-    return [ModelCard(id=name, created=int(seen), kind=kinds[name]) for name, seen in live]
+    kinds = served.kinds(names)
+    workers = served.live_workers(list(live))
+    cards = []
+    for name in names:
+        holders = sorted(workers.get(name, set()))
+        state = "loaded" if holders else catalog.state(name)
+        status = ModelStatus(value=state, workers=holders, machines=catalog.machines(name))
+        created = int(live[name]) if name in live else catalog.created(name) or 0
+        cards.append(ModelCard(id=name, created=created, kind=kinds[name], status=status))
+    return cards
 
 
 @bp.get("/v1/models")

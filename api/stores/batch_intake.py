@@ -1,14 +1,18 @@
-"""A batch's input file, validated into the jobs to run (OpenAI's rules).
+"""A batch's input lines, validated one at a time into the jobs to run (OpenAI's rules).
 
-The whole batch fails validation, with `errors` (code, line, message) filled in, when the file
-is not UTF-8 JSONL, a line is not `{custom_id, method, url, body}`, a custom_id repeats, a url is
-not the batch's endpoint, a model is served by no live worker, or the file is empty or has more
-than MAX_LINES lines. A line whose body the endpoint would refuse (a bad parameter, `stream`, a
-model of the wrong kind: an embedding model asked for a chat, shared/queue/model_kinds.py)
-fails alone: its error line (status 400 and OpenAI's error body) is recorded at once, so no
-batch waits on a job no worker can take; bodies pass the same checks as a request's (no NUL
-characters, finite numbers: api/http/validation.py). Blank lines are skipped; line numbers
-count every line of the file from 1.
+The intake process (api/stores/batch_feed.py) feeds every line of the input to `Intake.take` and
+cuts what passed into chunks (`Intake.cut`) that it queues at once, so a batch runs while its later
+lines are still being read. The whole batch fails validation, with `errors` (code, line, message)
+filled in, when the file is not UTF-8 JSONL, a line is not `{custom_id, method, url, body}`, a
+custom_id repeats, a url is not the batch's endpoint, a model is served by no live worker, or the
+file is empty; a line past MLXQ_BATCH_MAX_LINES (OpenAI's 50,000) fails it as it is reached. A line
+whose body the endpoint would refuse (a bad parameter, `stream`, a model of the wrong kind: an
+embedding model asked for a chat, shared/queue/model_kinds.py) fails alone: its error line (status
+400 and OpenAI's error body) is recorded with its chunk, so no batch waits on a job no worker can
+take; bodies pass the same checks as a request's (no NUL characters, finite numbers:
+api/http/validation.py). Blank lines are skipped; line numbers count every line of the file from 1.
+A message batch (Anthropic's) names no model a whole batch fails for: its request for a model
+nobody serves ends alone, `errored`, as Anthropic's does.
 """
 
 from __future__ import annotations
@@ -36,25 +40,66 @@ from shared.wire.batches import (
     line_job_id,
 )
 from shared.wire.catalog import ModelKind
-from shared.wire.errors import ErrorBody, InvalidRequestError, MLXQError, UnsupportedParameterError
+from shared.wire.errors import (
+    ErrorBody,
+    InvalidRequestError,
+    MLXQError,
+    ModelNotFoundError,
+    UnsupportedParameterError,
+)
 
 # Errors kept on a batch that failed validation.
 MAX_ERRORS = 100
 
 
 @dataclass
-class Intake:
-    owner: str  # who created the batch: each line's job carries it
+class Chunk:
+    """What passed intake since the last cut: the lines' custom_ids in input order (their
+    indexes follow on from the batch's earlier chunks), their jobs, and the lines refused
+    alone (by index)."""
+
     custom_ids: list[str] = field(default_factory=list)
     jobs: list[GenerationJob] = field(default_factory=list)
     refused: dict[int, LineResult] = field(default_factory=dict)
+
+
+@dataclass
+class Intake:
+    batch: StoredBatch
+    owner: str  # who created the batch: each line's job carries it
+    models: LineModels
+    messages: bool = False  # Anthropic's: a model nobody serves fails its request alone
+    max_lines: int = MAX_LINES  # MLXQ_BATCH_MAX_LINES
+    requests: int = 0  # lines taken so far, the next line's index
+    chunk: Chunk = field(default_factory=Chunk)
     errors: list[BatchError] = field(default_factory=list)
-    models: set[str] = field(default_factory=set)
+    named: set[str] = field(default_factory=set)  # the models the lines name
     seen: set[str] = field(default_factory=set)
 
     def fail(self, code: str, line: int | None, message: str, param: str | None = None) -> None:
         if len(self.errors) < MAX_ERRORS:
             self.errors.append(BatchError(code=code, line=line, message=message, param=param))
+
+    def take(self, number: int, raw: bytes | str) -> None:
+        """Check line `number` of the input; a blank line is skipped."""
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                self.fail("invalid_file", number, "The input file is not UTF-8 text.")
+                return
+        if raw.strip():
+            _take_line(self, number, raw)
+
+    def end(self) -> None:
+        """The input has no more lines."""
+        if not self.requests and not self.errors:
+            self.fail("empty_file", None, "The input file has no requests.")
+
+    def cut(self) -> Chunk:
+        """What passed since the last cut, to queue now."""
+        chunk, self.chunk = self.chunk, Chunk()
+        return chunk
 
 
 @dataclass
@@ -73,29 +118,19 @@ class LineModels:
         return self._known[model]
 
 
-def take_in(content: bytes, batch: StoredBatch, models: LineModels, owner: str) -> Intake:
-    intake = Intake(owner)
-    try:
-        text = content.decode("utf-8")
-    except UnicodeDecodeError:
-        intake.fail("invalid_file", None, "The input file is not UTF-8 text.")
-        return intake
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if raw.strip():
-            _take_line(intake, batch, number, raw, models)
-    if not intake.custom_ids and not intake.errors:
-        intake.fail("empty_file", None, "The input file has no requests.")
-    if len(intake.custom_ids) > MAX_LINES:
-        intake.fail("too_many_requests", None, f"A batch holds at most {MAX_LINES} requests.")
-    return intake
-
-
-def _take_line(
-    intake: Intake, batch: StoredBatch, number: int, raw: str, models: LineModels
-) -> None:
+def _take_line(intake: Intake, number: int, raw: str) -> None:
     line = _parse_line(intake, number, raw)
     if line is None:
         return
+    intake.requests += 1
+    if intake.requests > intake.max_lines:
+        intake.fail(
+            "too_many_requests",
+            number,
+            f"A batch holds at most {intake.max_lines} requests: line {number} is one more.",
+        )
+        return
+    batch = intake.batch
     if line.custom_id in intake.seen:
         intake.fail(
             "duplicate_custom_id",
@@ -103,7 +138,7 @@ def _take_line(
             f"The custom_id '{line.custom_id}' appears more than once.",
             "custom_id",
         )
-    intake.custom_ids.append(line.custom_id)
+    intake.chunk.custom_ids.append(line.custom_id)
     intake.seen.add(line.custom_id)
     if line.url != batch.endpoint:
         intake.fail(
@@ -113,19 +148,19 @@ def _take_line(
             "url",
         )
     model = line.body.get("model")
-    kind: ModelKind | None = None
+    served, kind = True, None
     if isinstance(model, str):
-        served, kind = models.look_up(model)
-        if not served:
+        served, kind = intake.models.look_up(model)
+        if not served and not intake.messages:
             intake.fail(
                 "model_not_found",
                 number,
                 f"The model '{model}' does not exist or no live worker serves it.",
                 "body.model",
             )
-        intake.models.add(model)
+        intake.named.add(model)
     if not intake.errors:
-        _take_request(intake, batch, line, kind)
+        _take_request(intake, line, served, kind)
 
 
 def _parse_line(intake: Intake, number: int, raw: str) -> BatchInputLine | None:
@@ -149,10 +184,11 @@ def _parse_line(intake: Intake, number: int, raw: str) -> BatchInputLine | None:
 
 
 def _take_request(
-    intake: Intake, batch: StoredBatch, line: BatchInputLine, kind: ModelKind | None
+    intake: Intake, line: BatchInputLine, served: bool, kind: ModelKind | None
 ) -> None:
-    """Take a line's request as its job, or record its error line (`kind`: its model's)."""
-    index = len(intake.custom_ids) - 1
+    """Take a line's request as its job, or record its error line (`served`, `kind`: whether
+    a live worker serves its model, and what kind of model it is)."""
+    batch, index = intake.batch, intake.requests - 1
     try:
         check_values(line.body)
         body = _batchable(batch.endpoint, line.body)
@@ -160,13 +196,18 @@ def _take_request(
         # The owner after the fact: a batch line's fair share is not its owner's (it waits in
         # the batch lane, in order), so `job_for` is not given it.
         job = job_for(line_job_id(batch.id, index), request)
+        if not served:
+            raise ModelNotFoundError(
+                f"The model '{job.model}' does not exist or no live worker serves it.",
+                param="model",
+            )
         refuse_wrong_kind(job, kind)
     except ValidationError as err:
         error = ErrorBody(error=validation_detail(err))
-        intake.refused[index] = LineResult.failed(line.custom_id, 400, error)
+        intake.chunk.refused[index] = LineResult.failed(line.custom_id, 400, error)
         return
     except MLXQError as err:
-        intake.refused[index] = LineResult.failed(line.custom_id, err.status, err.body())
+        intake.chunk.refused[index] = LineResult.failed(line.custom_id, err.status, err.body())
         return
     record = BatchLine(
         batch_id=batch.id,
@@ -176,7 +217,7 @@ def _take_request(
         body=body,
         expires_at=batch.expires_at,
     )
-    intake.jobs.append(job.model_copy(update={"batch_line": record, "owner": intake.owner}))
+    intake.chunk.jobs.append(job.model_copy(update={"batch_line": record, "owner": intake.owner}))
 
 
 def _batchable(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:

@@ -1,22 +1,27 @@
-"""Batches: created here, run line by line on the workers, finalized lazily by whoever reads them.
+"""Batches: created here, taken in by a process of their own, run line by line on the workers,
+finalized lazily by whoever reads them.
 
-No coordinator process. Creation validates the input file (api/stores/batch_intake.py), writes the
-batch hash (layout in shared/wire/batches.py), the custom_ids in input order and the lines refused
-at intake, then puts one RQ job per line on its model's bulk queue (with RQ retries for lines whose
-worker dies). Each worker records its line's answer in the batch's results hash, first write
-wins, and bumps the counters (worker/runtime/batch_lines.py), only while the batch is `in_progress`.
+No coordinator process. Creation writes the batch hash `validating` (layout in
+shared/wire/batches.py) and starts its intake process (api/stores/batch_feed.py), then answers:
+that process reads and checks the input (api/stores/batch_intake.py) off the API's hub and
+records and queues the lines a chunk at a time (api/stores/batch_queue.py), one RQ job per line
+on its model's batch lane (with RQ retries for lines whose worker dies); the first chunk moves
+the batch to `in_progress`, a batch that fails validation ends `failed` with its errors. Each
+worker records its line's answer in the batch's results hash, first write wins, and bumps the
+counters (worker/runtime/batch_lines.py), only while the batch is `in_progress`.
 
-Reading a batch settles it: once every line is recorded (or its completion window has passed)
-the reader moves it to `finalizing` with a compare-and-set, takes the finalizing lock, writes the
-output and error files from the results (lines never answered get a `batch_cancelled` or
-`batch_expired` error line) and sets the final status. A reader that dies mid-way leaves the
-lock to expire, and the next read finishes the job. Cancelling moves an `in_progress` batch to
-`cancelling` and stops its running lines; queued lines are skipped by the workers; the next read
-finalizes it as `cancelled`.
+Reading a batch settles it: once its intake has ended and every line is recorded (or its
+completion window has passed) the reader moves it to `finalizing` with a compare-and-set, takes
+the finalizing lock, writes the output and error files from the results (lines never answered
+get a `batch_cancelled` or `batch_expired` error line) and sets the final status. A reader that
+dies mid-way leaves the lock to expire, and the next read finishes the job; a batch whose intake
+process stopped renewing it is failed by the next read. Cancelling moves a `validating` or
+`in_progress` batch to `cancelling`, stops its running lines and drops its queued ones from the
+lanes in one step; once its intake has stopped (at its next chunk), the next read finalizes it as
+`cancelled`.
 
-Choices: validation runs inside the create request, so a batch is never seen `validating`
-(it answers `in_progress`, or `failed` with its errors); request_counts.failed counts every
-line in the error file, cancelled and expired lines included.
+Choices: request_counts.failed counts every line in the error file, cancelled and expired lines
+included; request_counts.total counts the lines taken in so far while the intake runs.
 """
 
 from __future__ import annotations
@@ -26,13 +31,12 @@ import time
 from typing import Any
 
 from redis.typing import EncodableT, FieldT
-from rq.registry import StartedJobRegistry
-from rq.serializers import JSONSerializer
 
-from api.http.auth import is_owner
+from api.http.auth import is_owner, key_limits
 from api.queue.broker import Broker
-from api.queue.rate_limits import hold_batch, release_hold
-from api.stores.batch_intake import LineModels, take_in
+from api.queue.rate_limits import release_hold
+from api.stores.batch_feed import LEASE_S, IntakeOrder, launch, verdict
+from api.stores.batch_queue import BatchQueue
 from api.stores.files import FileStore
 from api.stores.listing import page
 from api.stores.quotas import Usage, quotas
@@ -43,21 +47,13 @@ from shared.wire.batches import (
     Batch,
     BatchCreateRequest,
     BatchError,
-    BatchErrors,
     BatchList,
     BatchListQuery,
     BatchOutputLine,
     LineResult,
     StoredBatch,
-    line_job_prefix,
 )
-from shared.wire.errors import (
-    InvalidRequestError,
-    MLXQError,
-    ModelNotFoundError,
-    NotFoundError,
-    RateLimitError,
-)
+from shared.wire.errors import InvalidRequestError, MLXQError, NotFoundError
 from shared.wire.ids import new_id
 from shared.wire.messages import MESSAGES_PATH
 
@@ -79,6 +75,12 @@ UNANSWERED = {
 }
 
 
+_INTAKE_LOST = BatchError(
+    code="server_error",
+    message="The batch's intake stopped before it had read the whole input; create it again.",
+)
+
+
 def _usages(batch_id: str) -> tuple[Usage, Usage]:
     """What a batch takes of its owner's quotas: a place among its batches, and among those
     open until it ends (api/stores/quotas.py finds out when)."""
@@ -94,6 +96,7 @@ class BatchStore:
         self._files = files
         self._move = self._redis.register_script(_MOVE)
         self._quotas = quotas()
+        self._lines = BatchQueue(broker)
 
     def create(self, owner: str, req: BatchCreateRequest) -> Batch:
         source = self._files.get(owner, req.input_file_id)
@@ -112,66 +115,41 @@ class BatchStore:
             metadata=req.metadata,
             output_expires_after=req.output_expires_after,
         )
-        return self.start(owner, stored, self._files.content(owner, source.id))
+        return self.start(owner, stored)
 
-    def start(self, owner: str, stored: StoredBatch, content: bytes, refuse: bool = False) -> Batch:
-        """Take in the JSONL `content` and queue its lines. A batch whose file fails validation
-        is stored as `failed` with its errors, or with `refuse` raised as a 400 and not stored
-        (Anthropic's Message Batches). It takes its place among its owner's batches, kept and
-        open, first (api/stores/quotas.py: a 429 when the key has no room)."""
+    def start(self, owner: str, stored: StoredBatch, requests: bytes | None = None) -> Batch:
+        """Write the batch `validating` and start its intake process, which takes in the input
+        file, or a message batch's `requests` (its request body, which the process parses while
+        this waits: a 400 if it is not one). It takes its place
+        among its owner's batches, kept and open, first (api/stores/quotas.py: a 429 when the
+        key has no room)."""
         with self._quotas.holding(owner, *_usages(stored.id)):
-            return self._start(owner, stored, content, refuse)
-
-    def _start(self, owner: str, stored: StoredBatch, content: bytes, refuse: bool) -> Batch:
-        now = stored.created_at
-        models = LineModels(self._is_served, lambda model: self._broker.kinds([model])[model])
-        intake = take_in(content, stored, models, owner)
-        if intake.errors and refuse:
-            first = intake.errors[0]
-            raise InvalidRequestError(first.message, param=first.param, code=first.code)
-        stored.models = sorted(intake.models)
-        fields: dict[FieldT, EncodableT] = {"owner": owner, "record": stored.model_dump_json()}
-        if intake.errors:
-            errors = BatchErrors(data=intake.errors).model_dump_json()
-            fields.update(status="failed", failed_at=now, errors=errors)
+            now = stored.created_at
+            fields: dict[FieldT, EncodableT] = {
+                "owner": owner,
+                "record": stored.model_dump_json(),
+                "status": "validating",
+                "intake_until": now + LEASE_S,  # the intake renews it
+            }
             self._write(stored, owner, fields, [], {})
-            return self.view(owner, stored.id)
-        try:
-            jobs = hold_batch(stored.id, intake.jobs, stored.expires_at)
-        except RateLimitError as over:
-            if refuse:
-                raise
-            # As OpenAI: the batch fails with `token_limit_exceeded`.
-            error = BatchError(code="token_limit_exceeded", line=None, message=over.message)
-            fields.update(
-                status="failed", failed_at=now, errors=BatchErrors(data=[error]).model_dump_json()
+            limits = key_limits()
+            order = IntakeOrder(
+                settings=self._settings,
+                owner=owner,
+                stored=stored,
+                file_id=stored.input_file_id,
+                queued_limit=limits.queued if limits is not None else None,
+                requests=requests,
             )
-            self._write(stored, owner, fields, [], {})
-            return self.view(owner, stored.id)
-        fields.update(
-            status="in_progress",
-            in_progress_at=now,
-            total=len(intake.custom_ids),
-            completed=0,
-            failed=len(intake.refused),
-        )
-        self._write(stored, owner, fields, intake.custom_ids, intake.refused)
-        try:
-            self._broker.submit_bulk(jobs, retries=self._settings.batch_line_retries)
-        except MLXQError as err:
-            self._move(
-                keys=[self._keys.batch(stored.id)], args=["in_progress", "failed", "failed", now]
-            )
-            release_hold(stored.id)
-            raise err
+            process = launch(order)
+            if requests is not None:
+                try:
+                    verdict(process)
+                except MLXQError:  # not a message batch: it never existed
+                    self._redis.delete(self._keys.batch(stored.id))
+                    self._redis.zrem(self._keys.batches(owner), stored.id)
+                    raise
         return self.view(owner, stored.id)
-
-    def _is_served(self, model: str) -> bool:
-        try:
-            self._broker.require_model(model)
-        except ModelNotFoundError:
-            return False
-        return True
 
     def _write(
         self,
@@ -198,6 +176,12 @@ class BatchStore:
         pipe.zadd(self._keys.batches(owner), {stored.id: time.time()})
         pipe.expire(self._keys.batches(owner), ttl_s)
         pipe.execute()
+
+    def line_ids(self, batch_id: str) -> list[str]:
+        """The custom_ids of a batch's lines taken in, in input order (a batch read as its
+        owner's already)."""
+        found: Any = self._redis.lrange(self._keys.batch_lines(batch_id), 0, -1)
+        return [bytes(custom_id).decode() for custom_id in found]
 
     def _load(self, owner: str, batch_id: str) -> tuple[StoredBatch, dict[str, str]] | None:
         raw: Any = self._redis.hgetall(self._keys.batch(batch_id))
@@ -241,15 +225,17 @@ class BatchStore:
 
     def cancel(self, owner: str, batch_id: str) -> Batch:
         batch = self.view(owner, batch_id)
-        found = self._load(owner, batch_id)
-        if batch.status != "in_progress" or found is None:
+        if batch.status not in ("validating", "in_progress"):
             return batch
-        stored, _ = found
         key = self._keys.batch(batch_id)
         now = int(time.time())
-        if self._move(keys=[key], args=["in_progress", "cancelling", "cancelled", now]):
-            self._stop_running_lines(stored)
-            release_hold(batch_id)  # its queued lines are skipped: none gives its share back
+        for status in ("validating", "in_progress"):
+            if self._move(keys=[key], args=[status, "cancelling", "cancelled", now]):
+                found = self._load(owner, batch_id)  # its models as its intake has seen them
+                if found is not None:
+                    self._lines.stop(found[0])
+                release_hold(batch_id)  # its dropped lines give nothing back themselves
+                break
         return self.view(owner, batch_id, settle=False)
 
     def delete(self, owner: str, batch_id: str) -> Batch:
@@ -272,29 +258,25 @@ class BatchStore:
         pipe.execute()
         return batch
 
-    def _stop_running_lines(self, stored: StoredBatch) -> None:
-        """Cancel the lines workers are generating now; queued ones see the status and skip."""
-        prefix = line_job_prefix(stored.id)
-        for model in stored.models:
-            registry = StartedJobRegistry(
-                self._keys.batch_queue(model), connection=self._redis, serializer=JSONSerializer
-            )
-            for job_id in registry.get_job_ids(cleanup=False):
-                if job_id.startswith(prefix):
-                    self._broker.cancel(job_id)
-
     def _settle(self, owner: str, stored: StoredBatch, fields: dict[str, str]) -> bool:
         """Move a batch towards its end if it is due; True if anything changed."""
         status = fields.get("status")
         key = self._keys.batch(stored.id)
         now = int(time.time())
+        intake_until = fields.get("intake_until")
+        if status in ("validating", "in_progress", "cancelling") and intake_until:
+            if float(intake_until) >= time.time():
+                return False  # its lines are still being taken in, or it is winding down
+            if status != "cancelling":
+                self._lines.fail(stored, owner, [_INTAKE_LOST], now)
+                return True
         if status == "in_progress":
             done = int(fields.get("completed", 0)) + int(fields.get("failed", 0))
             if done >= int(fields.get("total", 0)):
                 self._move(keys=[key], args=["in_progress", "finalizing", "completed", now])
             elif now >= stored.expires_at:
                 if self._move(keys=[key], args=["in_progress", "finalizing", "expired", now]):
-                    self._stop_running_lines(stored)
+                    self._lines.stop(stored)
             else:
                 return False
             status = "finalizing"

@@ -136,6 +136,10 @@ def refuse_key(reason: str) -> None:
         raise InvalidRequestError(f"{HEADER} is not supported here: {reason}", param=HEADER)
 
 
+def _by_name(field: tuple[str | None, str]) -> tuple[str, str]:
+    return field[0] or "", field[1]
+
+
 def fingerprint() -> str:
     """A digest of what the request asks: method, path, query and body. A multipart body is
     taken by its fields and files, since its boundary changes on every try."""
@@ -143,9 +147,10 @@ def fingerprint() -> str:
     if request.mimetype != "multipart/form-data":
         digest.update(request.get_data())
         return digest.hexdigest()
-    for name, value in sorted(request.form.items(multi=True)):
+    # A part may come without a name (None): sorted as "", written as "None".
+    for name, value in sorted(request.form.items(multi=True), key=_by_name):
         digest.update(f"form\0{name}\0{value}\0".encode())
-    for name, upload in sorted(request.files.items(multi=True), key=lambda item: item[0]):
+    for name, upload in sorted(request.files.items(multi=True), key=lambda item: item[0] or ""):
         digest.update(f"file\0{name}\0{upload.filename}\0".encode())
         for chunk in iter(functools.partial(upload.stream.read, _CHUNK), b""):
             digest.update(chunk)

@@ -132,12 +132,15 @@ def _job_ended(answer: Any) -> bool | None:
 
 def _batch_ended(answer: Any) -> bool | None:
     """Whether a batch ended (None: no such batch): a final status, or every line answered
-    (its status moves when someone next reads it, api/stores/batches.py)."""
-    status, completed, failed, total = (None if v is None else bytes(v).decode() for v in answer)
+    once its intake has taken them all in (its status moves when someone next reads it,
+    api/stores/batches.py)."""
+    fields = (None if v is None else bytes(v).decode() for v in answer)
+    status, completed, failed, total, intake_until = fields
     if status is None:
         return None
     done = int(completed or 0) + int(failed or 0)
-    return status in FINAL_STATUSES or (status == "in_progress" and done >= int(total or 0))
+    answered = status == "in_progress" and not intake_until and done >= int(total or 0)
+    return status in FINAL_STATUSES or answered
 
 
 class Quotas:
@@ -253,7 +256,7 @@ def _ask_job(pipe: Pipeline, keys: Keys, object_id: str) -> None:
 
 
 def _ask_batch(pipe: Pipeline, keys: Keys, object_id: str) -> None:
-    pipe.hmget(keys.batch(object_id), ["status", "completed", "failed", "total"])
+    pipe.hmget(keys.batch(object_id), ["status", "completed", "failed", "total", "intake_until"])
 
 
 # The kinds of objects that end on their own: how to ask whether one did, and how to read it.

@@ -4,13 +4,13 @@ Workers publish a `WorkerStats` with each heartbeat (worker/runtime/heartbeat.py
 that expires after a few heartbeats; `read_snapshot` joins them with the heartbeat zsets and
 presence channels (the liveness rule of shared/queue/liveness.py: a worker whose heartbeat is old,
 or whose process has gone, is not listed, so a dead worker is never shown busy), the RQ queues of
-each model and the recent-jobs list (shared/observe/metrics.py). It makes four pipelined round trips
-whatever the size of the fleet. The API's /metrics and /v1/fleet, and `mlxq status`, all read
-this one snapshot.
+each model, the recent-jobs list (shared/observe/metrics.py) and the machines' pool reports
+(shared/queue/pool.py). It makes six pipelined round trips whatever the size of the fleet.
+The API's /metrics and /v1/fleet, and `mlxq status`, all read this one snapshot.
 
 The whole snapshot is an operator's view. A caller's own (`FleetSnapshot.of_owner`) keeps the
-models and their queues, and of the recent jobs only its own, without the workers: their ids
-and hosts are the fleet's, as are other keys' jobs (ids, owners, tokens, errors).
+models and their queues, and of the recent jobs only its own, without the workers and pools:
+their ids and hosts are the fleet's, as are other keys' jobs (ids, owners, tokens, errors).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from rq.utils import str_to_date
 from shared.observe.metrics import RECENT_JOBS, JobRecord
 from shared.queue.jobs import LANES, Lane
 from shared.queue.keys import Keys
-from shared.queue.liveness import LIVE_FACTOR, alive
+from shared.queue.liveness import alive, report_ttl_ms
+from shared.queue.pool import read_reports
+from shared.wire.pool import PoolReport
 
 PLACEMENT = ("followed", "overridden_busy", "overridden_wait", "spread")
 
@@ -46,16 +48,14 @@ class WorkerStats(BaseModel):
     # Prompt tokens this worker looked up in its prefix cache, and found there, since it started.
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # When its last job ended (unix s; None: none yet) and the keep_alive that job asked for
+    # (None: the model's own): the pool unloads an idle model by them (worker/pool/agent.py).
+    last_job_at: float | None = None
+    keep_alive_s: float | None = None
 
     @property
     def slots_used(self) -> int:
         return sum(self.running.values())
-
-
-def report_ttl_ms(heartbeat_s: float) -> int:
-    """A worker's report lives a little longer than the worker counts as alive, so a reader
-    never finds a live worker without one."""
-    return int((LIVE_FACTOR + 1) * heartbeat_s * 1000)
 
 
 def publish_stats(pipe: Any, keys: Keys, stats: WorkerStats, heartbeat_s: float) -> None:
@@ -92,6 +92,9 @@ class FleetSnapshot(BaseModel):
     workers: list[WorkerView]
     models: list[ModelView]
     recent_jobs: list[JobRecord]
+    # Each machine's model pool (shared/queue/pool.py): loaded models, memory against the
+    # budget, loads and evictions.
+    pools: list[PoolReport] = []
     # "fleet": everything (an operator's view); "owner": one caller's (`of_owner`).
     scope: Literal["fleet", "owner"] = "fleet"
 
@@ -99,7 +102,7 @@ class FleetSnapshot(BaseModel):
         """What one caller may see: the models and queues, its own last `recent` jobs with
         their worker left out, no workers."""
         own = [j.model_copy(update={"worker": ""}) for j in self.recent_jobs if j.owner == owner]
-        update = {"workers": [], "recent_jobs": own[:recent], "scope": "owner"}
+        update = {"workers": [], "pools": [], "recent_jobs": own[:recent], "scope": "owner"}
         return self.model_copy(update=update)
 
 
@@ -163,7 +166,11 @@ def read_snapshot(
     for view, counts in zip(views, per_model[step - 1 :: step], strict=True):
         view.placement = {p: int(c or 0) for p, c in zip(PLACEMENT, counts, strict=True)}
     return FleetSnapshot(
-        taken_at=now, workers=workers, models=views, recent_jobs=_decode_jobs(recent_rows)
+        taken_at=now,
+        workers=workers,
+        models=views,
+        recent_jobs=_decode_jobs(recent_rows),
+        pools=read_reports(redis, keys, heartbeat_s),
     )
 
 

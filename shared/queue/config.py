@@ -15,9 +15,15 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shared.wire.keep_alive import KeepAlive
+
 
 def _default_models_dir() -> Path:
     return Path.home() / ".cache" / "mlxq" / "models"
+
+
+def _default_prefix_cache_dir() -> Path:
+    return _default_models_dir().parent / "prefix-cache"
 
 
 def _default_redis_dir() -> Path:
@@ -106,6 +112,12 @@ class QueueSettings(BaseModel):
     response_ttl_s: int = Field(default=24 * 3600, ge=60)
     batch_ttl_s: int = Field(default=7 * 24 * 3600, ge=3600)
 
+    @property
+    def replay_ttl_s(self) -> int:
+        """How long a job's replay log lives: as long as it may run, then as long as RQ keeps
+        its result."""
+        return self.job_timeout_s + self.result_ttl_s
+
 
 class LimitSettings(BaseModel):
     """Limits: what the queue takes, how long a request waits and a job runs, body sizes."""
@@ -122,6 +134,8 @@ class LimitSettings(BaseModel):
     default_max_tokens: int = Field(default=4096, ge=1)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_file_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
+    # The requests one batch may hold: OpenAI's 50,000; lower it to bound what one batch queues.
+    batch_max_lines: int = Field(default=50_000, ge=1, le=50_000)
 
 
 class QuotaSettings(BaseModel):
@@ -184,9 +198,18 @@ class WorkerSettings(BaseModel):
     batch: Literal["slots", "mlx-lm"] = "slots"
     # MiB of KV the slot batch may hold (batch_size rows); None: each row up to the model's window.
     kv_memory: int | None = Field(default=None, ge=1)
+    # The slot batch's KV quantized to this many bits (0, 4 or 8), group-wise as mx.quantize
+    # (worker/engine/batch/quantized_kv.py): 0 keeps the model's dtype.
+    kv_bits: int = Field(default=0, ge=0, le=8, multiple_of=4)
+    kv_group_size: int = 64
     # KV caches of prompts seen before, per worker (worker/engine/prefix_cache.py); 0 entries: off.
     prefix_cache_entries: int = Field(default=64, ge=0)
     prefix_cache_mb: int = Field(default=512, ge=1)
+    # Its disk tier (worker/engine/prefix_disk.py): what memory evicts, and all of it at
+    # shutdown, kept in this folder beside the models, at most this many MiB over every model's
+    # files (least recently used removed first), and restored after a restart; 0 MiB: off.
+    prefix_cache_dir: Path = Field(default_factory=_default_prefix_cache_dir)
+    prefix_cache_disk_mb: int = Field(default=4096, ge=0)
     drain_timeout_s: float = Field(default=30.0, ge=0)
     watchdog_s: float = Field(default=60.0, gt=0)
     fault_injection: bool = False
@@ -196,9 +219,59 @@ class WorkerSettings(BaseModel):
     def _split_commas(cls, value: Any) -> Any:
         return _split_commas(value)
 
+    @field_validator("kv_group_size")
+    @classmethod
+    def _kv_group_size(cls, value: int) -> int:
+        if value not in (32, 64, 128):  # the group sizes mx.quantize takes
+            raise ValueError("a KV quantization group is 32, 64 or 128 values")
+        return value
+
     def served_models(self) -> list[str]:
         """What `mlxq run` serves: MLXQ_MODELS, or else MLXQ_MODEL and MLXQ_EMBEDDING_MODEL."""
         return list(self.models) or [self.model, *filter(None, [self.embedding_model])]
+
+
+class PoolSettings(BaseModel):
+    """The model pool (worker/pool/): the catalog a machine may serve, its memory budget, and
+    how models are loaded and unloaded on demand."""
+
+    # The catalog: every model folder under models_dir (`catalog_scan`), and these (names under
+    # models_dir or folders), each maybe with options after it:
+    # `name:rows=8:context=4096:keep_alive=10m:pin` (worker/pool/catalog.py).
+    catalog: Annotated[tuple[str, ...], NoDecode] = ()
+    catalog_scan: bool = True
+    # MiB the pool's workers may take together (weights, KV, prefix caches, headroom); None: a
+    # share of the machine (`pool_budget_share` of its RAM; of MLX's recommended working set on
+    # a Mac).
+    pool_budget_mb: int | None = Field(default=None, ge=1)
+    pool_budget_share: float = Field(default=0.75, gt=0, le=1)
+    # Each loaded model's batch rows and context, unless its catalog entry says otherwise: fixed
+    # per entry, so that no request option forces a reload.
+    pool_rows: int = Field(default=8, ge=1, le=1024)
+    pool_context: int = Field(default=4096, ge=16)
+    # MiB per worker process besides weights, KV and prefix cache (Python, MLX, the tokenizer,
+    # a forward's activations): measured in docs/operations.md.
+    pool_headroom_mb: int = Field(default=512, ge=0)
+    # How long an idle model stays loaded (Ollama's keep_alive: "5m", seconds, 0, -1 forever).
+    keep_alive: KeepAlive = 300.0
+    # A model's queue must outrun its workers this long before another replica loads, and a
+    # model loaded less than `pool_cooldown_s` ago is not evicted for another.
+    pool_stable_s: float = Field(default=5.0, ge=0)
+    pool_cooldown_s: float = Field(default=30.0, ge=0)
+    # The longest a worker may take to load before the load counts as failed.
+    pool_load_timeout_s: float = Field(default=600.0, gt=0)
+    # One spare worker process, its imports done, waits for the next load (worker/pool/spare.py):
+    # a load then costs the weights, not a process start.
+    pool_spare: bool = True
+    # Models the pool loads when it starts (`mlxq run`: the default chat and embedding models).
+    pool_preload: Annotated[tuple[str, ...], NoDecode] = ()
+    # This machine's name among the fleet's pools; empty: its host name.
+    machine: str = Field(default="", pattern=r"^([A-Za-z0-9][A-Za-z0-9._:-]{0,127})?$")
+
+    @field_validator("catalog", "pool_preload", mode="before")
+    @classmethod
+    def _split_catalog(cls, value: Any) -> Any:
+        return _split_commas(value)
 
 
 class CpuSettings(BaseModel):
@@ -268,6 +341,7 @@ class Settings(
     LimitSettings,
     QuotaSettings,
     WorkerSettings,
+    PoolSettings,
     CpuSettings,
     ApiSettings,
     BaseSettings,

@@ -79,6 +79,9 @@ class QueuedJobBase(BaseModel):
     # The W3C traceparent of the API's span for the request, when tracing is on
     # (shared/observe/tracing.py).
     trace: str | None = None
+    # Ollama's keep_alive from the request, in seconds (shared/wire/keep_alive.py): how long its
+    # model stays loaded once idle after it; None: the model's own keep-alive (worker/pool/).
+    keep_alive_s: float | None = None
 
     @property
     def replayed(self) -> bool:
@@ -165,6 +168,7 @@ def embedding_job_for(job_id: str, req: EmbeddingRequest, owner: str | None) -> 
         owner=owner,
         share=share,
         priority=req.priority,
+        keep_alive_s=req.keep_alive,
     )
 
 
@@ -187,6 +191,7 @@ class _Queueing(TypedDict):
     priority: int
     lane: Lane
     replay_ttl_s: int | None
+    keep_alive_s: float | None
 
 
 def job_for(
@@ -213,6 +218,7 @@ def job_for(
         priority=0 if isinstance(req, ResponsesRequest) else req.priority,
         lane=lane,
         replay_ttl_s=replay_ttl_s,
+        keep_alive_s=None if isinstance(req, ResponsesRequest) else req.keep_alive,
     )
     return _job_for(job_id, req, queueing)
 

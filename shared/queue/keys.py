@@ -49,6 +49,17 @@ Layout under the namespace `ns` (default "mlxq"):
                                 history.py StoredSample), newest first, trimmed, with a TTL
     {ns}:history:turn           string  held for one sample period by the worker taking the
                                 fleet's sample, so the fleet takes one per period
+    {ns}:pools                  zset  pool agent (a machine, shared/queue/pool.py) -> its last beat
+    {ns}:pool:{machine}         string  the machine's pool report (shared/wire/pool.py PoolReport):
+                                catalog with costs, budget, loaded and loading models, loads
+                                and evictions; rewritten each beat, with a TTL of a few beats
+    {ns}:loading:{model}        string  the machine loading the model: one load at a time per
+                                model in the fleet (SET NX, a TTL of the load's time limit)
+    {ns}:load_failed:{model}    string  the last failed load of the model (shared/wire/pool.py
+                                LoadFailure); the API ends the waits of jobs queued before it
+    {ns}:pins                   set  pinned models: loaded and kept, never evicted (`mlxq pin`)
+    {ns}:pool_orders            hash  model -> an operator's order (`mlxq load|unload`,
+                                shared/wire/pool.py PoolOrder), read by every pool agent
     RQ queue "{ns}.{model}"     interactive jobs for one model (RQ prefixes its keys "rq:")
     RQ queue "{ns}.{model}.background"  background responses (and `service_tier: flex`):
                                 workers take them only when the interactive queue is empty
@@ -138,6 +149,24 @@ class Keys:
     def model_kinds(self) -> str:
         """Hash: model name -> what it serves, `chat` or `embedding` (its workers set it)."""
         return f"{self.ns}:model-kinds"
+
+    def pools(self) -> str:
+        return f"{self.ns}:pools"
+
+    def pool(self, machine: str) -> str:
+        return f"{self.ns}:pool:{_model(machine)}"  # a host name
+
+    def loading(self, model: str) -> str:
+        return f"{self.ns}:loading:{_model(model)}"
+
+    def load_failed(self, model: str) -> str:
+        return f"{self.ns}:load_failed:{_model(model)}"
+
+    def pins(self) -> str:
+        return f"{self.ns}:pins"
+
+    def pool_orders(self) -> str:
+        return f"{self.ns}:pool_orders"
 
     def workers(self, model: str) -> str:
         return f"{self.ns}:workers:{_model(model)}"

@@ -32,6 +32,12 @@ def horizon(now: float, heartbeat_s: float) -> float:
     return now - LIVE_FACTOR * heartbeat_s
 
 
+def report_ttl_ms(heartbeat_s: float) -> int:
+    """A report beside a heartbeat (a worker's, a pool's) lives a little longer than its writer
+    counts as alive, so a reader never finds a live one without its report."""
+    return int((LIVE_FACTOR + 1) * heartbeat_s * 1000)
+
+
 def alive(heartbeat: float | None, subscribers: int, now: float, heartbeat_s: float) -> bool:
     return heartbeat is not None and heartbeat >= horizon(now, heartbeat_s) and subscribers > 0
 

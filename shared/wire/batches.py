@@ -66,8 +66,9 @@ TIMESTAMPS = (
     "cancelling_at",
     "cancelled_at",
 )
-# OpenAI's limit on the requests in one batch.
+# OpenAI's limits on the requests in one batch, and on its input file's size.
 MAX_LINES = 50_000
+MAX_INPUT_BYTES = 200 * 1024 * 1024
 COMPLETION_WINDOW_S = 24 * 3600
 
 

@@ -1,4 +1,5 @@
-"""Wire formats of /v1/models and /health: the models that live workers serve."""
+"""Wire formats of /v1/models and /health: the fleet's catalog (the models live workers serve
+and those the pools may load, shared/wire/pool.py), each with its state across the fleet."""
 
 from __future__ import annotations
 
@@ -8,6 +9,17 @@ from pydantic import BaseModel
 
 # What a model serves: chat (and text) completions, or embeddings.
 ModelKind = Literal["chat", "embedding"]
+# Where a model stands in the fleet: a live worker serves it, a pool is loading it, or neither.
+ModelState = Literal["loaded", "loading", "not_loaded"]
+
+
+class ModelStatus(BaseModel):
+    """An extension in the spirit of llama.cpp's router `status`: the model's state across the
+    fleet, the live workers serving it and the machines whose pool may load it."""
+
+    value: ModelState
+    workers: list[str] = []
+    machines: list[str] = []
 
 
 class ModelCard(BaseModel):
@@ -17,6 +29,7 @@ class ModelCard(BaseModel):
     owned_by: str = "mlxq"
     # An extension, as llama.cpp's `status`: None until a worker of the model has said.
     kind: ModelKind | None = None
+    status: ModelStatus | None = None
 
 
 class ModelList(BaseModel):

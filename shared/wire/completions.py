@@ -31,6 +31,7 @@ from shared.wire.digits import parse_integer
 from shared.wire.errors import InvalidRequestError, UnsupportedParameterError
 from shared.wire.grammar import ResponseFormat
 from shared.wire.ids import MODEL_NAME_PATTERN as MODEL_NAME_PATTERN
+from shared.wire.keep_alive import KeepAlive
 from shared.wire.reasoning import Effort, ReasoningControl
 from shared.wire.sampling import SamplingParams
 from shared.wire.tools import (
@@ -156,6 +157,9 @@ class SamplingRequest(BaseModel):
     repetition_penalty: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] = 1.0
     # vLLM's: lower runs earlier among the caller's own queued jobs (shared/queue/fair_order.py).
     priority: Annotated[int, Field(ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)] = 0
+    # Ollama's: how long the model stays loaded once idle after this request (the pool,
+    # worker/pool/agent.py); None: the model's own keep-alive.
+    keep_alive: KeepAlive | None = None
     user: str | None = None
     metadata: (
         Annotated[

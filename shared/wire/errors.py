@@ -247,6 +247,15 @@ class GenerationError(MLXQError):
     code = "generation_failed"
 
 
+class ModelLoadError(MLXQError):
+    """The model's worker failed to start (corrupt weights, killed while loading) before it took
+    the job (503); the message names the model and says why."""
+
+    status = 503
+    type = "server_error"
+    code = "model_load_failed"
+
+
 class ModelImportError(Exception):
     """A model file cannot be imported (unsupported architecture, tensor type, tokenizer)."""
 

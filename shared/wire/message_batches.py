@@ -2,23 +2,26 @@
 lines, translated onto the Batch API's machinery (shared/wire/batches.py, api/stores/batches.py).
 
 A message batch is a batch on the endpoint `/v1/messages`: its requests become the JSONL lines
-the Batch API takes in (`input_lines`), each run as a batch line on the model's batch queue, each
-answered by a worker with the message body (`answer_body`). What the batch store keeps in
-OpenAI's terms is read back here in Anthropic's: the status (in_progress, canceling, ended), the
-request counts, and each line of the output and error files as a result (`succeeded` with the
-message, `errored` with Anthropic's error body, `canceled`, `expired`).
+the Batch API takes in (`lines`, read by the batch's intake process: api/stores/batch_feed.py),
+each run as a batch line on the model's batch queue, each answered by a worker with the message
+body (`answer_body`). What the batch store keeps in OpenAI's terms is read back here in
+Anthropic's: the status (in_progress, validating included; canceling; ended), the request
+counts, and each line of the output and error files as a result (`succeeded` with the message,
+`errored` with Anthropic's error body, `canceled`, `expired`); a batch that failed whole (over
+its key's queued tokens) answers every request `errored` with its error (`failed_result`).
+A request naming a model nobody serves ends `errored` alone, as Anthropic's does.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.wire.batches import MAX_LINES, Batch, BatchOutputLine
-from shared.wire.errors import ErrorBody
+from shared.wire.batches import MAX_LINES, Batch, BatchError, BatchOutputLine
+from shared.wire.errors import ErrorBody, ErrorDetail
 from shared.wire.ids import ID_PATTERN
 from shared.wire.message_answers import AnthropicErrorBody, anthropic_error
 from shared.wire.messages import MESSAGES_PATH
@@ -44,13 +47,25 @@ class MessageBatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     requests: Annotated[list[MessageBatchRequest], Field(min_length=1, max_length=MAX_LINES)]
 
-    def input_lines(self) -> bytes:
-        """The requests as the Batch API's JSONL input."""
-        lines = (
-            {"custom_id": r.custom_id, "method": "POST", "url": MESSAGES_PATH, "body": r.params}
-            for r in self.requests
-        )
-        return "\n".join(json.dumps(line) for line in lines).encode()
+    @model_validator(mode="after")
+    def _custom_ids_once(self) -> MessageBatchCreate:
+        """A repeated custom_id refuses the whole batch (no result could be told apart)."""
+        seen: set[str] = set()
+        for request in self.requests:
+            if request.custom_id in seen:
+                raise ValueError(f"The custom_id '{request.custom_id}' appears more than once.")
+            seen.add(request.custom_id)
+        return self
+
+    def lines(self) -> Iterator[dict[str, Any]]:
+        """The requests as the Batch API's input lines."""
+        for r in self.requests:
+            yield {
+                "custom_id": r.custom_id,
+                "method": "POST",
+                "url": MESSAGES_PATH,
+                "body": r.params,
+            }
 
 
 class MessageBatchListQuery(BaseModel):
@@ -140,6 +155,16 @@ def result_of(line: BatchOutputLine) -> IndividualResponse:
         body = ErrorBody.model_validate({"error": {"message": message, "type": "server_error"}})
         result = ErroredResult(error=anthropic_error(500, body.error)[1])
     return IndividualResponse(custom_id=line.custom_id, result=result)
+
+
+def failed_result(custom_id: str, error: BatchError) -> IndividualResponse:
+    """A request of a message batch that failed whole (over its key's queued tokens, or its
+    intake stopped): `errored` with the batch's error."""
+    status = 429 if error.code == "token_limit_exceeded" else 500
+    detail = ErrorDetail(message=error.message, type="batch_failed", code=error.code)
+    return IndividualResponse(
+        custom_id=custom_id, result=ErroredResult(error=anthropic_error(status, detail)[1])
+    )
 
 
 def _when(seconds: int | None) -> datetime | None:

@@ -14,7 +14,7 @@ from redis.client import PubSub
 from shared.queue import backlog
 from shared.queue.fair_order import share
 from shared.queue.keys import Keys
-from tests.support import CHAT, MODEL, rq_job, rq_queue
+from tests.support import CHAT, MODEL, finish_queued, rq_job, rq_queue
 from worker.ops.cluster import wait_until
 
 
@@ -25,6 +25,7 @@ def queued_by(
     order (`queue_order`)."""
     threads = send_in_turn(impatient_http, redis, keys, asks)
     order = queue_order(redis, keys)
+    finish_queued(redis, keys)
     for thread in threads:
         thread.join(timeout=10)
     return order
@@ -149,6 +150,7 @@ def test_a_taken_job_moves_the_round_on_to_its_turn(
     assert redis.get(keys.round(MODEL)) == b"1"
     threads += send_in_turn(impatient_http, redis, keys, [{"user": "carol"}], already=2)
     order = queue_order(redis, keys)
+    finish_queued(redis, keys, MODEL, head)
     for thread in threads:
         thread.join(timeout=10)
     # Round 1 was served: Carol's first turn is round 2, after Alice's second job.

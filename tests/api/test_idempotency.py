@@ -92,3 +92,16 @@ def test_a_streamed_request_with_a_key_is_a_400_naming_the_header(http: FlaskCli
 def test_a_malformed_key_is_a_400_naming_the_header(http: FlaskClient) -> None:
     assert_openai_error(_upload(http, "x" * 256), 400, param="Idempotency-Key")
     assert_openai_error(_upload(http, " leading-space"), 400, param="Idempotency-Key")
+
+
+def test_an_upload_with_a_nameless_part_and_a_key_is_a_400_not_a_500(http: FlaskClient) -> None:
+    # A multipart part may omit its name (werkzeug reads it as None): found by the abuse fuzzing
+    # (tests/api/test_key_isolation_fuzz.py), its fingerprint was a 500 once a key came with it.
+    parts = [
+        b'Content-Disposition: form-data; name="purpose"\r\n\r\nbatch',
+        b"Content-Disposition: form-data\r\n\r\nnameless",
+        b'Content-Disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n{}\n',
+    ]
+    body = b"".join(b"--XX\r\n" + part + b"\r\n" for part in parts) + b"--XX--\r\n"
+    headers = {"Idempotency-Key": "k6", "Content-Type": "multipart/form-data; boundary=XX"}
+    assert_openai_error(http.post("/v1/files", data=body, headers=headers), 400)

@@ -29,7 +29,7 @@ from shared.wire.message_answers import (
     MessageStream,
 )
 from shared.wire.tools import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta
-from tests.support import CHAT, MODEL, rq_job, rq_queue
+from tests.support import CHAT, MODEL, finish_queued, rq_job, rq_queue, taken_in
 from worker.ops.cluster import wait_until
 
 MESSAGES = "/v1/messages"
@@ -144,6 +144,7 @@ def test_a_message_is_queued_as_a_chat_job_sharing_turns_by_metadata_user_id(
         threads[-1].start()
         wait_until(lambda n=n: queue.count == n, 5, "the request to be queued")  # type: ignore[misc]
     message, chat = (rq_job(redis, job_id).args[0] for job_id in queue.get_job_ids())
+    finish_queued(redis, keys)
     for thread in threads:
         thread.join(timeout=10)
     assert message["job_id"].startswith("msg_")
@@ -211,12 +212,14 @@ def test_a_call_written_in_pieces_streams_its_input_as_it_is_written() -> None:
 
 
 def test_a_message_batch_is_listed_apart_from_openai_batches_and_has_no_results_yet(
-    http: FlaskClient, stand_in: tuple[Keys, PubSub]
+    http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
 ) -> None:
     requests = [{"custom_id": f"r{i}", "params": message_body()} for i in range(3)]
     created = http.post(f"{MESSAGES}/batches", json={"requests": requests}).get_json()
     assert created["processing_status"] == "in_progress"
-    assert created["request_counts"]["processing"] == 3
+    taken_in(redis, stand_in[0], created["id"])
+    batch = http.get(f"{MESSAGES}/batches/{created['id']}").get_json()
+    assert batch["request_counts"]["processing"] == 3
     listed = http.get(f"{MESSAGES}/batches").get_json()["data"]
     assert [b["id"] for b in listed] == [created["id"]]
     assert http.get("/v1/batches").get_json()["data"] == []

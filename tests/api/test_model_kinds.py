@@ -22,7 +22,15 @@ from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
 from shared.queue.model_kinds import refuse_wrong_kind
 from shared.wire.errors import InvalidRequestError
-from tests.support import MESSAGES, MODEL, STAND_IN, assert_openai_error, rq_queue, stand_in_worker
+from tests.support import (
+    MESSAGES,
+    MODEL,
+    STAND_IN,
+    assert_openai_error,
+    rq_queue,
+    stand_in_worker,
+    taken_in,
+)
 from worker.runtime.heartbeat import born
 
 EMBEDDER = "all-MiniLM-L6-v2"
@@ -108,7 +116,10 @@ def chat_line(custom_id: str, model: str) -> dict[str, Any]:
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 
-def create_batch(http: FlaskClient, lines: list[dict[str, Any]]) -> dict[str, Any]:
+def create_batch(
+    http: FlaskClient, redis: Redis, keys: Keys, lines: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The batch of `lines` once its intake process has taken them in."""
     body = {
         "input_file_id": upload(http, lines),
         "endpoint": "/v1/chat/completions",
@@ -116,14 +127,17 @@ def create_batch(http: FlaskClient, lines: list[dict[str, Any]]) -> dict[str, An
     }
     reply = http.post("/v1/batches", json=body)
     assert reply.status_code == 200, reply.get_data(as_text=True)
-    batch: dict[str, Any] = reply.get_json()
+    taken_in(redis, keys, reply.get_json()["id"])
+    batch: dict[str, Any] = http.get(f"/v1/batches/{reply.get_json()['id']}").get_json()
     return batch
 
 
 def test_a_batch_line_naming_an_embedding_model_ends_at_once_as_an_error_line(
     http: FlaskClient, redis: Redis, fleet: Keys
 ) -> None:
-    batch = create_batch(http, [chat_line("runs", MODEL), chat_line("cannot", EMBEDDER)])
+    batch = create_batch(
+        http, redis, fleet, [chat_line("runs", MODEL), chat_line("cannot", EMBEDDER)]
+    )
     assert batch["status"] == "in_progress"
     assert batch["request_counts"] == {"total": 2, "completed": 0, "failed": 1}
     assert queued(redis, fleet, EMBEDDER) == 0  # nothing waits for a worker that cannot take it
@@ -133,8 +147,8 @@ def test_a_batch_line_naming_an_embedding_model_ends_at_once_as_an_error_line(
 def test_a_batch_whose_every_line_names_an_embedding_model_ends_with_its_error_file(
     http: FlaskClient, redis: Redis, fleet: Keys
 ) -> None:
-    batch = create_batch(http, [chat_line("a", EMBEDDER), chat_line("b", EMBEDDER)])
-    batch = http.get(f"/v1/batches/{batch['id']}").get_json()  # reading it settles it
+    lines = [chat_line("a", EMBEDDER), chat_line("b", EMBEDDER)]
+    batch = create_batch(http, redis, fleet, lines)  # reading it settles it
     assert batch["status"] == "completed"
     assert batch["request_counts"] == {"total": 2, "completed": 0, "failed": 2}
     content = http.get(f"/v1/files/{batch['error_file_id']}/content").get_data(as_text=True)
@@ -156,6 +170,7 @@ def test_a_message_batch_request_naming_an_embedding_model_ends_errored(
     )
     assert created.status_code == 200, created.get_data(as_text=True)
     batch_id = created.get_json()["id"]
+    taken_in(redis, fleet, batch_id)
     batch = http.get(f"/v1/messages/batches/{batch_id}").get_json()
     assert batch["processing_status"] == "ended"
     assert batch["request_counts"]["errored"] == 1

@@ -25,7 +25,7 @@ from shared.queue.config import Settings
 from shared.queue.keys import Keys
 from shared.wire.errors import RateLimitError
 from tests.api.test_messages import assert_anthropic_error
-from tests.support import MODEL, assert_openai_error, batch_body, post_file
+from tests.support import MODEL, assert_openai_error, batch_body, post_file, taken_in
 
 ALICE = {"Authorization": "Bearer sk-alice"}
 BOB = {"Authorization": "Bearer sk-bob"}
@@ -173,7 +173,7 @@ def test_a_key_at_its_batch_quota_is_refused_in_openais_shape_and_in_anthropics(
     http = keyed_app(app_settings, quota_batches=1).test_client()
     file_id = post_file(http, b"not json\n", headers=ALICE).get_json()["id"]
     failed = http.post("/v1/batches", json=batch_body(file_id), headers=ALICE)
-    assert failed.get_json()["status"] == "failed"  # kept all the same: it counts
+    assert failed.get_json()["status"] == "validating"  # it will fail; kept, it counts
     assert_over_quota(http.post("/v1/batches", json=batch_body(file_id), headers=ALICE))
     refused = http.post("/v1/messages/batches", json=_message_batch(), headers=ALICE)
     assert_anthropic_error(refused, 429, "rate_limit_error", naming="batches")
@@ -182,16 +182,17 @@ def test_a_key_at_its_batch_quota_is_refused_in_openais_shape_and_in_anthropics(
 
 
 def test_open_batches_are_capped_per_key_until_one_ends(
-    app_settings: Settings, stand_in: tuple[Keys, PubSub]
+    app_settings: Settings, redis: Redis, stand_in: tuple[Keys, PubSub]
 ) -> None:
     http = keyed_app(app_settings, quota_open_batches=1).test_client()
     file_id = post_file(http, COMPLETION_LINE, headers=ALICE).get_json()["id"]
     first = http.post("/v1/batches", json=batch_body(file_id), headers=ALICE).get_json()
-    assert first["status"] == "in_progress"
+    assert first["status"] == "validating"
     assert_over_cap(
         http.post("/v1/batches", json=batch_body(file_id), headers=ALICE), "open_batches"
     )
     http.post(f"/v1/batches/{first['id']}/cancel", headers=ALICE)
+    taken_in(redis, stand_in[0], first["id"])  # it ends once its intake has stopped
     assert http.get(f"/v1/batches/{first['id']}", headers=ALICE).get_json()["status"] == "cancelled"
     assert http.post("/v1/batches", json=batch_body(file_id), headers=ALICE).status_code == 200
 

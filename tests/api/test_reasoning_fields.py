@@ -40,7 +40,7 @@ from shared.queue.keys import Keys
 from shared.wire.reasoning_blob import encode_reasoning_blob
 from tests.api.test_messages import assert_anthropic_error
 from tests.shared.thinking_template import word_spec
-from tests.support import CHAT, MODEL, assert_openai_error, chat, rq_job, rq_queue
+from tests.support import CHAT, MODEL, assert_openai_error, chat, finish_queued, rq_job, rq_queue
 from worker.ops.cluster import wait_until
 from worker.runtime.tokenizer_spec import publish_spec
 
@@ -82,6 +82,7 @@ def queued_jobs(
         fresh = new_ids()
         assert fresh, replies[0].get_data(as_text=True)
         jobs.append(rq_job(redis, fresh.pop()).args[0])
+    finish_queued(redis, keys)
     for thread in threads:
         thread.join(timeout=10)
     return jobs

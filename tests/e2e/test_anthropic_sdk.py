@@ -4,6 +4,7 @@ Messages API (create, stream, stop reasons, tools, count_tokens, structured outp
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -52,8 +53,11 @@ FORCED_WEATHER: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def claude(api_url: str, worker_process: subprocess.Popen[bytes]) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=api_url, api_key="unused", max_retries=0, timeout=120)
+def claude(api_url: str, worker_process: subprocess.Popen[bytes]) -> Iterator[anthropic.Anthropic]:
+    # Closed with the module: a pooled socket left to the collector raises its ResourceWarning
+    # in whichever later test the collection happens to run.
+    with anthropic.Anthropic(base_url=api_url, api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
 
 
 def text_of(reply: anthropic.types.Message) -> str:

@@ -227,11 +227,16 @@ def _request_while_the_batch_is_full(
         for i in range(24)
     ]
     batch = start_batch(client, lines)
-    (worker,) = read_snapshot(redis, keys, settings.heartbeat_s).workers
+    # Other modules' workers of other models may have served on the session stack before.
+    (worker,) = [
+        w for w in read_snapshot(redis, keys, settings.heartbeat_s).workers if w.model == MODEL
+    ]
     bulk_slots = worker.batch_size - settings.interactive_slots
 
     def lanes() -> dict[str, tuple[int, int]]:
-        (model,) = read_snapshot(redis, keys, settings.heartbeat_s).models
+        (model,) = [
+            m for m in read_snapshot(redis, keys, settings.heartbeat_s).models if m.model == MODEL
+        ]
         return {lane.lane: (lane.running, lane.waiting) for lane in model.lanes}
 
     def holds_every_bulk_slot() -> bool:

@@ -18,6 +18,7 @@ from api.queue.broker import Broker
 from shared.queue.config import Settings
 from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
+from shared.wire.sampling import SamplingParams
 from tests.support import MODEL, Stream, chat_body
 from worker.ops.cluster import wait_until
 
@@ -49,8 +50,15 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot_within_a_second(
 def test_a_background_job_nobody_listens_to_runs_to_its_end(
     settings: Settings, worker_process: subprocess.Popen[bytes], redis: Redis
 ) -> None:
+    # Greedy, so that it runs its 8 tokens: sampled at the default temperature, "Once" may be
+    # followed by the end token early ("stop" where "length" was asserted, in a full run).
     job = GenerationJob(
-        job_id="resp_nobody_listens", model=MODEL, prompt="Once", max_tokens=8, replay_ttl_s=600
+        job_id="resp_nobody_listens",
+        model=MODEL,
+        prompt="Once",
+        max_tokens=8,
+        replay_ttl_s=600,
+        sampling=SamplingParams(temperature=0.0),
     )
     Broker(settings).submit_bulk([job])
     wait_until(lambda: _outcome(redis, job.job_id) is not None, 60, "the job to end")

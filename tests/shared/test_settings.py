@@ -5,17 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared.queue.config import (
-    ApiSettings,
-    CpuSettings,
-    LimitSettings,
-    QueueSettings,
-    QuotaSettings,
-    Settings,
-    WorkerSettings,
-)
+from pydantic_settings import BaseSettings
 
-GROUPS = (QueueSettings, LimitSettings, QuotaSettings, WorkerSettings, CpuSettings, ApiSettings)
+from shared.queue.config import Settings
+
+# The groups of settings, one per concern: what Settings is made of.
+GROUPS = tuple(base for base in Settings.__bases__ if base is not BaseSettings)
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 

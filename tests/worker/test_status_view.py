@@ -8,6 +8,7 @@ from rich.console import Console
 
 from shared.observe.fleet import FleetSnapshot, LaneView, ModelView, WorkerView
 from shared.queue.jobs import LANES
+from shared.wire.pool import HeldModel, PoolEvent, PoolReport
 from worker.ops.status import render
 
 
@@ -42,3 +43,30 @@ def test_status_shows_each_workers_prefix_cache_hits_and_misses_and_placement_co
     assert "4321 / 679" in text
     assert "placement followed / busy / waited out" in text
     assert "37 / 5 / 2" in text
+
+
+def test_status_shows_each_pools_models_memory_against_its_budget_and_what_it_did() -> None:
+    held = HeldModel(
+        model="beta", worker_id="mac.7", state="loaded", started_at=1.0, rss_bytes=900 << 20
+    )
+    pool = PoolReport(
+        machine="mac",
+        budget_bytes=3000 << 20,
+        used_bytes=1200 << 20,
+        rss_bytes=900 << 20,
+        catalog=[],
+        held=[held],
+        loads=3,
+        evictions=2,
+        unloads=1,
+        failed_loads=1,
+        events=[PoolEvent(at=99.0, model="alpha", what="evict", seconds=4.2)],
+    )
+    snapshot = FleetSnapshot(taken_at=100.0, workers=[], models=[], recent_jobs=[], pools=[pool])
+    console = Console(record=True, width=400)
+    console.print(render(snapshot, "namespace t"))
+    text = console.export_text()
+    assert "3,000 MiB" in text and "1,200 MiB" in text
+    assert "beta (loaded, 900 MiB)" in text
+    assert "3 / 2 / 1 / 1" in text
+    assert "evict alpha in 4.2s" in text

@@ -112,3 +112,41 @@ def test_with_nothing_decoding_a_step_prefills_up_to_the_full_budget(
     assert WHILE_DECODING < prompt < PREFILL_CHUNK
     engine.step()  # the prompt but its last token, then the first decode forward
     assert _prefilled(engine, "long") == prompt
+
+
+def _started(engine: Engine, job_ids: list[str]) -> int:
+    """How many of the jobs' rows are decoding: their prompts are in and their first token on
+    its way."""
+    batch = engine._batch
+    assert isinstance(batch, SlotBatch)
+    decoding = {r.uid for r in batch._rows[: batch._decoding]}
+    return sum(engine._jobs[j].uids[0] in decoding for j in job_ids)
+
+
+def test_short_prompts_arriving_together_while_another_decodes_start_in_one_step(
+    loaded: LoadedModel,
+) -> None:
+    # Sixteen prompts of about 30 tokens: ten times the cap on chunks, well within the time.
+    engine = _decoding(Engine(loaded, 17, 64, 4096, batch="slots", **BURST))
+    burst = [f"short-{i}" for i in range(16)]
+    tokens = sum(_insert(engine, job_id, f"Say {i}.") for i, job_id in enumerate(burst))
+    assert tokens > 8 * WHILE_DECODING
+    engine.step()
+    assert _started(engine, burst) == 16
+
+
+def test_a_long_prompt_among_short_ones_still_moves_a_capped_chunk_a_step(
+    loaded: LoadedModel,
+) -> None:
+    engine = _decoding(Engine(loaded, 6, 64, 4096, batch="slots", **BURST))
+    _insert(engine, "long", LONG)
+    shorts = [f"short-{i}" for i in range(4)]
+    for i, job_id in enumerate(shorts):
+        _insert(engine, job_id, f"Say {i}.")
+    engine.step()
+    assert _started(engine, shorts) == 4
+    assert _prefilled(engine, "long") == WHILE_DECODING
+
+
+# The cap on chunks while another decodes, and time enough for any burst here.
+BURST = {"prefill_tokens_decoding": WHILE_DECODING, "prefill_seconds_decoding": 60.0}

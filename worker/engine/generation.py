@@ -21,8 +21,9 @@ from typing import Protocol
 from shared.queue.jobs import GenerationJob
 from shared.wire.logprobs import TokenLogprob
 from shared.wire.tools import ToolCall, ToolCallDelta
-from worker.engine.batch.token_batch import kv_window, open_batch, plain_kv
-from worker.engine.batch.types import Entry
+from worker.engine.batch.quantized_kv import KVQuantization
+from worker.engine.batch.token_batch import kv_form, kv_window, open_batch, plain_kv
+from worker.engine.batch.types import Entry, PrefillBudget
 from worker.engine.model import LoadedModel
 from worker.engine.prefix_cache import PrefixCache, Reuse, level, prefill
 from worker.engine.prepare import PreparedJob, Preparer
@@ -118,21 +119,25 @@ class Engine:
         kv_memory: int | None = None,
         prefill_tokens_decoding: int | None = None,
         prefill_seconds_decoding: float | None = None,
+        kv_quantization: KVQuantization | None = None,
     ):
         """`batch`: "slots" or "mlx-lm" (worker/engine/batch/token_batch.py); `kv_memory`: MiB of
-        KV the
-        slot batch may hold, which then refuses sequences longer than a row;
-        `prefill_tokens_decoding`: the step's prefill budget while sequences decode (None:
-        `prefill_tokens`), and `prefill_seconds_decoding` about the most that prefill may take
-        at the batch's measured prefill rate (None: no limit in time)."""
+        KV the slot batch may hold, which then refuses sequences longer than a row;
+        `prefill_tokens_decoding`: the step's cap on chunks of prompts that go on while
+        sequences decode (None: `prefill_tokens`), and `prefill_seconds_decoding` about the most
+        that prefill may take then, at the batch's measured prefill rate (None: no limit in
+        time, and the cap holds for whole prompts too); `kv_quantization`: the slot batch keeps
+        KV quantized (MLXQ_KV_BITS; None: in the model's dtype)."""
         self._loaded = loaded
         self._prefill_tokens = prefill_tokens
         self._prefill_tokens_decoding = prefill_tokens_decoding or prefill_tokens
         self._prefill_seconds_decoding = prefill_seconds_decoding
         self._prefixes = prefixes
+        # The KV form of the caches the engine makes: the batch's.
+        self._kv_quantization = kv_form(loaded.model, batch, kv_quantization)
         window = None
         if batch == "slots" and plain_kv(loaded.model) is None:
-            window = kv_window(loaded.model, batch_size, kv_memory)
+            window = kv_window(loaded.model, batch_size, kv_memory, kv_quantization)
         elif kv_memory is not None:
             log.warning("MLXQ_KV_MEMORY is not applied: this model runs in mlx-lm's batch")
         self._preparer = Preparer(
@@ -145,6 +150,7 @@ class Engine:
             batch,
             keep_caches=prefixes is not None,
             positions=window or loaded.context_length,
+            quantization=kv_quantization,
         )
         self._pending: list[PreparedJob] = []
         self._by_uid: dict[int, Sequence] = {}
@@ -267,7 +273,7 @@ class Engine:
         sharing = sum(1 for c in prepared.choices if c.prompt == k) > 1
         if sharing and prepared.max_tokens > 0 and start.tokens < len(prompt) - 1:
             self.prefilled_tokens += len(prompt) - 1 - start.tokens
-            start = prefill(self._loaded.model, prompt[:-1], start)
+            start = prefill(self._loaded.model, prompt[:-1], start, self._kv_quantization)
         return start
 
     def step(self) -> list[StepOutput]:
@@ -292,19 +298,23 @@ class Engine:
                     self._prefixes.store(r.all_tokens, r.prompt_cache)
         return outputs
 
-    def _budget(self) -> int | None:
-        """The prompt tokens this step may prefill: a decoding sequence's next token waits for
-        them, so while any decodes, at most the decoding budget and what takes about
-        `prefill_seconds_decoding` at the batch's measured prefill rate (at least
-        MIN_PREFILL_TOKENS)."""
+    def _budget(self) -> PrefillBudget | None:
+        """What this step may prefill. A decoding sequence's next token waits for it, so while
+        any decodes: what takes about `prefill_seconds_decoding` at the batch's measured
+        prefill rate (at least MIN_PREFILL_TOKENS), and of that at most the decoding cap in
+        chunks of prompts that go on. Short prompts taken whole pass the cap while the time
+        lasts: a burst of them starts within a step or two, and a long prompt still waits its
+        turn a chunk at a time. With nothing decoding, up to `prefill_tokens`."""
         if not self._interactive:
             return None
         if not self._batch.decoding:
-            return self._prefill_tokens
+            return PrefillBudget.flat(self._prefill_tokens)
+        cap = self._prefill_tokens_decoding
         rate, seconds = self._batch.prefill_rate, self._prefill_seconds_decoding
         if rate is None or seconds is None:
-            return self._prefill_tokens_decoding
-        return max(MIN_PREFILL_TOKENS, min(self._prefill_tokens_decoding, int(rate * seconds)))
+            return PrefillBudget.flat(cap)
+        timed = max(MIN_PREFILL_TOKENS, min(self._prefill_tokens, int(rate * seconds)))
+        return PrefillBudget(timed, min(cap, timed))
 
     def _advance_one(self, uid: int, token: int, finish_reason: str | None) -> StepOutput:
         """One sequence's share of a step: if it fails, its job ends, not the batch."""

@@ -16,6 +16,7 @@ from mlx_lm.utils import load_config, load_tokenizer
 from worker.engine.cpu import exponentials as cpu_exp
 from worker.engine.cpu import matvec
 from worker.engine.cpu.exponentials import Routes as Routes  # the loader's callers name routes
+from worker.engine.model_config import context_window
 from worker.engine.sequence.detokenize import (
     TextDecoder,
     byte_table_of,
@@ -61,7 +62,7 @@ def load_model(path: str, exps: Routes = cpu_exp.BOTH, native: Path | None = Non
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
-        context_length=_context_length(config),
+        context_length=context_window(config),
         stop_ids=stop_token_ids(
             tokenizer.eos_token_ids, _generation_config_eos(Path(path)), _token_lookup(tokenizer)
         ),
@@ -74,14 +75,7 @@ def load_model(path: str, exps: Routes = cpu_exp.BOTH, native: Path | None = Non
 def load_tokenizer_only(path: str) -> tuple[TokenizerWrapper, int]:
     """A model's tokenizer and context window, without its weights (the synthetic engine's
     prefill model counts real tokens, worker/engine/doubles/synthetic_prefill.py)."""
-    return load_tokenizer(Path(path)), _context_length(load_config(Path(path)))
-
-
-def _context_length(config: dict[str, Any]) -> int:
-    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "context_length"):
-        if isinstance(config.get(key), int):
-            return int(config[key])
-    return 4096
+    return load_tokenizer(Path(path)), context_window(load_config(Path(path)))
 
 
 def _generation_config_eos(path: Path) -> list[int]:

@@ -11,15 +11,25 @@ Storage and lookup are mlx-lm's `LRUPromptCache` (a token trie with least-recent
 eviction by entries and bytes); this module decides what goes in and hands out a copy.
 Only the engine thread touches it; `held` is a snapshot it leaves for other threads (the
 worker's heartbeat advertises what the cache holds: worker/runtime/prefix_report.py).
+
+With a disk tier (worker/engine/prefix_disk.py), what the LRU evicts goes to disk, and so does
+all it holds on `persist_all` (shutdown, or the model unloaded); a prompt that memory holds less
+of than a file does is restored from the file into memory first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import LRUPromptCache, trim_prompt_cache
+
+from worker.engine.batch.quantized_kv import KVQuantization, prompt_cache
+
+if TYPE_CHECKING:
+    from worker.engine.prefix_disk import DiskTier
 
 # A history shorter than this is cheaper to prefill with the rest than on its own; a longer one
 # than this is left to the batch's chunked prefill, which lets the other sequences go on.
@@ -40,17 +50,70 @@ class Reuse:
     hits: int
 
 
+class _EvictionTap:
+    """Stands in for the trie inside mlx-lm's LRUPromptCache, passing every call on, and hands
+    each entry the LRU evicts to `evicted`: eviction is the LRU's only use of the trie's `pop`
+    (mlx-lm 0.32; its prefixes made redundant by a longer entry go through `pop_prefixes`)."""
+
+    def __init__(self, trie: Any, evicted: Callable[[list[int], list[Any]], None]):
+        self._trie = trie
+        self._evicted = evicted
+
+    def pop(self, model: Any, tokens: list[int]) -> Any:
+        entry = self._trie.pop(model, tokens)
+        self._evicted(list(tokens), entry.prompt_cache)
+        return entry
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trie, name)
+
+
 class PrefixCache:
-    def __init__(self, model: Any, entries: int, max_bytes: int):
+    def __init__(
+        self,
+        model: Any,
+        entries: int,
+        max_bytes: int,
+        disk: DiskTier | None = None,
+        kv: KVQuantization | None = None,
+    ):
+        """`kv`: the batch's KV form (MLXQ_KV_BITS), which the caches it prefills itself take:
+        the cache holds every entry quantized, as the batch hands them back."""
         self._model = model
+        self._kv = kv
         self._lru = LRUPromptCache(max_size=entries, max_bytes=max_bytes)
+        self._disk = disk
+        if disk is not None:
+            self._lru._trie = _EvictionTap(self._lru._trie, disk.put)
         self._held: tuple[list[int], ...] = ()
 
     @property
     def held(self) -> tuple[list[int], ...]:
-        """The token sequences the cache holds (newest first per kind) as of its last insertion;
-        replaced whole (never changed in place), so any thread may read it."""
-        return self._held
+        """The token sequences the cache holds (newest first per kind) as of its last insertion,
+        then those its disk tier holds; replaced whole (never changed in place), so any thread
+        may read it."""
+        return self._held if self._disk is None else self._held + self._disk.held
+
+    @property
+    def persistent(self) -> bool:
+        """Whether the cache has a disk tier."""
+        return self._disk is not None
+
+    def persist_all(self) -> None:
+        """Write every cache memory holds to the disk tier (what is there already is only
+        touched), and wait for the writes: at shutdown, or before the model is unloaded."""
+        if self._disk is None:
+            return
+        for lru in self._lru._lru._lrus.values():
+            for _, tokens in lru:
+                self._disk.put(list(tokens), self._lru._trie.get(_KEY, tokens).prompt_cache, True)
+        self._disk.flush()
+
+    def close(self) -> None:
+        """`persist_all`, then stop the disk tier's thread: the cache is not used again."""
+        if self._disk is not None:
+            self.persist_all()
+            self._disk.close()
 
     def _insert(self, tokens: list[int], cache: list[Any] | None, kind: str) -> None:
         self._lru.insert_cache(_KEY, tokens, cache, cache_type=kind)
@@ -66,6 +129,8 @@ class PrefixCache:
         are enough of them, they are prefilled and stored first.
         """
         reuse = self._nearest(prompt)
+        if self._disk is not None and reuse.tokens < len(prompt) - 1:
+            reuse = self._restore(prompt, reuse)
         if reuse.tokens < shared < len(prompt) and MIN_SHARED_TOKENS <= shared <= MAX_SHARED_TOKENS:
             self._prefill(prompt[:shared], reuse)
             return replace(self._nearest(prompt), hits=reuse.hits)
@@ -80,6 +145,15 @@ class PrefixCache:
             mx.eval([c.state for c in cache])
             self._insert(list(tokens), cache, "assistant")
 
+    def _restore(self, prompt: list[int], reuse: Reuse) -> Reuse:
+        """`reuse`, or a longer start read back from the disk tier into memory."""
+        assert self._disk is not None
+        restored = self._disk.restore(prompt, reuse.tokens)
+        if restored is None:
+            return reuse
+        self._insert(restored.tokens, restored.cache, "assistant")
+        return self._nearest(prompt)
+
     def _nearest(self, prompt: list[int]) -> Reuse:
         cache, rest = self._lru.fetch_nearest_cache(_KEY, prompt)
         if cache is None:
@@ -91,13 +165,14 @@ class PrefixCache:
         return Reuse(cache, tokens, tokens)
 
     def _prefill(self, history: list[int], start: Reuse) -> None:
-        done = prefill(self._model, history, start)
+        done = prefill(self._model, history, start, self._kv)
         self._insert(list(history), done.cache, "system")
 
 
-def prefill(model: Any, tokens: list[int], start: Reuse) -> Reuse:
-    """`start` (a cache of the first `start.tokens` tokens, or none) extended to all `tokens`."""
-    cache = start.cache if start.cache is not None else make_prompt_cache(model)
+def prefill(model: Any, tokens: list[int], start: Reuse, kv: KVQuantization | None) -> Reuse:
+    """`start` (a cache of the first `start.tokens` tokens, or none: a new one in `kv`'s form)
+    extended to all `tokens`."""
+    cache = start.cache if start.cache is not None else prompt_cache(model, kv)
     model(mx.array([tokens[start.tokens :]]), cache=cache)
     mx.eval([c.state for c in cache])
     return Reuse(cache, len(tokens), start.hits)

@@ -134,7 +134,8 @@ def submit(client: BatchClient, path: Path, endpoint: str | None, and_wait: bool
     if and_wait:
         batch = wait(client, batch)
     print(summary(batch), flush=True)
-    return 0 if batch.status in ("completed", "in_progress", "finalizing") else 1
+    # A batch is `validating` until its intake process has checked its first lines.
+    return 0 if batch.status in ("validating", "in_progress", "finalizing", "completed") else 1
 
 
 def results(client: BatchClient, batch_id: str, out: Path, errors: Path | None) -> int:

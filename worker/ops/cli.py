@@ -4,6 +4,7 @@ see the fleet."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -18,7 +19,41 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     ensure_openblas_preloaded(settings)
     from worker.runtime.serve import serve
 
+    if args.spare:  # worker/pool/spare.py: imported already, it waits for its model
+        from worker.pool.spare import await_order
+
+        order = await_order()
+        if order is None:
+            return 0
+        os.environ.update(order)
+        settings = Settings()
     serve(settings)
+    return 0
+
+
+def _pool(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.pool.agent import serve_pool
+
+    serve_pool(settings)
+    return 0
+
+
+def _order(args: argparse.Namespace, settings: Settings) -> int:
+    """`mlxq load|unload|pin|unpin MODEL`: an order to every pool (worker/pool/agent.py)."""
+    import time
+
+    from shared.queue import pool
+    from shared.queue.connection import connect
+    from shared.queue.keys import Keys
+    from shared.wire.pool import PoolOrder
+
+    redis, keys = connect(settings), Keys(settings.namespace)
+    if args.command in ("pin", "unpin"):
+        pool.pin(redis, keys, args.model, pinned=args.command == "pin")
+    else:
+        order = PoolOrder(action=args.command, at=time.time())
+        pool.give_order(redis, keys, args.model, order)
+    print(f"{args.command}: {args.model}")
     return 0
 
 
@@ -108,7 +143,16 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "run", help="Redis (if none), the API and a worker for each default model (chat, embedding)"
     )
-    sub.add_parser("worker", help="serve MLXQ_MODEL from the queue at REDIS_URL")
+    worker = sub.add_parser("worker", help="serve MLXQ_MODEL from the queue at REDIS_URL")
+    worker.add_argument("--spare", action="store_true", help=argparse.SUPPRESS)
+    sub.add_parser("pool", help="this machine's model pool: load and unload models on demand")
+    for order, says in [
+        ("load", "load a catalog model on a pool with room"),
+        ("unload", "unload a model everywhere (its workers drain and exit)"),
+        ("pin", "keep a model loaded: never unloaded for idleness nor evicted"),
+        ("unpin", "let a pinned model unload again"),
+    ]:
+        sub.add_parser(order, help=says).add_argument("model")
     sub.add_parser(
         "prepare-model", help="download and import the default models (chat and embedding)"
     )
@@ -133,6 +177,11 @@ def parser() -> argparse.ArgumentParser:
 COMMANDS = {
     "run": _run,
     "worker": _worker,
+    "pool": _pool,
+    "load": _order,
+    "unload": _order,
+    "pin": _order,
+    "unpin": _order,
     "prepare-model": _prepare,
     "import-gguf": _import_gguf,
     "batch": _batch,

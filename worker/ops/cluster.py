@@ -35,6 +35,7 @@ from worker.gguf.default_model import DEFAULT_MODEL_NAME
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 WORKER = [sys.executable, "-m", "worker.ops.cli", "worker"]
+POOL = [sys.executable, "-m", "worker.ops.cli", "pool"]
 API = [sys.executable, "-m", "gunicorn", "--config", "api/gunicorn_conf.py", "api:create_app()"]
 # How long the API may take to answer /health: seconds on a quiet machine, far more on a shared
 # 2-core one (measured: over 30 s at a load average of 13).
@@ -98,12 +99,21 @@ def environment(**settings: str) -> dict[str, str]:
     return {**os.environ, **settings}
 
 
-def spawn(args: list[str], env: dict[str, str], log: Path | None = None) -> subprocess.Popen[bytes]:
-    """A process in the project's root; its output appended to `log`, or inherited."""
+def spawn(
+    args: list[str],
+    env: dict[str, str],
+    log: Path | None = None,
+    root: Path = ROOT,
+    stdin: int | None = None,
+) -> subprocess.Popen[bytes]:
+    """A process in the project's root (or another checkout's, whose code it then runs); its
+    output appended to `log`, or inherited; its stdin a pipe with `stdin=subprocess.PIPE`."""
     if log is None:
-        return subprocess.Popen(args, env=env, cwd=ROOT)
+        return subprocess.Popen(args, env=env, cwd=root, stdin=stdin)
     with log.open("ab") as out:
-        return subprocess.Popen(args, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            args, env=env, cwd=root, stdin=stdin, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def redis_command(
@@ -237,12 +247,14 @@ class Cluster:
     redis_args: list[str] = field(default_factory=list)  # more: a password, TLS, addresses
     url: str = ""  # how every process reaches Redis; by default redis://127.0.0.1:{port}/0
     logs: Path | None = None
+    root: Path = ROOT  # the checkout whose code the API and workers run (a benchmark's "before")
     port: int = field(default_factory=free_port)
     redis_proc: subprocess.Popen[bytes] | None = None
     api_proc: subprocess.Popen[bytes] | None = None
     api_url: str = ""
     more_apis: list[subprocess.Popen[bytes]] = field(default_factory=list)
     workers: list[Worker] = field(default_factory=list)
+    pools: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
     def redis_url(self) -> str:
@@ -292,7 +304,7 @@ class Cluster:
         second one (processes that must agree through Redis) is stopped with the cluster."""
         port = free_port()
         proc_env = self.environment(MLXQ_API_BIND=f"127.0.0.1:{port}", **env)
-        proc = spawn(API, proc_env, self._log("api.log"))
+        proc = spawn(API, proc_env, self._log("api.log"), self.root)
         url = f"http://127.0.0.1:{port}"
         if self.api_proc is None:
             self.api_proc, self.api_url = proc, url
@@ -309,7 +321,7 @@ class Cluster:
     # Workers
 
     def start_worker(self, wait: bool = True, **env: str) -> Worker:
-        proc = spawn(WORKER, self.environment(**env), self._log("worker.log"))
+        proc = spawn(WORKER, self.environment(**env), self._log("worker.log"), self.root)
         worker = Worker(proc, f"{socket.gethostname()}.{proc.pid}", dict(env))
         self.workers.append(worker)
         if wait:
@@ -347,6 +359,13 @@ class Cluster:
             return all(state in (b"idle", b"busy") for state in pipe.execute())
         except RedisError:
             return False
+
+    def start_pool(self, **env: str) -> subprocess.Popen[bytes]:
+        """A pool agent (worker/pool/agent.py), which starts and stops its own workers; stopped
+        with the cluster, its workers draining first."""
+        proc = spawn(POOL, self.environment(**env), self._log("pool.log"), self.root)
+        self.pools.append(proc)
+        return proc
 
     def kill_worker(self, worker: Worker, sig: signal.Signals = signal.SIGKILL) -> None:
         worker.proc.send_signal(sig)
@@ -386,7 +405,7 @@ class Cluster:
         sends it SIGQUIT, gunicorn's quick stop, instead: for the tests, whose clients keep
         connections open to the end and want no answer from a stack they are done with."""
         apis = [p for p in (self.api_proc, *self.more_apis) if p is not None]
-        procs = [w.proc for w in self.workers] + apis
+        procs = [w.proc for w in self.workers] + self.pools + apis
         for proc in procs:
             if proc.poll() is None:
                 quit_api = quick and any(proc is api for api in apis)
@@ -394,6 +413,7 @@ class Cluster:
         for proc in procs:
             reap(proc)
         self.workers.clear()
+        self.pools.clear()
         self.api_proc = None
         self.more_apis.clear()
         if self.redis_proc is not None and self.redis_proc.poll() is None:

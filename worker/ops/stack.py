@@ -4,15 +4,16 @@ Redis: the one at REDIS_URL if it answers, else a redis-server of its own (local
 supervised like the rest and persistent: an append-only file in MLXQ_REDIS_DIR, fsynced every
 second, so a crash, a kill or a reboot loses at most the last second of writes. Then the default
 models are prepared, and supervisord (the `supervisor` package) runs that Redis first and the
-Procfile's processes: the API under gunicorn, and one worker per model of MLXQ_MODELS (or one
-for MLXQ_MODEL and one for the embedding model MLXQ_EMBEDDING_MODEL); the API and the workers
-wait for Redis, or reconnect to it, by themselves.
+Procfile's processes: the API under gunicorn, and the machine's model pool (worker/pool/agent.py),
+which loads the models of MLXQ_MODELS (or MLXQ_MODEL and the embedding model
+MLXQ_EMBEDDING_MODEL) as it starts, a worker process each, and any other model of its catalog
+on its first request; the API and the pool wait for Redis, or reconnect to it, by themselves.
 
 A process that exits for any reason is restarted, each restart logged by supervisord once
 ("exited: ... not expected", then "spawned: ..."); one that keeps exiting before it has been up
 `STARTSECS` is retried with a growing back-off (1 s, 2 s, 3 s...) and given up on after
 `STARTRETRIES` tries ("gave up: ... FATAL"), while the rest keep serving. Ctrl-C (or SIGTERM)
-stops everything, workers draining their jobs first and Redis last.
+stops everything, the pool's workers draining their jobs first and Redis last.
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ from urllib.parse import urlparse
 
 from shared.queue.config import Settings
 from worker.engine.embedding.download import DEFAULT_EMBEDDER_NAME, ensure_default_embedder
+from worker.engine.hub import download, is_hub_id
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.ops.cluster import ROOT, redis_answers, redis_command, stop
 
 PROCFILE = ROOT / "Procfile"
-# A process counts as started once it has stayed up this long (a worker loads its model first).
-STARTSECS = {"redis": 1, "web": 3, "worker": 20}
+# A process counts as started once it has stayed up this long.
+STARTSECS = {"redis": 1, "web": 3, "pool": 3}
 # supervisord starts lower numbers first and stops them last: Redis outlives draining workers.
 PRIORITY = {"redis": 1}
 STARTRETRIES = 3
@@ -44,11 +46,10 @@ STOPWAITSECS = 45
 
 @dataclass(frozen=True)
 class Program:
-    """One supervised process: a Procfile entry (for one model in the case of a worker), or
-    the stack's own Redis."""
+    """One supervised process: a Procfile entry, or the stack's own Redis."""
 
     name: str
-    kind: str  # the Procfile name (web or worker), or redis
+    kind: str  # the Procfile name (web or pool), or redis
     command: str
     env: dict[str, str]
 
@@ -69,23 +70,31 @@ def run_stack(settings: Settings) -> int:
         ensure_default_model(settings.models_dir)
     if DEFAULT_EMBEDDER_NAME in settings.served_models():
         ensure_default_embedder(settings.models_dir)
+    for model in hub_models(settings):  # the pool's catalog reads their cost from their files
+        download(model)
     return supervise(own_redis + programs(PROCFILE.read_text(), settings.served_models()))
 
 
+def hub_models(settings: Settings) -> list[str]:
+    """The served models named by a hub id, not by a folder (here or under the models one)."""
+    return [
+        m
+        for m in settings.served_models()
+        if is_hub_id(m) and not (settings.models_dir / m).is_dir()
+    ]
+
+
 def programs(procfile: str, models: list[str]) -> list[Program]:
-    """The Procfile's processes (`name: command` lines), a worker for each model."""
+    """The Procfile's processes (`name: command` lines): the pool loads `models` as it starts
+    (a worker process each, worker/pool/agent.py) and any other catalog model on demand."""
     out: list[Program] = []
     for line in procfile.splitlines():
         name, sep, command = line.partition(":")
         if not sep or line.lstrip().startswith("#"):
             continue
         kind = name.strip()
-        if kind != "worker":
-            out.append(Program(kind, kind, command.strip(), {}))
-            continue
-        for i, model in enumerate(models):
-            label = kind if len(models) == 1 else f"{kind}-{i + 1}"
-            out.append(Program(label, kind, command.strip(), {"MLXQ_MODEL": model}))
+        env = {"MLXQ_POOL_PRELOAD": ",".join(models)} if kind == "pool" else {}
+        out.append(Program(kind, kind, command.strip(), env))
     return out
 
 

@@ -83,6 +83,33 @@ def _models(snapshot: FleetSnapshot) -> Table:
     return table
 
 
+def _mib(value: int) -> str:
+    return f"{value >> 20:,} MiB"
+
+
+def _pools(snapshot: FleetSnapshot) -> Table:
+    """Each machine's pool: what it holds, memory against its budget, what it did lately."""
+    table = Table(title=f"pools: {len(snapshot.pools)} live", title_justify="left")
+    for column in ("machine", "budget", "counted", "resident", "models"):
+        table.add_column(column)
+    table.add_column("loads / evictions / unloads / failed")
+    table.add_column("last")
+    for p in snapshot.pools:
+        held = ", ".join(f"{h.model} ({h.state}, {_mib(h.rss_bytes)})" for h in p.held)
+        last = p.events[0] if p.events else None
+        took = "" if last is None or last.seconds is None else f" in {last.seconds:.1f}s"
+        table.add_row(
+            p.machine,
+            _mib(p.budget_bytes),
+            _mib(p.used_bytes),
+            _mib(p.rss_bytes),
+            held or "-",
+            f"{p.loads} / {p.evictions} / {p.unloads} / {p.failed_loads}",
+            "-" if last is None else f"{last.what} {last.model}{took}",
+        )
+    return table
+
+
 def _jobs(snapshot: FleetSnapshot) -> Table:
     table = Table(title="recent jobs", title_justify="left")
     for column in ("job", "model", "lane", "status", "finish", "tokens", "queue", "ttft", "e2e"):
@@ -108,7 +135,7 @@ def _jobs(snapshot: FleetSnapshot) -> Table:
 def render(snapshot: FleetSnapshot, where: str) -> Group:
     taken = datetime.fromtimestamp(snapshot.taken_at).strftime("%H:%M:%S")
     head = f"mlxq status  {where}  at {taken}"
-    return Group(head, _workers(snapshot), _models(snapshot), _jobs(snapshot))
+    return Group(head, _workers(snapshot), _pools(snapshot), _models(snapshot), _jobs(snapshot))
 
 
 def run_status(settings: Settings, as_json: bool, watch: bool, interval_s: float) -> int:

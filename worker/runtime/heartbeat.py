@@ -22,9 +22,10 @@ from collections.abc import Callable
 from redis import Redis
 from redis.exceptions import RedisError
 
-from shared.observe.fleet import WorkerStats, publish_stats, report_ttl_ms
+from shared.observe.fleet import WorkerStats, publish_stats
 from shared.observe.history import sample_if_due
 from shared.queue.keys import Keys
+from shared.queue.liveness import report_ttl_ms
 from shared.wire.catalog import ModelKind
 from worker.runtime.prefix_report import PrefixReport
 

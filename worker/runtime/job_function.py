@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import ValidationError
@@ -64,6 +64,7 @@ from shared.wire.events import DoneEvent, ErrorEvent, Event
 from worker.runtime.loop import EngineLoop, O, P, SteppedEngine, StepReader
 from worker.runtime.prefix_report import PrefixFigures
 from worker.runtime.publish import EventSink, Route
+from worker.runtime.recency import Recency
 
 log = logging.getLogger(__name__)
 # One structured line per ended job (shared/observe/logs.py).
@@ -126,6 +127,8 @@ class Runtime(Generic[J, P, O]):
     release: Script  # shared/queue/backlog.py RELEASE, registered on `redis`
     worker_id: str
     figures: PrefixFigures | None = None  # this worker's prefix-cache figures (fleet view)
+    # When its last job ended and the keep_alive it asked for (the pool reads them: worker/pool/).
+    recency: Recency = field(default_factory=Recency)
 
     @classmethod
     def start(
@@ -213,6 +216,7 @@ def report(
     """Add the ended job to the fleet's figures; a Redis hiccup costs the figures, not the job."""
     if rt.figures is not None:  # a generation job's prefix-cache figures (prefix_report.py)
         rt.figures.count(outcome.prompt_tokens, outcome.cached_tokens)
+    rt.recency.note(time.time(), job.keep_alive_s)
     enqueued = current.enqueued_at
     record = JobRecord(
         job_id=current.id,

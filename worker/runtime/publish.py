@@ -63,9 +63,11 @@ class EventSink:
         self._redis = redis
         self._replay_ttl_s = replay_ttl_s
 
-    def send(self, events: list[tuple[Route, Event]]) -> None:
+    def send(self, events: list[tuple[Route, Event]]) -> bool:
+        """Publish one step's events; False where Redis could not be reached (they are
+        dropped: the step does not wait for Redis)."""
         if not events:
-            return
+            return True
         pipe = self._redis.pipeline(transaction=False)
         frames: dict[str, list[tuple[str, bytes]]] = {}
         for route, event in events:
@@ -81,3 +83,5 @@ class EventSink:
             pipe.execute()
         except RedisError as err:
             log.warning("could not publish %d events: %s", len(events), err)
+            return False
+        return True

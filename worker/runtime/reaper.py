@@ -43,7 +43,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
 from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import RedisError, WatchError
@@ -57,18 +56,12 @@ from rq.worker import Worker as RQWorker
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
 from shared.queue import queued_tokens
-from shared.queue.jobs import (
-    EMBEDDING_JOB_FUNCTION,
-    EmbeddingJob,
-    GenerationJob,
-    QueuedJob,
-)
 from shared.queue.keys import Keys
 from shared.queue.liveness import LIVE_FACTOR, alive, worker_of
 from shared.wire.errors import WorkerLostError
-from shared.wire.events import ErrorEvent, Event, RequeuedEvent, encode_event, encode_frame
+from shared.wire.events import ErrorEvent, RequeuedEvent
 from worker.runtime.batch_lines import BatchLines, server_error
-from worker.runtime.publish import Route
+from worker.runtime.job_records import announce, generation_job, queued_job, route_of
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +163,7 @@ class Reaper:
             self._unheard = set()
             return
         jobs = zip(mine, self._fetch(mine), strict=True)
-        channels = [self._route(job_id, job).channel for job_id, job in jobs]
+        channels = [route_of(self._keys, job_id, job).channel for job_id, job in jobs]
         counts = self._redis.pubsub_numsub(*channels)
         unheard = {j for j, (_, n) in zip(mine, counts, strict=True) if int(n) == 0}
         for job_id in sorted(unheard & self._unheard):
@@ -310,13 +303,20 @@ class Reaper:
             job.meta["attempt"] = attempt
             pipe.lrem(s.queue.key, 0, s.job_id)  # never twice in its queue
             job.retry(s.queue, pipe)
-            self._announce(pipe, job, RequeuedEvent(attempt=attempt), reset=True)
+            announce(
+                pipe,
+                self._keys,
+                job,
+                RequeuedEvent(attempt=attempt),
+                self._replay_ttl_s,
+                reset=True,
+            )
             log.warning("requeued bulk job %s (attempt %d): %s", s.job_id, attempt, why)
             return False
         err = WorkerLostError(f"The worker running this job was lost: {why}.")
         record_job_failure(job, err.message, pipe)
-        self._announce(pipe, job, ErrorEvent.from_error(err), reset=False)
-        queued = _queued(job)
+        announce(pipe, self._keys, job, ErrorEvent.from_error(err), self._replay_ttl_s, reset=False)
+        queued = queued_job(job)
         if queued is not None:  # its key's queued tokens (shared/queue/queued_tokens.py)
             queued_tokens.release_job(pipe, self._keys, queued)
         log.warning("failed job %s: %s", s.job_id, why)
@@ -324,7 +324,7 @@ class Reaper:
 
     def _end_batch_line(self, job: Job, why: str) -> None:
         """A failed batch line still gets its answer: a 500 error line in its batch."""
-        generation = _generation(job)
+        generation = generation_job(job)
         line = generation.batch_line if generation is not None else None
         if generation is not None and line is not None:
             message = (
@@ -333,27 +333,8 @@ class Reaper:
             result = server_error(line.custom_id, message)
             BatchLines(self._redis, self._keys).record(generation, result)
 
-    def _announce(self, pipe: Pipeline, job: Job, event: Event, *, reset: bool) -> None:
-        """Queue the event on `pipe`: the replay log if the job keeps one (reset first if
-        asked), then the channel."""
-        data = encode_event(event)
-        route = self._route(job.id, job)
-        if route.replay is not None:
-            if reset:
-                pipe.delete(route.replay)
-            pipe.rpush(route.replay, data)
-            pipe.expire(route.replay, self._replay_ttl_s)
-        pipe.publish(route.channel, encode_frame([(job.id, data)]))
-
     def _fetch(self, job_ids: list[str]) -> list[Job | None]:
         return Job.fetch_many(job_ids, connection=self._redis, serializer=JSONSerializer)
-
-    def _route(self, job_id: str, job: Job | None) -> Route:
-        """Where the job's events go (worker/runtime/publish.py), from its RQ record."""
-        queued = _queued(job) if job is not None else None
-        if queued is None:
-            return Route.of(self._keys, job_id, None, replayed=False)
-        return Route.of(self._keys, job_id, queued.reply_to, queued.replayed)
 
     def _bury(self, worker: str) -> None:
         pipe = self._redis.pipeline(transaction=False)
@@ -375,24 +356,6 @@ class Reaper:
                 for queue in self._queues:
                     pipe.srem(WORKERS_BY_QUEUE_KEY % queue.name, key)
                 pipe.delete(key)
-
-
-def _queued(job: Job) -> QueuedJob | None:
-    """The job RQ's record carries, generation or embedding, if it is one."""
-    if job.func_name == EMBEDDING_JOB_FUNCTION:
-        try:
-            return EmbeddingJob.model_validate(job.args[0])
-        except (ValidationError, IndexError, TypeError):
-            return None
-    return _generation(job)
-
-
-def _generation(job: Job) -> GenerationJob | None:
-    """The generation job RQ's record carries, if it is one."""
-    try:
-        return GenerationJob.model_validate(job.args[0])
-    except (ValidationError, IndexError, TypeError):
-        return None
 
 
 def _worker(slot: bytes | None) -> str | None:

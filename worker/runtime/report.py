@@ -3,7 +3,9 @@
 Slots in use come from what the RQ slots hold (worker/runtime/slots.py), split by the lane of the
 queue each job came from. Tokens/s is the engine loop's token counter over the last minute: one
 sample per heartbeat, kept for WINDOW_S; nothing is counted per token here. Prefix-cache
-figures are counted per ended job (worker/runtime/prefix_report.py).
+figures are counted per ended job (worker/runtime/prefix_report.py), and so is when the last
+job ended, with the keep_alive it asked for (worker/runtime/recency.py), which the pool agent
+reads to unload an idle model (worker/pool/agent.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from shared.queue.jobs import LANES, Lane
 from shared.queue.keys import Keys
 from worker.runtime.loop import DrivenLoop
 from worker.runtime.prefix_report import PrefixFigures
+from worker.runtime.recency import Recency
 
 WINDOW_S = 60.0
 
@@ -32,8 +35,10 @@ class Reporter:
         worker_id: str,
         batch_size: int,
         figures: PrefixFigures | None = None,
+        recency: Recency | None = None,
     ):
         self._figures = figures or PrefixFigures()
+        self._recency = recency or Recency()
         self._loop = loop
         self._held = held
         self._lanes: dict[str, Lane] = {keys.lane(model, lane): lane for lane in LANES}
@@ -67,4 +72,6 @@ class Reporter:
             started_at=self._started_at,
             prefix_cache_queries=self._figures.queries,
             prefix_cache_hits=self._figures.hits,
+            last_job_at=self._recency.at,
+            keep_alive_s=self._recency.keep_alive_s,
         )

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -32,6 +33,8 @@ from shared.queue.keys import Keys
 from shared.queue.liveness import LIVE_FACTOR
 from shared.queue.prompt_tokens import PromptCounter, TokenizerSpec
 from shared.wire.catalog import ModelKind
+from worker.engine.batch.quantized_kv import KVQuantization, kv_quantization, prompt_cache
+from worker.engine.batch.token_batch import kv_form
 from worker.engine.doubles.faults import FaultyEngine
 from worker.engine.doubles.synthetic import SyntheticEngine
 from worker.engine.doubles.synthetic_prefill import SyntheticPrefill, SyntheticPrefixCache
@@ -43,8 +46,10 @@ from worker.engine.embedding.download import (
 from worker.engine.embedding.encoder import load_encoder
 from worker.engine.embedding.engine import EmbeddingEngine, warm_up
 from worker.engine.generation import BatchEngine, Engine
+from worker.engine.hub import cached_folder
 from worker.engine.model import Routes, load_model, load_tokenizer_only, native_folder
 from worker.engine.prefix_cache import PrefixCache
+from worker.engine.prefix_disk import DiskTier, model_folder, open_tier
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.runtime.cancellations import listen_for_cancels
 from worker.runtime.drain import Drain
@@ -80,7 +85,8 @@ def resolve_model(settings: Settings) -> tuple[str, str]:
         return settings.model, str(ensure_default_model(settings.models_dir))
     if settings.model == DEFAULT_EMBEDDER_NAME:
         return settings.model, str(ensure_default_embedder(settings.models_dir))
-    return settings.model, settings.model  # a hub id, on machines that reach the hub
+    cached = cached_folder(settings.model)  # a hub id: its cached snapshot, no network
+    return settings.model, str(cached) if cached else settings.model
 
 
 def build_engine(
@@ -103,8 +109,17 @@ def build_engine(
     native = native_folder(settings.models_dir) if settings.cpu_matvec else None
     loaded = load_model(source, exps, native)
     log.info("loaded %s in %.1f s", name, time.perf_counter() - started)
+    kv = kv_form(
+        loaded.model, settings.batch, kv_quantization(settings.kv_bits, settings.kv_group_size)
+    )
     prefixes = (
-        PrefixCache(loaded.model, settings.prefix_cache_entries, settings.prefix_cache_mb << 20)
+        PrefixCache(
+            loaded.model,
+            settings.prefix_cache_entries,
+            settings.prefix_cache_mb << 20,
+            disk_tier(settings, source, loaded.model, kv),
+            kv,
+        )
         if settings.prefix_cache_entries
         else None
     )
@@ -117,10 +132,30 @@ def build_engine(
         prefixes,
         batch=settings.batch,
         kv_memory=settings.kv_memory,
+        kv_quantization=kv,
         prefill_tokens_decoding=settings.prefill_tokens_decoding,
         prefill_seconds_decoding=settings.prefill_seconds_decoding,
     )
     return name, engine, build_spec(loaded.tokenizer, loaded.context_length), prefixes
+
+
+def disk_tier(
+    settings: Settings, source: str, model: Any, kv: KVQuantization | None
+) -> DiskTier | None:
+    """The prefix cache's disk tier for the model loaded from `source`, its caches in `kv`'s
+    form (None: it is off)."""
+    if not settings.prefix_cache_disk_mb:
+        return None
+    folder = model_folder(source)
+    tier = open_tier(
+        settings.prefix_cache_dir,
+        folder,
+        model,
+        settings.prefix_cache_disk_mb << 20,
+        prompt_cache(model, kv),
+    )
+    log.info("prefix cache on disk: %s (%d files)", tier.folder, len(tier))
+    return tier
 
 
 def build_synthetic(
@@ -156,7 +191,7 @@ def serve(settings: Settings) -> None:
     redis = connect(settings)
     if spec is not None:
         _until_redis_answers(lambda: publish_spec(redis, keys, name, spec))
-    replay_ttl_s = settings.job_timeout_s + settings.result_ttl_s
+    replay_ttl_s = settings.replay_ttl_s
     worker_id = f"{socket.gethostname()}.{os.getpid()}"
     buried = "declared dead by the other workers"
     sink = FencedSink(
@@ -177,10 +212,10 @@ def serve(settings: Settings) -> None:
     kind: ModelKind  # what the worker announces its model is: what its job kind serves
     if isinstance(engine, EmbeddingEngine):  # no prefix cache: no figures of one
         embedding = Runtime.start(EmbeddingKind(), engine, *plumbing)
-        loop, kind = bind(embedding), embedding.kind.serves
+        loop, kind, recency = bind(embedding), embedding.kind.serves, embedding.recency
     else:
         generation = Runtime.start(GenerationKind(), engine, *plumbing, figures)
-        loop, kind = bind(generation), generation.kind.serves
+        loop, kind, recency = bind(generation), generation.kind.serves, generation.recency
 
     services = threading.Event()  # stops the heartbeat, listener, reaper and watchdog
     slots: list[SlotWorker] = []
@@ -215,7 +250,7 @@ def serve(settings: Settings) -> None:
     if not present.wait(PRESENCE_WAIT_S):
         log.warning("presence not confirmed yet (Redis slow?); serving anyway")
     reporter = Reporter(
-        loop, lambda: held(slots), keys, name, worker_id, settings.batch_size, figures
+        loop, lambda: held(slots), keys, name, worker_id, settings.batch_size, figures, recency
     )
     # An embedding worker (or a synthetic one without its prefill model) has no prefix cache: it
     # publishes no blocks.
@@ -261,7 +296,17 @@ def serve(settings: Settings) -> None:
     except RedisError as err:  # the live workers' reapers will hand them on instead
         log.warning("could not hand back or deregister: %s", err)
         return
+    finally:  # its jobs handed on first: they need not wait for the disk
+        keep_on_disk(prefixes)
     log.info("worker %s stopped (%d jobs handed back)", worker_id, handed)
+
+
+def keep_on_disk(prefixes: HeldPrefixes | None) -> None:
+    """Write all the prefix cache holds to its disk tier, for the next worker on its folder."""
+    if isinstance(prefixes, PrefixCache) and prefixes.persistent:
+        started = time.perf_counter()
+        prefixes.close()
+        log.info("prefix cache kept on disk in %.1f s", time.perf_counter() - started)
 
 
 def _until_redis_answers(step: Callable[[], object]) -> None:

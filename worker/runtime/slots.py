@@ -38,9 +38,8 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import WorkerStatus
 
-from shared.observe.fleet import report_ttl_ms
 from shared.queue.keys import Keys
-from shared.queue.liveness import slot_name
+from shared.queue.liveness import report_ttl_ms, slot_name
 from worker.runtime.fixed_job import FixedJob, refusal
 from worker.runtime.placed_take import CLAIM, POLL_S, SCAN_DEPTH, TAKE, PlacedTake
 

@@ -8,14 +8,20 @@ export function cell(row, text, className) {
   return td;
 }
 
-export function fill(tableId, rows, addRow) {
-  const body = $(tableId).tBodies[0];
+// `table`: a table element, or its id.
+export function fill(table, rows, addRow) {
+  const body = (typeof table === "string" ? $(table) : table).tBodies[0];
   body.replaceChildren();
   for (const item of rows) addRow(body.insertRow(), item);
 }
 
 export function seconds(value) {
   return value === null || value === undefined ? "-" : `${value.toFixed(2)}s`;
+}
+
+// How long before `now` a unix time (s) was, both from the same clock (the fleet's snapshot).
+export function ago(now, unix) {
+  return unix === null || unix === undefined ? "-" : `${Math.max(0, now - unix).toFixed(1)}s ago`;
 }
 
 // A unix time (s) as the local time of day, with the date when it is not today.

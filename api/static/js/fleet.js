@@ -1,8 +1,10 @@
 // The fleet now (polls /v1/fleet): live workers, queues per model and lane, the last jobs; a job
 // of the list opens in a dialog with its model, lane, worker, timings, tokens and how it ended.
-// A key that is not an operator's sees its own jobs and no workers (scope "owner").
+// The same snapshot feeds the model pools (pools.js). A key that is not an operator's sees its
+// own jobs and no workers nor pools (scope "owner").
 import { call } from "./http.js";
-import { $, button, cell, clock, fill, seconds } from "./dom.js";
+import { $, ago, button, cell, clock, fill, seconds } from "./dom.js";
+import { showPools } from "./pools.js";
 
 const POLL_MS = 1000;
 
@@ -79,7 +81,7 @@ function showFleet(fleet) {
     cell(row, w.model, "id").title = w.model;
     cell(row, `${used}/${w.batch_size}`, used > 0 ? "slots busy" : "slots");
     cell(row, w.tokens_per_s.toFixed(1));
-    cell(row, `${Math.max(0, fleet.taken_at - w.last_heartbeat).toFixed(1)}s ago`);
+    cell(row, ago(fleet.taken_at, w.last_heartbeat));
   });
   fill("models", fleet.models, (row, m) => {
     const lanes = Object.fromEntries(m.lanes.map((l) => [l.lane, lane(l)]));
@@ -107,6 +109,7 @@ function showFleet(fleet) {
     cell(row, seconds(t.total));
     cell(row, j.worker, "id").title = j.worker;
   });
+  showPools(fleet);
 }
 
 export async function pollFleet() {

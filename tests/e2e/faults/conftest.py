@@ -2,23 +2,40 @@
 private redis-server, the API under gunicorn and worker processes on the real model, so that
 killing a worker or restarting Redis never touches the session stack the other tests share.
 Heartbeats are 0.5 s, so "within two heartbeats" means within a second.
+
+`client` is the OpenAI SDK on the module's cluster. A pool module (test_pool.py,
+test_pool_page.py) starts its cluster with no worker and a pool agent (`start_pool_cluster`)
+whose catalog is `models_dir`: the default model under three names and a model whose weights
+are corrupt; `pool_report` reads what the pool publishes.
 """
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from redis import Redis
 from rq.job import Job
 
+from shared.queue import pool as pools
+from shared.queue.config import Settings
 from shared.queue.liveness import worker_of
+from shared.wire.pool import MIB, PoolReport
 from tests.support import MODEL, REAL_ENGINE, rq_job, rq_queue
-from worker.ops.cluster import Cluster, Worker
+from worker.gguf.default_model import ensure_default_model
+from worker.ops.cluster import Cluster, Worker, wait_until
 
 HEARTBEAT_S = 0.5
+# The pool's catalog (`models_dir`) and what each of its models is given.
+POOL_MODELS = ("alpha", "beta", "gamma")
+ROWS, CONTEXT = 2, 512
+HEADROOM_MB, PREFIX_MB = 512, 16
+LOAD_S = 180  # a load on a loaded 2-core machine
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +67,12 @@ def start_cluster(
     yield start
     for cluster in started:
         cluster.stop(quick=True)
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Cluster) -> openai.OpenAI:
+    """The OpenAI SDK on the module's cluster (the `cluster` fixture each module defines)."""
+    return openai.OpenAI(base_url=f"{cluster.api_url}/v1", api_key="unused", max_retries=0)
 
 
 def holder(cluster: Cluster, job_id: str) -> Worker:
@@ -101,3 +124,75 @@ def wait_started(redis: Redis, job_ids: list[str], timeout_s: float = 60) -> Non
             return
         time.sleep(0.05)
     raise TimeoutError(f"jobs not started: {job_ids}")
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """alpha, beta and gamma: the default model (links); broken: its config and tokenizer with
+    weights cut off after their header."""
+    real = ensure_default_model(Settings().models_dir)
+    folder = tmp_path_factory.mktemp("pool-models")
+    native = Settings().models_dir / ".native"  # the CPU matvec, built once beside the models
+    if native.is_dir():
+        (folder / ".native").symlink_to(native)
+    for name in POOL_MODELS:
+        (folder / name).symlink_to(real)
+    broken = folder / "broken"
+    broken.mkdir()
+    for file in real.iterdir():
+        if file.suffix != ".safetensors":
+            (broken / file.name).symlink_to(file)
+    with (real / "model.safetensors").open("rb") as f:
+        head = f.read(8)
+        (size,) = struct.unpack("<Q", head)
+        (broken / "model.safetensors").write_bytes(head + f.read(size) + b"\0" * 64)
+    return folder
+
+
+def one_cost(models_dir: Path) -> int:
+    """What the pool counts for one model of `models_dir` (worker/pool/catalog.py)."""
+    weights = (models_dir / "alpha" / "model.safetensors").stat().st_size
+    kv = 30 * 3 * 64 * 2 * 4 * ROWS * CONTEXT
+    return weights + kv + (PREFIX_MB + HEADROOM_MB) * MIB
+
+
+def start_pool_cluster(
+    start_cluster: Callable[..., Cluster], models_dir: Path, models: float
+) -> Cluster:
+    """The module's cluster with no worker and a pool agent whose budget holds `models` of
+    `models_dir`'s models; returns once the pool has reported."""
+    budget_mb = int(models * one_cost(models_dir)) // MIB
+    env = {
+        "MLXQ_MODELS_DIR": str(models_dir),
+        "MLXQ_POOL_BUDGET_MB": str(budget_mb),
+        "MLXQ_POOL_ROWS": str(ROWS),
+        "MLXQ_POOL_CONTEXT": str(CONTEXT),
+        "MLXQ_PREFIX_CACHE_MB": str(PREFIX_MB),
+        "MLXQ_POOL_HEADROOM_MB": str(HEADROOM_MB),
+        "MLXQ_POOL_COOLDOWN_S": "0",
+        "MLXQ_POOL_STABLE_S": "1",
+        "MLXQ_DRAIN_TIMEOUT_S": "5",
+        "MLXQ_QUEUE_TIMEOUT_S": str(LOAD_S),
+    }
+    cluster = start_cluster(workers=0, env=env)
+    cluster.start_pool()
+    wait_until(lambda: pool_report(cluster) is not None, 60, "the pool's first report")
+    return cluster
+
+
+def pool_report(cluster: Cluster) -> PoolReport | None:
+    """The report of the cluster's one pool, read from Redis."""
+    found = pools.read_reports(cluster.redis(), cluster.keys, cluster.heartbeat_s)
+    return found[0] if found else None
+
+
+def ask(client: openai.OpenAI, model: str, **extra: object) -> str:
+    """A short answer of `model` (`extra`: fields of the body that the SDK does not know)."""
+    answer = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Say hi"}],
+        max_tokens=4,
+        temperature=0,
+        extra_body=extra or None,
+    )
+    return answer.choices[0].message.content or ""

@@ -28,6 +28,7 @@ API_ENV = {
     "MLXQ_RETRY_AFTER_S": "3",
     "MLXQ_API_CONNECTIONS": "16",
 }
+FLOOD = 4_000  # refused requests whose memory is measured
 
 
 @pytest.fixture(scope="module")
@@ -110,15 +111,16 @@ def test_a_flood_on_a_full_queue_is_refused_at_once_and_memory_stays_bounded(
     assert one.seconds < 0.5
 
     (pid,) = cluster.api_worker_pids()
-    assert set(_flood_in_parallel(cluster.api_url, 1000)) == {429}  # warm up
+    assert set(_flood_in_parallel(cluster.api_url, 500)) == {429}  # warm up
     before = rss_mb(pid)
     started = time.monotonic()
-    statuses = _flood_in_parallel(cluster.api_url, 10_000)
+    statuses = _flood_in_parallel(cluster.api_url, FLOOD)
     seconds = time.monotonic() - started
     after = rss_mb(pid)
-    print(f"10,000 refused in {seconds:.1f} s; API RSS {before:.1f} MB -> {after:.1f} MB")
+    print(f"{FLOOD:,} refused in {seconds:.1f} s; API RSS {before:.1f} MB -> {after:.1f} MB")
 
-    assert len(statuses) == 10_000
+    assert len(statuses) == FLOOD
     assert set(statuses) == {429}
-    assert after - before < 10.0
+    # A refusal that kept 1.5 KB would show as 6 MB.
+    assert after - before < 6.0
     assert redis.llen(_queue_key(cluster)) == 2

@@ -146,7 +146,7 @@ def test_many_requests_sharing_one_prompt_spread_over_both_workers(
     holder = record(cluster, ask(client, messages)).worker
     replies: list[object] = []
     threads = [
-        threading.Thread(target=lambda m=m: replies.append(ask(client, m, 48)))
+        threading.Thread(target=lambda m=m: replies.append(ask(client, m, 16)))
         for m in [[*messages[:1], {"role": "user", "content": f"Item {i}?"}] for i in range(8)]
     ]
     for thread in threads:

@@ -7,6 +7,7 @@ or running, given back when it ends or is cancelled, a batch's by its lines; per
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +18,7 @@ import openai
 import pytest
 
 from api.http.auth import owner_of_key
-from tests.support import MESSAGES, MODEL, chat_line, start_batch, wait_batch
+from tests.support import MESSAGES, MODEL, chat_line, stand_in_worker, start_batch, wait_batch
 from worker.ops.cluster import Cluster, wait_until
 
 SLOW, OTHER, TOKENS = "sk-slow", "sk-other", "sk-tokens"
@@ -30,6 +31,7 @@ KEYS = ",".join(
 )
 CHAT = "/v1/chat/completions"
 SYNTHETIC = "synthetic"
+IDLE = "idle-stand-in"  # announced by a stand-in worker that never takes a job
 STEP_S = 0.02  # a synthetic job of 200 tokens runs 4 s
 
 
@@ -80,9 +82,9 @@ def _chat(api: str, key: str, max_tokens: int = 1, model: str = MODEL) -> httpx.
     return httpx.post(f"{api}{CHAT}", json=body, headers=auth, timeout=120)
 
 
-def _background(api: str, key: str, max_output_tokens: int) -> str:
+def _background(api: str, key: str, max_output_tokens: int, model: str = SYNTHETIC) -> str:
     body = {
-        "model": SYNTHETIC,
+        "model": model,
         "input": "hi",
         "background": True,
         "max_output_tokens": max_output_tokens,
@@ -222,24 +224,42 @@ def test_a_batch_over_the_room_left_or_the_limit_fails_as_openai_fails_it(
     assert batch.status == "failed" and batch.errors is not None and batch.errors.data
     error = batch.errors.data[0]
     assert error.code == "token_limit_exceeded" and "can never run" in (error.message or "")
-    running = _background(settled[1], QUEUED, 200)
-    late = start_batch(client, _synthetic_lines(1, 150))
-    assert late.status == "failed" and late.errors is not None and late.errors.data
-    assert late.errors.data[0].code == "token_limit_exceeded"
-    assert "Enqueued token limit reached" in (late.errors.data[0].message or "")
-    assert _status(settled[1], QUEUED, running) in ("queued", "in_progress")
+    # A response no worker takes holds its tokens however long the batch's intake takes to start.
+    with stand_in_worker(cluster.redis(), cluster.keys, IDLE):
+        waiting = _background(settled[1], QUEUED, 200, model=IDLE)
+        late = start_batch(client, _synthetic_lines(1, 150))
+        assert late.status == "failed" and late.errors is not None and late.errors.data
+        assert late.errors.data[0].code == "token_limit_exceeded"
+        assert "Enqueued token limit reached" in (late.errors.data[0].message or "")
+        assert _status(settled[1], QUEUED, waiting) == "queued"
+        auth = {"Authorization": f"Bearer {QUEUED}"}
+        httpx.post(f"{settled[1]}/v1/responses/{waiting}/cancel", headers=auth, timeout=30)
 
 
-def test_an_anthropic_message_batch_over_the_limit_is_anthropics_429(settled: list[str]) -> None:
+def test_an_anthropic_message_batch_over_the_limit_ends_with_each_request_rate_limited(
+    settled: list[str],
+) -> None:
     request = {"model": SYNTHETIC, "max_tokens": 200, "messages": MESSAGES}
     body = {"requests": [{"custom_id": f"r{i}", "params": request} for i in range(2)]}
-    answer = httpx.post(
-        f"{settled[0]}/v1/messages/batches", json=body, headers={"x-api-key": QUEUED}, timeout=30
-    )
-    assert answer.status_code == 429, answer.text
-    assert answer.json()["type"] == "error"
-    assert answer.json()["error"]["type"] == "rate_limit_error"
-    assert answer.headers["x-should-retry"] == "false"
+    headers = {"x-api-key": QUEUED, "anthropic-version": "2023-06-01"}
+    with httpx.Client(base_url=settled[0], headers=headers, timeout=30) as http:
+        created = http.post("/v1/messages/batches", json=body)
+        assert created.status_code == 200, created.text  # its intake finds it too large
+        batch_id = created.json()["id"]
+
+        def batch() -> dict[str, Any]:
+            found: dict[str, Any] = http.get(f"/v1/messages/batches/{batch_id}").json()
+            return found
+
+        wait_until(lambda: batch()["processing_status"] == "ended", 30, "the batch's end")
+        assert batch()["request_counts"]["errored"] == 2
+        lines = http.get(f"/v1/messages/batches/{batch_id}/results").text.splitlines()
+    results = [json.loads(line) for line in lines]
+    assert [r["custom_id"] for r in results] == ["r0", "r1"]
+    for r in results:
+        error = r["result"]["error"]["error"]  # Anthropic's error body
+        assert (r["result"]["type"], error["type"]) == ("errored", "rate_limit_error")
+        assert "can never run" in error["message"]
 
 
 def test_a_batch_line_over_the_context_window_holds_only_its_prompt_and_fails_alone(

@@ -60,9 +60,13 @@ class SlotKV:
             grown = -(-max(positions, self.capacity * 3 // 2) // GROWTH) * GROWTH
             grown = max(positions, min(grown, self.limit))
         if self.keys is not None and self.values is not None:
-            self.keys = _widened(self.keys, grown_rows, grown)
-            self.values = _widened(self.values, grown_rows, grown)
+            self._grow(grown_rows, grown)
         self.rows, self.capacity = grown_rows, grown
+
+    def _grow(self, rows: int, capacity: int) -> None:
+        assert self.keys is not None and self.values is not None
+        self.keys = _widened(self.keys, rows, capacity)
+        self.values = _widened(self.values, rows, capacity)
 
     def release(self) -> None:
         """Drop the buffers (the batch holds no row any more): the next rows start small. A
@@ -102,6 +106,14 @@ class SlotKV:
         mx.eval(keys, values)
         return keys, values
 
+    def cache(self, row: int, positions: int) -> Any:
+        """A row's first positions as an mlx-lm cache (what the prefix cache stores)."""
+        cache = KVCache()
+        if positions and self.keys is not None:
+            cache.keys, cache.values = self.read(row, positions)
+            cache.offset = positions
+        return cache
+
 
 def _widened(buffer: mx.array, rows: int, capacity: int) -> mx.array:
     """The buffer grown to `rows` rows of `capacity` positions, what it held kept (one copy)."""
@@ -112,15 +124,8 @@ def _widened(buffer: mx.array, rows: int, capacity: int) -> mx.array:
 
 
 def extract(layers: list[SlotKV], row: int, positions: int) -> list[Any]:
-    """A row's first positions as mlx-lm KV caches (what the prefix cache stores)."""
-    caches = []
-    for layer in layers:
-        cache = KVCache()
-        if positions and layer.keys is not None:
-            cache.keys, cache.values = layer.read(row, positions)
-            cache.offset = positions
-        caches.append(cache)
-    return caches
+    """A row's first positions as mlx-lm caches, one per layer (what the prefix cache stores)."""
+    return [layer.cache(row, positions) for layer in layers]
 
 
 class DecodeRows:

@@ -3,21 +3,23 @@
 
 A step (`next`) does three things. First it prefills waiting prompts, oldest first, at most
 `chunk` tokens of each per forward, until the step's prompt-token budget is spent: a long prompt
-takes several steps and the running sequences go on between them. Prompts of similar lengths
-share a forward (right-padded; GROUP_TOKENS, PADDING), which reads the weights once for all of
-them. A prompt whose tokens are all in its row but the last is promoted to decoding. Then it
-queues one forward feeding every decoding row its next token, the prompts just promoted
-included (their first token comes without computing the vocabulary's logits over a chunk),
-and only then reads back the tokens of the forward queued by the step before: the step returns
+takes several steps and the running sequences go on between them. A prompt that the step can
+finish whole counts against the budget's total only, not its cap on partial chunks
+(`PrefillBudget`), so sixteen short prompts arriving together start together. Prompts of similar
+lengths share a forward (right-padded; GROUP_TOKENS, PADDING), which reads the weights once for
+all of them. A prompt whose tokens are all in its row but the last is promoted to decoding. Then
+it queues one forward feeding every decoding row its next token, the prompts just promoted
+included (their first token comes without computing the vocabulary's logits over a chunk), and
+only then reads back the tokens of the forward queued by the step before: the step returns
 those. So MLX computes a forward while the host builds the next one's graph and the caller
 handles the tokens (mlx-lm's generate runs one token ahead the same way). A step whose forward
-draws some sequence's first token reads that forward back too, so a first token comes out of
-the step that finishes its prompt, as it would without the overlap (its second token then
-comes two steps later: the overlap starts there). The forward's input
-is the last one's sampled tokens, still lazy; a sequence that ends on a stop token has had one
-more forward queued, whose token is dropped (its KV, written, goes with the prefix cache's
-copy). The last tokens are read first, with no overlap, when a sequence's logits processors
-read its tokens on the host, or a sequence's last token is the one being read.
+draws some sequence's first token reads that forward back too, so a first token comes out of the
+step that finishes its prompt, as it would without the overlap (its second token then comes two
+steps later: the overlap starts there). The forward's input is the last one's sampled tokens,
+still lazy; a sequence that ends on a stop token has had one more forward queued, whose token is
+dropped (its KV, written, goes with the prefix cache's copy). The last tokens are read first,
+with no overlap, when a sequence's logits processors read its tokens on the host, or a
+sequence's last token is the one being read.
 
 Rows are kept in slot order, decoding rows first: a decode forward reads rows 0..n-1, with no
 gather. A row promoted from prefill swaps with the first prefilling row; a row that ends takes
@@ -47,7 +49,13 @@ from worker.engine.batch.kv_rows import (
     SlotKV,
     extract,
 )
-from worker.engine.batch.types import Entry, Token
+from worker.engine.batch.quantized_kv import (
+    KVQuantization,
+    QuantizedDecodeView,
+    QuantizedPrefillView,
+    QuantizedSlotKV,
+)
+from worker.engine.batch.types import Entry, PrefillBudget, Token
 from worker.engine.sequence.sampling import greedy
 
 # Prompt chunks of several rows go through one forward (reading the weights once), up to this
@@ -89,14 +97,25 @@ class SlotBatch:
         chunk: int,
         keep_caches: bool,
         positions: int,
+        quantization: KVQuantization | None = None,
     ):
-        """`positions`: what one row may hold at most (the engine refuses longer sequences)."""
+        """`positions`: what one row may hold at most (the engine refuses longer sequences);
+        `quantization`: KV kept quantized (worker/engine/batch/quantized_kv.py), or in the
+        model's dtype."""
         self._model = model
         self._slots = slots
         self._stops = stop_ids
         self._chunk = chunk
         self._keep_caches = keep_caches
-        self._layers = [SlotKV(slots, positions) for _ in model.layers]
+        self._layers: list[SlotKV]
+        # The views' classes, picked once: a batch of float KV runs none of the quantized code.
+        self._decode_view: type[DecodeView] = DecodeView
+        self._prefill_view: type[PrefillView] = PrefillView
+        if quantization is None:
+            self._layers = [SlotKV(slots, positions) for _ in model.layers]
+        else:
+            self._layers = [QuantizedSlotKV(slots, positions, quantization) for _ in model.layers]
+            self._decode_view, self._prefill_view = QuantizedDecodeView, QuantizedPrefillView
         self._rows: list[Row] = []  # by slot; the first `_decoding` decode, the others prefill
         self._decoding = 0
         self._waiting: deque[Row] = deque()
@@ -129,11 +148,11 @@ class SlotBatch:
         self._admit()
         return uids
 
-    def next(self, prefill_budget: int | None) -> list[Token]:
-        """Prefill within `prefill_budget` prompt tokens (None: every waiting prompt), start
-        the decode forward for every decoding sequence, and return the tokens of the one
-        before; in a step that starts a sequence's first token, this forward's tokens too."""
-        self._prefill(prefill_budget if prefill_budget is not None else sys.maxsize)
+    def next(self, prefill_budget: PrefillBudget | None) -> list[Token]:
+        """Prefill within `prefill_budget` (None: every waiting prompt), start the decode
+        forward for every decoding sequence, and return the tokens of the one before; in a
+        step that starts a sequence's first token, this forward's tokens too."""
+        self._prefill(prefill_budget or PrefillBudget.flat(sys.maxsize))
         rows = self._rows[: self._decoding]
         if rows and not self._read_first(rows):
             # The forward is queued on the last one's tokens, still lazy: MLX computes it while
@@ -182,20 +201,24 @@ class SlotBatch:
         for layer in self._layers:
             layer.reserve(len(self._rows), positions)
 
-    def _prefill(self, budget: int) -> None:
-        if budget > 0 and self._decoding < len(self._rows) and self._unread is not None:
+    def _prefill(self, budget: PrefillBudget) -> None:
+        if budget.tokens > 0 and self._decoding < len(self._rows) and self._unread is not None:
             # The buffers are written in place only when no forward under way still reads them.
             mx.eval(self._unread.tokens)
-        started, done = time.perf_counter(), 0
-        while budget > 0 and self._decoding < len(self._rows):
-            group = self._group(budget)
+        started, done, partial = time.perf_counter(), 0, 0
+        while done < budget.tokens and self._decoding < len(self._rows):
+            left = budget.tokens - done, budget.partial - partial
+            group, chunked = self._group(*left, cap=budget.partial)
+            if not group:
+                break
+            partial += chunked
             rows = [self._rows[slot] for slot, _ in group]
             lengths = [n for _, n in group]
             shared = PrefillRows([s for s, _ in group], [r.offset for r in rows], lengths)
             # Right-padded rows attend up to the furthest offset plus the widest chunk, which
             # may lie past what any one row needs.
             self._reserve(shared.end)
-            views = [PrefillView(layer, shared) for layer in self._layers]
+            views = [self._prefill_view(layer, shared) for layer in self._layers]
             width = max(lengths)
             inputs = [r.todo[:n] + [0] * (width - n) for r, n in zip(rows, lengths, strict=True)]
             self._model(mx.array(inputs), cache=views)  # the logits are never computed
@@ -203,7 +226,6 @@ class SlotBatch:
             for row, n in zip(rows, lengths, strict=True):
                 row.offset += n
                 del row.todo[:n]
-                budget -= n
             # Only once every row's offset counts its chunk: a promotion swaps two rows' KV up
             # to their offsets, and may swap in another row of this group.
             for row in rows:
@@ -220,16 +242,25 @@ class SlotBatch:
                 rate if self._prefill_rate is None else (rate + self._prefill_rate) / 2
             )
 
-    def _group(self, budget: int) -> list[tuple[int, int]]:
-        """The prefilling rows whose next chunks one forward takes, as (slot, tokens): the
-        oldest first, then others while the budget lasts and padding wastes little."""
+    def _group(self, tokens: int, partial: int, cap: int) -> tuple[list[tuple[int, int]], int]:
+        """The prefilling rows whose next chunks one forward takes, as (slot, tokens), and the
+        tokens of them that count against the cap on partial chunks: the oldest first, then
+        others while what is left of the budget lasts (`tokens` in all, `partial` under the
+        cap) and padding wastes little. A short prompt (no longer than `cap`) taken whole counts
+        against `tokens` only."""
         slots = sorted(range(self._decoding, len(self._rows)), key=lambda s: self._rows[s].uid)
         group: list[tuple[int, int]] = []
-        useful = width = furthest = 0
+        useful = width = furthest = chunked = 0
         for slot in slots:
             row = self._rows[slot]
-            n = min(len(row.todo) - 1, self._chunk, budget - useful)
+            rest = len(row.todo) - 1
+            n = min(rest, self._chunk, tokens - useful)
+            whole = n == rest and rest <= cap
+            if not whole:
+                n = min(n, partial - chunked)
             if n <= 0:
+                if useful < tokens:  # the partial cap is spent: a short prompt may still fit
+                    continue
                 break
             padded = (len(group) + 1) * max(width, n)
             if group and (padded > GROUP_TOKENS or padded > PADDING * (useful + n)):
@@ -240,7 +271,8 @@ class SlotBatch:
                 continue
             group.append((slot, n))
             useful, width, furthest = useful + n, max(width, n), max(furthest, row.offset)
-        return group
+            chunked += 0 if whole else n
+        return group, chunked
 
     def _promote(self, slot: int) -> None:
         """The row's prompt is in its slot but for the last token: the next decode feeds it."""
@@ -259,7 +291,7 @@ class SlotBatch:
         """Queue one decode forward for `rows` (slots 0..n-1) and its sampling; nothing waits."""
         self._reserve(max(r.offset for r in rows) + 1)
         shared = DecodeRows([r.offset for r in rows])
-        views = [DecodeView(layer, shared) for layer in self._layers]
+        views = [self._decode_view(layer, shared) for layer in self._layers]
         logits = self._model(self._inputs(rows), cache=views)[:, -1, :]
         if any(r.entry.processors for r in rows):
             logits = self._process(rows, logits)

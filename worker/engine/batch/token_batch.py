@@ -17,13 +17,15 @@ import logging
 from typing import Any, Protocol
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from worker.engine.batch.mlx_lm_decode import use_decode_batch
 from worker.engine.batch.mlx_lm_prefill import size_prefill_group
+from worker.engine.batch.quantized_kv import KVQuantization, prompt_cache
 from worker.engine.batch.slot_batch import SlotBatch
-from worker.engine.batch.types import Entry, Token
+from worker.engine.batch.types import Entry, PrefillBudget, Token
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 512  # prompt tokens one prefill forward takes at most
@@ -36,7 +38,7 @@ class TokenBatch(Protocol):
     def prefill_rate(self) -> float | None: ...
 
     def insert(self, entries: list[Entry]) -> list[int]: ...
-    def next(self, prefill_budget: int | None) -> list[Token]: ...
+    def next(self, prefill_budget: PrefillBudget | None) -> list[Token]: ...
     def remove(self, uids: list[int]) -> None: ...
 
 
@@ -77,8 +79,9 @@ class MlxLmBatch:
         )
         return uids
 
-    def next(self, prefill_budget: int | None) -> list[Token]:
-        size_prefill_group(self._batch, prefill_budget)
+    def next(self, prefill_budget: PrefillBudget | None) -> list[Token]:
+        strict = None if prefill_budget is None else prefill_budget.strict
+        size_prefill_group(self._batch, strict)
         _, generated = self._batch.next()
         return [
             Token(r.uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens) for r in generated
@@ -94,18 +97,36 @@ def plain_kv(model: Any) -> str | None:
     return ", ".join(kinds) or None
 
 
-def kv_bytes_per_token(model: Any) -> int:
-    """What one position of one sequence takes in every layer's keys and values."""
+def kv_form(model: Any, kind: str, quantization: KVQuantization | None) -> KVQuantization | None:
+    """The KV form a model's batch keeps (`kind`: the MLXQ_BATCH setting): `quantization` in
+    the slot batch; the model's dtype in mlx-lm's, which has no quantized batch."""
+    return quantization if kind == "slots" and plain_kv(model) is None else None
+
+
+def kv_bytes_per_token(model: Any, quantization: KVQuantization | None = None) -> int:
+    """What one position of one sequence takes in every layer's keys and values, in the
+    model's dtype or quantized (MLXQ_KV_BITS): measured on a one-token forward."""
+    cache = prompt_cache(model, quantization)
+    model(mx.array([[0]]), cache=cache)
+    return sum(int(a.nbytes) for c in cache for _, a in tree_flatten(c.keys_and_values()))
+
+
+def check_quantizable(model: Any, quantization: KVQuantization) -> None:
+    """Refuse, naming the setting, a model whose heads do not split into whole groups."""
     cache = make_prompt_cache(model)
     model(mx.array([[0]]), cache=cache)
-    return sum(int(a.nbytes) for c in cache for a in c.keys_and_values())
+    keys, values = cache[0].keys_and_values()
+    quantization.check(keys.shape[-1])
+    quantization.check(values.shape[-1])
 
 
-def kv_window(model: Any, slots: int, kv_memory_mb: int | None) -> int | None:
+def kv_window(
+    model: Any, slots: int, kv_memory_mb: int | None, quantization: KVQuantization | None = None
+) -> int | None:
     """How many positions each of `slots` rows may hold within MLXQ_KV_MEMORY (None: unset)."""
     if kv_memory_mb is None:
         return None
-    per_token = kv_bytes_per_token(model)
+    per_token = kv_bytes_per_token(model, quantization)
     positions = (kv_memory_mb << 20) // (slots * per_token)
     if positions < 1:
         raise ValueError(
@@ -123,14 +144,23 @@ def open_batch(
     kind: str,
     keep_caches: bool,
     positions: int,
+    quantization: KVQuantization | None = None,
 ) -> TokenBatch:
     """The batch this model runs in (`kind`: the MLXQ_BATCH setting), logged; `keep_caches`:
     a sequence that ends hands back its KV cache (for the prefix cache); `positions`: the most
-    one sequence holds."""
+    one sequence holds; `quantization`: the slot batch keeps KV quantized (MLXQ_KV_BITS)."""
     other = plain_kv(model)
     if kind == "slots" and other is None:
-        log.info("batch: mlxq slots (%d rows, plain KV cache)", slots)
-        return SlotBatch(model, slots, stop_ids, PREFILL_CHUNK, keep_caches, positions)
+        kv = "plain KV cache"
+        if quantization is not None:
+            check_quantizable(model, quantization)
+            kv = f"KV quantized to {quantization.bits} bits, groups of {quantization.group_size}"
+        log.info("batch: mlxq slots (%d rows, %s)", slots, kv)
+        return SlotBatch(
+            model, slots, stop_ids, PREFILL_CHUNK, keep_caches, positions, quantization
+        )
     why = f"its cache is {other}" if other else "MLXQ_BATCH=mlx-lm"
     log.info("batch: mlx-lm BatchGenerator (%s)", why)
+    if quantization is not None:
+        log.warning("MLXQ_KV_BITS is not applied: this model runs in mlx-lm's batch")
     return MlxLmBatch(model, slots, stop_ids)

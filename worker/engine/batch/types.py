@@ -1,6 +1,6 @@
-"""What every token batch takes and gives: a sequence to run (`Entry`) and one step's token of
-one sequence (`Token`). The slot batch and mlx-lm's batch (worker/engine/batch/token_batch.py)
-both speak these."""
+"""What every token batch takes and gives: a sequence to run (`Entry`), what one step may prefill
+(`PrefillBudget`) and one step's token of one sequence (`Token`). The slot batch and mlx-lm's
+batch (worker/engine/batch/token_batch.py) both speak these."""
 
 from __future__ import annotations
 
@@ -23,6 +23,26 @@ class Entry:
     max_tokens: int
     sampler: Sampler
     processors: list[LogitsProcessor]
+
+
+@dataclass(frozen=True)
+class PrefillBudget:
+    """The prompt tokens one step may prefill: `tokens` in all, and of them at most `partial` in
+    chunks of prompts that the step does not finish. A short prompt taken whole passes the
+    partial cap while `tokens` lasts, so a burst of short prompts starts within a step or two
+    while a long prompt still moves a chunk at a time (worker/engine/generation.py sets both)."""
+
+    tokens: int
+    partial: int
+
+    @classmethod
+    def flat(cls, tokens: int) -> PrefillBudget:
+        return cls(tokens, tokens)
+
+    @property
+    def strict(self) -> int:
+        """One number for a batch that does not tell whole prompts apart (mlx-lm's)."""
+        return min(self.tokens, self.partial)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ functions patched into MLX and mlx-lm process-wide, at the 10th percentile; 8.46
 Families that call MLX's `mx.fast.scaled_dot_product_attention` directly (3 of the 104 model
 files of mlx-lm 0.32 that attend: deepseek_v41, muse_spark, plamo2) keep MLX's attention.
 This happens only on the CPU device: Metal and CUDA have fused kernels.
+Attention over a quantized cache (MLXQ_KV_BITS) takes the same softmax in
+worker/engine/cpu/quantized_attention.py.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import activations, base
+
+from worker.engine.cpu.quantized_attention import quantized_attention
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +91,26 @@ class Exponentials:
         mask: mx.array | str | None,
         sinks: mx.array | None = None,
     ) -> mx.array:
-        # A quantized cache hands over (weights, scales, biases) tuples: mlx-lm's own path.
-        if sinks is not None or hasattr(cache, "bits") or not self.routes.take(queries.shape[2]):
-            theirs: mx.array = base.scaled_dot_product_attention(
-                queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks
-            )
-            return theirs
-        return attention(queries, keys, values, scale=scale, mask=mask)
+        ours = sinks is None and self.routes.take(queries.shape[2])
+        if hasattr(cache, "bits"):  # a quantized cache hands over (codes, scales, biases)
+            # 4-bit codes unpack slowly here: mlx-lm's quantized_matmul measured faster for them.
+            if ours and cache.bits == 8:
+                return quantized_attention(
+                    queries,
+                    keys,
+                    values,
+                    scale=scale,
+                    mask=mask,
+                    group_size=cache.group_size,
+                    bits=cache.bits,
+                    softmax=softmax,
+                )
+        elif ours:
+            return attention(queries, keys, values, scale=scale, mask=mask)
+        theirs: mx.array = base.scaled_dot_product_attention(
+            queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks
+        )
+        return theirs
 
     def swiglu(self, gate: mx.array, x: mx.array) -> mx.array:
         if not self.routes.take(_positions(gate)):
@@ -234,12 +251,17 @@ def attention(
     repeat = heads // groups  # query heads per key head (grouped-query attention)
     grouped = (queries * scale).reshape(b, groups, repeat, length, dim)
     scores = (grouped @ keys[:, :, None].swapaxes(-1, -2)).astype(mx.float32)
-    if length >= MIN_POSITIONS:
-        weights = mx.array(_softmax(np.array(scores).reshape(b, heads, length, positions), mask))
-    else:
-        weights = _compiled_softmax(scores.reshape(b, heads, length, positions), mask)
+    weights = softmax(scores.reshape(b, heads, length, positions), mask)
     out = weights.reshape(b, groups, repeat, length, positions).astype(values.dtype)
     return (out @ values[:, :, None]).reshape(b, heads, length, dim)
+
+
+def softmax(scores: mx.array, mask: mx.array | str | None) -> mx.array:
+    """Attention weights from float32 `scores` [b, heads, queries, positions]: by NumPy for a
+    prompt chunk, by the compiled polynomial for fewer queries; MLX's mask conventions."""
+    if scores.shape[2] >= MIN_POSITIONS:
+        return mx.array(_softmax(np.array(scores), mask))
+    return _compiled_softmax(scores, mask)
 
 
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:
