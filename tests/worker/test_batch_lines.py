@@ -13,7 +13,7 @@ from shared.queue.jobs import GenerationJob, JobOutcome
 from shared.queue.keys import Keys
 from shared.wire.batches import BatchLine, LineResult
 from tests.support import MODEL
-from worker.runtime.batch_lines import BatchLines
+from worker.runtime.batch_lines import BatchLines, server_error
 
 BATCH = "batch_0123456789abcdef0123456789abcdef"
 
@@ -69,3 +69,22 @@ def test_a_cancelled_line_records_nothing(redis: Redis, app_settings: Settings) 
     outcome = BatchLines(redis, keys).run(job, cancelled, retries_left=1)
     assert outcome.finish_reason == "cancelled"
     assert redis.hlen(keys.batch_results(BATCH)) == 0  # the finalizer writes its line
+
+
+def test_a_line_that_already_has_its_answer_is_skipped_without_generating(
+    redis: Redis, app_settings: Settings
+) -> None:
+    """RQ can run a line again after its answer was recorded, when Redis lost RQ's record of
+    its end; the second run must not generate (or count) it again."""
+    keys = Keys(app_settings.namespace)
+    job = _line_job(redis, keys)
+    lines = BatchLines(redis, keys)
+    answered = server_error("line-0")
+    assert lines.record(job, answered)
+
+    def generate() -> JobOutcome:
+        raise AssertionError("an answered line generated again")
+
+    outcome = lines.run(job, generate, retries_left=1)
+    assert outcome.finish_reason == "skipped"
+    assert redis.hget(keys.batch(BATCH), "failed") == b"1"

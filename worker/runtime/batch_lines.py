@@ -1,13 +1,13 @@
 """A batch line's work around its generation, in the worker (the engine loop knows nothing of it).
 
-Before: a line whose batch no longer runs (cancelled, failed, past its completion window) is
-skipped without generating; a line that runs starts a fresh event log, so a retried line (its
-first worker died) never mixes two attempts. After: its answer is built from its event log
-(shared/wire/batches.py `answer_body`: the endpoint's body, or the error event's OpenAI error) and
-recorded in the batch's results hash under the line's index by one Lua script that writes only
-while the batch is `in_progress`, only if no answer is there yet (a retry never doubles a line),
-and then bumps the batch's counters. A cancelled line records nothing: the batch's finalizer
-writes its `batch_cancelled` line.
+Before: a line whose batch no longer runs (cancelled, failed, past its completion window), or
+that already has its answer, is skipped without generating; a line that runs starts a fresh
+event log, so a retried line (its first worker died) never mixes two attempts. After: its answer
+is built from its event log (shared/wire/batches.py `answer_body`: the endpoint's body, or the
+error event's OpenAI error) and recorded in the batch's results hash under the line's index by
+one Lua script that writes only while the batch is `in_progress`, only if no answer is there yet
+(a retry never doubles a line), and then bumps the batch's counters. A cancelled line records
+nothing: the batch's finalizer writes its `batch_cancelled` line.
 
 An unexpected failure is re-raised while RQ has retries left for the line (RQ runs it again);
 on the last try it is recorded as a 500 error line, so a batch always ends. A line that was not
@@ -65,9 +65,14 @@ class BatchLines:
         self._record = redis.register_script(_RECORD)
 
     def wanted(self, line: BatchLine) -> bool:
-        """Whether the line's batch still runs and its completion window is open."""
-        status: Any = self._redis.hget(self._keys.batch(line.batch_id), "status")
-        return status == b"in_progress" and time.time() < line.expires_at
+        """Whether the line's batch still runs, its completion window is open and the line has
+        no answer yet: a run whose answer was recorded can still come again when RQ's record
+        of its end was lost (Redis went away as it ended), and it need not generate twice."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hget(self._keys.batch(line.batch_id), "status")
+        pipe.hexists(self._keys.batch_results(line.batch_id), line.index)
+        status, answered = pipe.execute()
+        return status == b"in_progress" and not answered and time.time() < line.expires_at
 
     def run(
         self, job: GenerationJob, generate: Callable[[], JobOutcome], retries_left: int
