@@ -71,7 +71,8 @@ def test_a_wedged_loop_is_caught_by_the_watchdog_its_jobs_handed_on_and_the_work
 
     error = json.loads(stream.rest()[-1])
     assert error["error"]["code"] == "worker_lost"
-    assert time.monotonic() - wedge_from < WATCHDOG_S + 4 * HEARTBEAT_S + 3
+    # The bulk job's prefill and two steps come first: on a loaded machine, seconds of them.
+    assert time.monotonic() - wedge_from < WATCHDOG_S + 4 * HEARTBEAT_S + 8
     assert worker.proc.wait(timeout=10) == EXIT_WEDGED
     assert rq_job(redis, bulk.job_id).get_status() == "queued"  # handed back, not lost
 
