@@ -49,6 +49,7 @@ FORCED_WEATHER: dict[str, Any] = {
     "messages": ASK,
     "tools": TOOLS,
     "tool_choice": {"type": "tool", "name": "get_weather"},
+    "extra_body": GREEDY,  # sampled, a 24-character city can run past max_tokens
 }
 
 
@@ -166,7 +167,12 @@ def test_tool_choice_any_forces_a_call_whose_input_follows_the_schema(
     claude: anthropic.Anthropic,
 ) -> None:
     reply = claude.messages.create(
-        model=MODEL, max_tokens=64, messages=ASK, tools=TOOLS, tool_choice={"type": "any"}
+        model=MODEL,
+        max_tokens=64,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "any"},
+        extra_body=GREEDY,  # sampled, an unbounded integer can run past max_tokens
     )
     assert_valid_uses(reply)
     assert [block.type for block in reply.content] == ["tool_use"] * len(reply.content)
@@ -179,6 +185,7 @@ def test_tool_choice_tool_forces_that_tool_once(claude: anthropic.Anthropic) -> 
         messages=ASK,
         tools=TOOLS,
         tool_choice={"type": "tool", "name": "add", "disable_parallel_tool_use": True},
+        extra_body=GREEDY,
     )
     assert_valid_uses(reply, "add")
     assert len(reply.content) == 1

@@ -308,7 +308,8 @@ def small_schemas(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+# Derandomized (with the request's seed, each example's answer is fixed): CI needs no luck.
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(schema=small_schemas(), seed=st.integers(0, 2**31))
 def test_constrained_output_validates_against_random_small_schemas(
     client: openai.OpenAI, schema: dict[str, Any], seed: int

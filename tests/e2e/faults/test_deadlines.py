@@ -16,6 +16,7 @@ import pytest
 
 from shared.queue.jobs import JOB_FUNCTION, GenerationJob, JobLimits
 from shared.wire.events import DoneEvent, ErrorEvent, Event, decode_event
+from shared.wire.sampling import SamplingParams
 from tests.e2e.faults.conftest import started_ids
 from tests.support import MODEL, chat_body, post, rq_job, rq_queue
 from worker.ops.cluster import Cluster, wait_until
@@ -90,6 +91,8 @@ def test_a_run_limit_can_end_the_generation_with_an_error_instead(cluster: Clust
         model=MODEL,
         prompt="Once",
         max_tokens=2000,
+        # Sampled, a story can end before the limit: its end tokens are never drawn.
+        sampling=SamplingParams(temperature=0, logit_bias={2: -100, 0: -100}),
         limits=limits,
         replay_ttl_s=60,
     )

@@ -17,6 +17,7 @@ import pytest
 from api.queue.broker import Broker
 from shared.queue.jobs import GenerationJob
 from shared.wire.events import DoneEvent, RequeuedEvent, decode_event
+from shared.wire.sampling import SamplingParams
 from tests.e2e.faults.conftest import HEARTBEAT_S, exactly_workers
 from tests.support import MODEL, Stream, chat_body, post, rq_job
 from worker.engine.doubles.faults import RAISE, WEDGE
@@ -64,7 +65,12 @@ def test_a_wedged_loop_is_caught_by_the_watchdog_its_jobs_handed_on_and_the_work
     stream = Stream(cluster.api_url, chat_body(max_tokens=2000))
     stream.read_tokens(2)
     bulk = GenerationJob(
-        job_id="resp_wedge", model=MODEL, prompt=f"Once {WEDGE}", max_tokens=6, replay_ttl_s=600
+        job_id="resp_wedge",
+        model=MODEL,
+        prompt=f"Once {WEDGE}",
+        max_tokens=6,
+        sampling=SamplingParams(temperature=0, logit_bias={2: -100, 0: -100}),  # reaches token 3
+        replay_ttl_s=600,
     )
     Broker(cluster.settings()).submit_bulk([bulk])
     wedge_from = time.monotonic()
