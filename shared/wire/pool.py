@@ -82,10 +82,11 @@ class PoolReport(BaseModel):
 
     machine: str
     budget_bytes: int
-    used_bytes: int  # the costs of what it holds and loads
+    used_bytes: int  # the costs of what it holds and loads, and its spare's
     rss_bytes: int  # its workers' resident memory, measured, its spare's included
     catalog: list[CatalogEntry]
     spare_id: str | None = None  # its spare worker, which the next load tells its model
+    spare_bytes: int = 0  # what used_bytes counts for the spare: a process's headroom
     held: list[HeldModel]
     loads: int = 0
     evictions: int = 0
@@ -98,7 +99,8 @@ class PoolReport(BaseModel):
 
     @property
     def free_bytes(self) -> int:
-        return self.budget_bytes - self.used_bytes
+        """The room for a load: the load takes the spare's place."""
+        return self.budget_bytes - self.used_bytes + self.spare_bytes
 
 
 class LoadFailure(BaseModel):

@@ -18,8 +18,9 @@ Every tick (a quarter of a heartbeat) it:
    MLXQ_POOL_STABLE_S gets another replica where the budget has room without evicting. One
    load at a time per model (`{ns}:loading:{model}`, SET NX), each a process of its own, so a
    load never blocks another model's jobs and no request's cancel can abort it;
-5. keeps one spare worker process while nothing loads (MLXQ_POOL_SPARE, worker/pool/spare.py),
-   its imports done, which the next load tells its model instead of starting a process;
+5. keeps one spare worker process while nothing loads and its headroom fits the budget beside
+   the models held (MLXQ_POOL_SPARE, worker/pool/spare.py), its imports done, which the next
+   load tells its model instead of starting a process;
 6. publishes its report (catalog, budget, held models with their resident memory, loads,
    evictions and unloads) with its beat.
 SIGTERM: every worker drains and exits, the spare too, then the agent leaves.
@@ -46,7 +47,7 @@ from shared.queue.connection import connect
 from shared.queue.keys import Keys
 from shared.queue.liveness import live_workers
 from shared.wire.keep_alive import FOREVER
-from shared.wire.pool import LoadFailure, PoolEvent, PoolOrder, PoolReport
+from shared.wire.pool import MIB, LoadFailure, PoolEvent, PoolOrder, PoolReport
 from worker.ops.cluster import reap
 from worker.pool import held as processes
 from worker.pool.budget import Candidate, budget_bytes, to_evict
@@ -121,7 +122,8 @@ class PoolAgent:
         self._mark_loaded(demand, now)
         self._unload(demand, now)
         self._load(demand, now)
-        self.spares.keep(now, loading=any(h.state == "loading" for h in self.held))
+        loading = any(h.state == "loading" for h in self.held)
+        self.spares.keep(now, loading, fits=self._used() + self._spare_cost() <= self.budget)
         self._publish(demand.pins)
 
     def shutdown(self) -> None:
@@ -353,20 +355,28 @@ class PoolAgent:
         return not chosen  # the evicted give their memory back before the load starts
 
     def _used(self) -> int:
+        """What the models held take. A load's room is counted against this alone: the load
+        takes the spare, whose place becomes the loaded process's headroom."""
         return sum(h.cost for h in self.held)
+
+    def _spare_cost(self) -> int:
+        """A spare is a worker process without a model: a process's headroom."""
+        return self.settings.pool_headroom_mb * MIB
 
     # 5. The report
 
     def report(self, pins: set[str] | None = None) -> PoolReport:
         pins = pins or set()
         views = [h.view(h.model in pins) for h in self.held]
+        spare_bytes = self._spare_cost() if self.spares.spare is not None else 0
         return PoolReport(
             machine=self.machine,
             budget_bytes=self.budget,
-            used_bytes=self._used(),
+            used_bytes=self._used() + spare_bytes,
             rss_bytes=sum(v.rss_bytes for v in views) + self.spares.rss_bytes(),
             catalog=[f.entry for f in self.catalog.values()],
             spare_id=self.spares.worker_id,
+            spare_bytes=spare_bytes,
             held=views,
             loads=self.counts.loads,
             evictions=self.counts.evictions,

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from worker.ops.cluster import WORKER, environment, reap, rss_mb, spawn
@@ -77,15 +78,20 @@ def start_spare() -> Spare:
 
 @dataclass
 class SpareKeeper:
-    """A pool's one spare (MLXQ_POOL_SPARE): started when there is none and nothing loads (one
-    starting beside a load would take the cores from it), taken by the next load."""
+    """A pool's one spare (MLXQ_POOL_SPARE): started when there is none, nothing loads (one
+    starting beside a load would take the cores from it) and it fits the budget beside the
+    models held; taken by the next load, stopped when it no longer fits."""
 
     enabled: bool
+    start: Callable[[], Spare] = start_spare
     spare: Spare | None = None
     restart_at: float = 0.0  # after a spare exited by itself
 
-    def keep(self, now: float, loading: bool) -> None:
+    def keep(self, now: float, loading: bool, fits: bool) -> None:
         if not self.enabled:
+            return
+        if not fits:
+            self.stop()
             return
         if self.spare is not None:
             code = self.spare.proc.poll()
@@ -94,7 +100,7 @@ class SpareKeeper:
             log.warning("pool: the spare worker exited (%d); another in %.0f s", code, RESTART_S)
             self.spare, self.restart_at = None, now + RESTART_S
         if now >= self.restart_at and not loading:
-            self.spare = start_spare()
+            self.spare = self.start()
 
     def take(self) -> Spare | None:
         spare, self.spare = self.spare, None

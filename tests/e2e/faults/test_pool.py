@@ -6,7 +6,8 @@ third model evicts the least recently used idle one, whose memory comes back; ke
 unloads after the request; cancelling the request that started a load does not abort it; a
 pinned model is never evicted; a corrupt model and a worker killed while loading fail their
 waiting jobs naming the model (a corrupt model's background responses and batch lines too),
-and the next request loads it again; a busy model gets a second worker that shares its queue.
+and the next request loads it again; a busy model gets a second worker that shares its queue;
+a second machine's pool takes the next load where it has the more free budget.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ import pytest
 from shared.observe.fleet import read_snapshot
 from shared.queue import pool as pools
 from shared.queue.liveness import worker_of
-from tests.e2e.faults.conftest import LOAD_S, ask, pool_report, start_pool_cluster
+from shared.wire.pool import MIB, PoolReport
+from tests.e2e.faults.conftest import (
+    HEADROOM_MB,
+    LOAD_S,
+    ask,
+    pool_report,
+    start_pool_cluster,
+)
 from tests.support import NO_END, chat_line, lines_of, poll, rq_job, start_batch, wait_batch
 from worker.ops.cluster import Cluster, wait_until
 
@@ -81,6 +89,11 @@ def test_a_load_is_told_to_the_spare_worker_and_another_spare_follows(
     assert found is not None
     assert [h.worker_id for h in found.held if h.model == "beta"] == [waiting]
     wait_until(lambda: spare() not in (None, waiting), LOAD_S, "the next spare")
+    found = pool_report(cluster)
+    assert found is not None and found.spare_id is not None
+    held = sum(e.cost.total_bytes for h in found.held if (e := found.entry(h.model)) is not None)
+    assert found.used_bytes == held + HEADROOM_MB * MIB  # the spare counts: a process, no model
+    assert found.free_bytes == found.budget_bytes - held  # a load takes the spare's place
 
 
 def test_a_third_model_evicts_an_idle_unpinned_one_and_its_memory_comes_back(
@@ -226,3 +239,34 @@ def test_a_busy_model_gets_a_second_worker_that_shares_its_queue(
         for stream in streams:
             stream.result(timeout=120)
     assert loaded(cluster)["alpha"] == 2
+
+
+def pool_report_of(cluster: Cluster, machine: str) -> PoolReport:
+    found = pools.read_reports(cluster.redis(), cluster.keys, cluster.heartbeat_s)
+    return next(r for r in found if r.machine == machine)
+
+
+def test_a_second_machines_pool_loads_the_model_the_first_has_no_room_for(
+    cluster: Cluster, client: openai.OpenAI
+) -> None:
+    """Scaling out by adding a Mac: a second pool agent (another machine's name, the same
+    budget) joins the fleet; a model loaded nowhere goes to the pool with the most free
+    budget, and the first loads and evicts nothing for it."""
+    assert ask(client, "alpha")  # the first machine holds a model at least
+    first = pool_report(cluster)
+    assert first is not None
+    cluster.start_pool(MLXQ_MACHINE="second-mac")
+
+    def reports() -> dict[str, list[str]]:
+        found = pools.read_reports(cluster.redis(), cluster.keys, cluster.heartbeat_s)
+        return {r.machine: [h.model for h in r.held] for r in found}
+
+    wait_until(lambda: "second-mac" in reports(), 60, "the second machine's pool")
+    held_first = reports()[first.machine]
+    model = next(m for m in ("beta", "gamma") if m not in held_first)
+    free = {m: pool_report_of(cluster, m).free_bytes for m in (first.machine, "second-mac")}
+    assert free["second-mac"] > free[first.machine]
+    assert ask(client, model)
+    after = reports()
+    assert after["second-mac"] == [model]
+    assert after[first.machine] == held_first
