@@ -257,6 +257,13 @@ def _flow(client: openai.OpenAI, names: list[str], sampler: Sampler) -> dict[str
     }
 
 
+def _per_minute(loads: int, elapsed: float) -> str:
+    """Loads per minute of the switching workload; none ran (`--duration 0`): no rate."""
+    if elapsed < 1:
+        return f"- ({loads} loads)"
+    return f"{loads / (elapsed / 60):.1f} ({loads} loads)"
+
+
 def _stats(values: list[float]) -> str:
     if not values:
         return "-"
@@ -284,7 +291,7 @@ def _report(
             ["TTFT, model loaded (s, median)", _stats(warm)],
             ["TTFT, waited for a load (s, median)", _stats(cold)],
             ["TTFT, first request on an idle pool (s, median)", _stats(first)],
-            ["loads per minute", f"{report.loads / (elapsed / 60):.1f} ({report.loads} loads)"],
+            ["loads per minute", _per_minute(report.loads, elapsed)],
             ["evictions / unloads", f"{report.evictions} / {report.unloads}"],
             ["load, process start to serving (s, median)", _stats(loads)],
             ["load from disk in-process, the floor (s)", f"{floor:.2f}"],
