@@ -22,6 +22,7 @@ from typing import Literal
 from opentelemetry.trace import Span
 
 from api.http.auth import owner_id
+from api.http.hangup import hung_up
 from api.http.sse import DONE, KEEPALIVE, frame
 from api.queue.admission import Admitted, admit
 from api.queue.broker import Broker
@@ -33,6 +34,7 @@ from shared.queue.jobs import QueuedJob
 from shared.wire.answers import Transcripts
 from shared.wire.errors import (
     BackendUnavailableError,
+    ClientClosedError,
     GenerationError,
     MLXQError,
     QueueTimeoutError,
@@ -56,6 +58,8 @@ KEEPALIVE_S = 5.0
 # How long past its queue deadline a request still waits for a worker that took the job just in
 # time (and is tokenizing its prompt) before giving up.
 START_GRACE_S = 1.0
+# How often a request waiting for its job's start checks that its client is still there.
+HANGUP_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -181,8 +185,14 @@ def _started(broker: Broker, admitted: Admitted) -> RunningJob:
         f"The job waited in the queue for more than {limit_s:g} s and was not started; "
         "the service is overloaded, retry later."
     )
+    deadline = time.monotonic() + limit_s + START_GRACE_S
     try:
-        first, *rest = _next_events(sub, time.monotonic() + limit_s + START_GRACE_S, None, late)
+        events = _next_events(sub, deadline, HANGUP_CHECK_S, late)
+        while not events:
+            if hung_up():
+                raise ClientClosedError("The client closed its connection while its job waited.")
+            events = _next_events(sub, deadline, HANGUP_CHECK_S, late)
+        first, *rest = events
     except BaseException:
         broker.relay.unsubscribe(sub)
         _withdraw_quietly(broker, job)

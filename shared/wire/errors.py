@@ -223,6 +223,15 @@ class WorkerLostError(MLXQError):
     code = "worker_lost"
 
 
+class ClientClosedError(MLXQError):
+    """The client closed its connection before its job started (nginx's 499): nobody reads
+    this answer; it ends the request and withdraws the job."""
+
+    status = 499
+    type = "client_closed_request"
+    code = "client_closed_request"
+
+
 class QueueTimeoutError(MLXQError):
     """The job waited in the queue past its deadline and was not started (503)."""
 
