@@ -2,8 +2,9 @@
 
 `python -m bench kv` runs this module in a subprocess (OpenBLAS preloaded, as a worker runs);
 `python -m bench.kv_quantization MODEL_DIR --measure ...` runs it directly. Models are loaded
-as the worker loads them (worker/engine/model.py: on the CPU, its exponentials and its
-quantized attention).
+as the worker loads them (worker/engine/model.py: on the CPU, its exponentials, its
+quantized attention and its native module: `matvec` for a few rows, 8-bit KV's decode
+attention).
 
 - `accuracy`: for each model (MODEL_DIR, and tiny random-weight models of several families
   with 64-wide heads) and prompt length: 256 greedy tokens with the unquantized cache, then
@@ -36,16 +37,21 @@ from mlx_lm.utils import _get_classes
 from bench.machine import describe
 from bench.prompts import TextMaker
 from bench.report import markdown_table, write
+from shared.queue.config import Settings
 from worker.engine.batch.quantized_kv import KVQuantization, prompt_cache
 from worker.engine.batch.slot_batch import SlotBatch
 from worker.engine.batch.types import Entry
 from worker.engine.cpu import exponentials as cpu_exp
+from worker.engine.cpu import matvec
 from worker.engine.model import load_model
 from worker.engine.sequence.sampling import greedy
 from worker.gguf.default_model import ensure_default_model
 from worker.ops.cluster import environment
 from worker.runtime.blas import openblas_env
 
+# The native module, as a worker has it (worker/engine/cpu/matvec.py): its products of a few
+# rows, and 8-bit KV's decode attention.
+NATIVE = matvec.folder(Settings().models_dir)
 CHUNK = 512  # prompt tokens a prefill forward takes (the slot batch's chunk)
 TINY_VOCAB = 4096
 # Tiny random-weight models: 2 layers, 64-wide heads (the default model's), 4 query heads.
@@ -130,12 +136,12 @@ def _tiny(config: dict[str, Any]) -> Any:
     mx.random.seed(0)
     model = model_class(args_class.from_dict(config))
     mx.eval(model.parameters())
-    cpu_exp.attach(model, cpu_exp.BOTH)
+    cpu_exp.attach(model, cpu_exp.BOTH, matvec.native(NATIVE))
     return model
 
 
 def measure_accuracy(args: Any) -> list[dict[str, Any]]:
-    loaded = load_model(str(args.model))
+    loaded = load_model(str(args.model), native=NATIVE)
     texts = TextMaker(args.model)
     models = {args.model.name: (loaded.model, "text")} | {
         f"tiny {name} (random weights)": (_tiny(config), "random") for name, config in TINY.items()
@@ -181,7 +187,7 @@ def _buffers(slots: SlotBatch) -> list[mx.array]:
 
 
 def measure_speed(args: Any) -> list[dict[str, Any]]:
-    model = load_model(str(args.model)).model
+    model = load_model(str(args.model), native=NATIVE).model
     forms = _forms(args.bits, args.group_size)
     rows = []
     for batch in args.batches:
@@ -210,7 +216,7 @@ def measure_speed(args: Any) -> list[dict[str, Any]]:
 
 
 def measure_memory(args: Any) -> list[dict[str, Any]]:
-    model = load_model(str(args.model)).model
+    model = load_model(str(args.model), native=NATIVE).model
     rows = []
     for form, kv in _forms(args.bits, args.group_size).items():
         gc.collect()

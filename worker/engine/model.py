@@ -38,12 +38,13 @@ class LoadedModel:
 
 
 def native_folder(models_dir: Path) -> Path:
-    """Where the CPU worker's one-row products module is built, beside the models."""
+    """Where the CPU worker's native module (few-row products, 8-bit KV's decode attention) is
+    built, beside the models."""
     return matvec.folder(models_dir)
 
 
 def build_native(models_dir: Path) -> Path:
-    """Build the one-row products module ahead of the first load (`mlxq prepare-model`)."""
+    """Build the native module ahead of the first load (`mlxq prepare-model`)."""
     return matvec.build(matvec.folder(models_dir))
 
 
@@ -51,12 +52,14 @@ def load_model(path: str, exps: Routes = cpu_exp.BOTH, native: Path | None = Non
     """`exps`: on the CPU device, which forwards take worker/engine/cpu/exponentials.py's
     exponentials;
     `native`: where worker/engine/cpu/matvec.py's module is built, to route one-row products
-    through it (None: MLX's matmul for every product).
+    and 8-bit KV's decode attention through it (None: MLX's matmul for every product, the
+    pure-MLX quantized attention).
     Both fast paths are hooked onto this model's layers and go with it: the process's MLX and
     mlx-lm, and any other model, are left as they are."""
     model, tokenizer, config = load(path, return_config=True)
-    cpu_exp.attach(model, exps)
-    if native is not None:
+    kernels = matvec.native(native) if native is not None else None
+    cpu_exp.attach(model, exps, kernels)  # 8-bit KV's decode attention takes the native kernel
+    if native is not None and kernels is not None:
         matvec.attach(model, native)
     table = byte_table_of(tokenizer)
     return LoadedModel(

@@ -79,13 +79,13 @@ def _prepare(args: argparse.Namespace, settings: Settings) -> int:
 
     print(ensure_default_model(settings.models_dir))
     print(ensure_default_embedder(settings.models_dir))
-    if sys.platform.startswith("linux"):  # the CPU worker's one-row products, built ahead
+    if sys.platform.startswith("linux"):  # the CPU worker's native module, built ahead
         from worker.engine.model import build_native
 
         try:
             print(build_native(settings.models_dir))
-        except (OSError, RuntimeError) as err:  # the worker then keeps MLX's matmul
-            print(f"mlxq: the native matvec was not built: {err}", file=sys.stderr)
+        except (OSError, RuntimeError) as err:  # the worker then keeps the pure-MLX paths
+            print(f"mlxq: the native module was not built: {err}", file=sys.stderr)
     return 0
 
 

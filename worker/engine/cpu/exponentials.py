@@ -35,7 +35,8 @@ Families that call MLX's `mx.fast.scaled_dot_product_attention` directly (3 of t
 files of mlx-lm 0.32 that attend: deepseek_v41, muse_spark, plamo2) keep MLX's attention.
 This happens only on the CPU device: Metal and CUDA have fused kernels.
 Attention over a quantized cache (MLXQ_KV_BITS) takes the same softmax in
-worker/engine/cpu/quantized_attention.py.
+worker/engine/cpu/quantized_attention.py, but for a decode step over 8-bit KV, whose native
+kernel (given to `attach`) does its own softmax.
 """
 
 from __future__ import annotations
@@ -77,9 +78,12 @@ BOTH = Routes()  # the default: prompt chunks and decode forwards
 @dataclass(frozen=True)
 class Exponentials:
     """One model's exponentials: what its family's two names stand for in its layers' forwards,
-    each keeping mlx-lm's signature and falling back to mlx-lm's function off its routes."""
+    each keeping mlx-lm's signature and falling back to mlx-lm's function off its routes;
+    `native`: worker/engine/cpu/matvec.py's loaded module, whose kernel takes a decode step's
+    attention over 8-bit KV (None: the pure-MLX quantized attention)."""
 
     routes: Routes
+    native: Any = None
 
     def scaled_dot_product_attention(
         self,
@@ -104,6 +108,7 @@ class Exponentials:
                     group_size=cache.group_size,
                     bits=cache.bits,
                     softmax=softmax,
+                    native=self.native,
                 )
         elif ours:
             return attention(queries, keys, values, scale=scale, mask=mask)
@@ -126,12 +131,13 @@ _THEIRS = {
 }
 
 
-def attach(model: nn.Module, routes: Routes) -> int:
-    """On the CPU device, route the model's exponentials as `routes` says: the number of its
-    layers whose forwards now call this module's functions (0: it runs MLX's own)."""
+def attach(model: nn.Module, routes: Routes, native: Any = None) -> int:
+    """On the CPU device, route the model's exponentials as `routes` says (and its decode
+    attention over 8-bit KV through `native`'s kernel, if given): the number of its layers
+    whose forwards now call this module's functions (0: it runs MLX's own)."""
     if mx.default_device() != mx.cpu or not (routes.prefill or routes.decode):
         return 0
-    hook = _Hook(Exponentials(routes))
+    hook = _Hook(Exponentials(routes, native))
     routed = 0
     for _, layer in model.named_modules():
         routed_class = hook.subclass(type(layer))

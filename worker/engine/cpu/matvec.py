@@ -7,23 +7,27 @@ model's 211 weight matrices stream at about 10-12 GB/s, where this machine reads
 (measured: 67aa90f's README, "A few rows, one pass over the weights"). A decode forward reads every
 weight of the model, so for a small batch this is most of its time.
 
-So an input of 1 to `ROWS` rows goes through `native/matvec.cpp`, an MLX primitive: one row by
-`cblas_sgemv` (the process's BLAS, the preloaded OpenBLAS, which streams the weights once), two
-to six by a kernel of its own that loads each weight vector once for all the rows (four rows of
-the weight against up to four input rows in registers), its blocks of weight rows taken by
-OpenMP threads as they come free. Larger inputs (batches, prompt chunks) keep MLX's matmul,
-which does well there. `attach` changes the class of one model's float32 linear layers (and of
-a tied embedding read as the output layer) to one that routes by row count: one comparison per
-call. MLX's classes are left as they are: other models keep MLX's matmul. What stays in the
-process is the loaded native module (an extension cannot be unloaded), shared by every model
-attached to it.
+So an input of 1 to `ROWS` rows goes through `native/kernels.cpp`'s `matvec`, an MLX
+primitive: one row by `cblas_sgemv` (the process's BLAS, the preloaded OpenBLAS, which streams
+the weights once), two to six by a kernel of its own that loads each weight vector once for all
+the rows (four rows of the weight against up to four input rows in registers), its blocks of
+weight rows taken by OpenMP threads as they come free. Larger inputs (batches, prompt chunks)
+keep MLX's matmul, which does well there. `attach` changes the class of one model's float32
+linear layers (and of a tied embedding read as the output layer) to one that routes by row
+count: one comparison per call. MLX's classes are left as they are: other models keep MLX's
+matmul. What stays in the process is the loaded native module (an extension cannot be
+unloaded), shared by every model attached to it.
 
-The primitive is C++, built against the installed MLX headers with nanobind (MLX's binding
+The same native module holds the decode attention over 8-bit KV
+(worker/engine/cpu/quantized_attention.py routes to it): one build, one check at load.
+
+The primitives are C++, built against the installed MLX headers with nanobind (MLX's binding
 library: MLX's arrays cross into the module only when both use the same nanobind ABI and
 domain), for the CPU it runs on, the first time a worker needs it, and kept in the models
 folder's `.native/`, keyed by the source, MLX, nanobind, Python and the CPU;
 `mlxq prepare-model` (and so `scripts/setup.sh`) builds it ahead. Where the build or the check
-of its output fails, the worker logs why and keeps MLX's matmul.
+of its output fails, the worker logs why and keeps MLX's matmul and the pure-MLX quantized
+attention.
 """
 
 from __future__ import annotations
@@ -44,10 +48,12 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from worker.engine.cpu.quantized_attention import quantized_attention
+
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "native" / "matvec.cpp"
-NAME = "_matvec"
+SOURCE = Path(__file__).parent / "native" / "kernels.cpp"  # this and the quantized attention
+NAME = "_kernels"
 
 
 # Inputs of at most this many rows take the native product (the module takes up to 8): measured
@@ -87,13 +93,8 @@ def folder(models_dir: Path) -> Path:
 def attach(model: nn.Module, folder: Path) -> int:
     """On the CPU device, route the model's float32 products of a few rows through the native
     module (built into `folder` if it is not there yet); the number of layers routed."""
-    if mx.default_device() != mx.cpu:
+    if native(folder) is None:
         return 0
-    global _native
-    if _native is None:
-        _native = load(folder)
-        if _native is None:
-            return 0
     routed = 0
     for _, module in model.named_modules():
         if type(module) is nn.Linear and module.weight.dtype == mx.float32:
@@ -103,6 +104,18 @@ def attach(model: nn.Module, folder: Path) -> int:
             module.__class__ = FewRowsEmbedding
     log.info("products of 1 to %d rows by the native matvec: %d linear layers", ROWS, routed)
     return routed
+
+
+def native(folder: Path) -> Any:
+    """On the CPU device, the native module (built into `folder` and loaded once per process;
+    its `matvec`, and its `decode_attention` for worker/engine/cpu/quantized_attention.py);
+    None elsewhere or where it cannot be had (logged)."""
+    global _native
+    if mx.default_device() != mx.cpu:
+        return None
+    if _native is None:
+        _native = load(folder)
+    return _native
 
 
 def load(folder: Path) -> ModuleType | None:
@@ -115,12 +128,34 @@ def load(folder: Path) -> ModuleType | None:
             x = mx.sin(mx.arange(rows * 40, dtype=mx.float32)).reshape(rows, 1, 40)
             if not mx.allclose(module.matvec(x, weight), x @ weight.T, atol=1e-4).item():
                 raise RuntimeError(f"its product of {rows} rows differs from MLX's matmul")
+        _check_attention(module)
     except Exception as err:  # any failure keeps MLX's matmul: slower, never wrong
         log.warning(
-            "products of a few rows keep MLX's matmul: the native matvec is unusable: %s", err
+            "products of a few rows keep MLX's matmul, 8-bit KV the pure-MLX attention: the "
+            "native module is unusable: %s",
+            err,
         )
         return None
     return module
+
+
+def _check_attention(module: ModuleType) -> None:
+    """The module's decode attention against the pure-MLX one, on 2 rows of 3 query heads over
+    1 KV head of 50 positions, the second row's last 20 masked."""
+
+    def softmax(scores: mx.array, mask: Any) -> mx.array:
+        return mx.softmax(mx.where(mask, scores, -mx.inf), axis=-1)
+
+    queries = mx.sin(mx.arange(2 * 3 * 64, dtype=mx.float32)).reshape(2, 3, 1, 64)
+    kv = mx.cos(mx.arange(2 * 50 * 64, dtype=mx.float32) * 0.37).reshape(2, 1, 50, 64)
+    keys, values = mx.quantize(kv, 64, 8), mx.quantize(kv[:, :, ::-1], 64, 8)
+    mask = (mx.arange(50)[None] < mx.array([[50], [30]])).reshape(2, 1, 1, 50)
+    ours = module.decode_attention(queries, *keys, *values, 0.125, 64, mask)
+    theirs = quantized_attention(
+        queries, keys, values, scale=0.125, mask=mask, group_size=64, bits=8, softmax=softmax
+    )
+    if not mx.allclose(ours, theirs, atol=1e-4).item():
+        raise RuntimeError("its decode attention differs from the pure-MLX attention")
 
 
 def build(folder: Path) -> Path:
