@@ -193,6 +193,10 @@ class WorkerSettings(BaseModel):
     prefill_tokens: int = Field(default=4096, ge=1)
     prefill_tokens_decoding: int = Field(default=256, ge=1)
     prefill_seconds_decoding: float = Field(default=0.4, gt=0)
+    # While more interactive sequences wait for their first token than stream their next, whole
+    # short prompts are prefilled up to `prefill_tokens` a step, past the time: the few running
+    # streams pause once and a burst starts together (docs/benchmarks.md, "Short bursts").
+    prefill_burst: bool = True
     # The batch under the engine (worker/engine/batch/token_batch.py): mlxq's own slots, or mlx-lm's
     # BatchGenerator (always used for models whose cache is not a plain KV cache).
     batch: Literal["slots", "mlx-lm"] = "slots"

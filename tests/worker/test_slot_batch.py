@@ -181,7 +181,7 @@ def exps(request: pytest.FixtureRequest) -> str:
 # A step's prefill budget: a cap on partial chunks, and a total that whole short prompts may
 # fill past it.
 budgets = st.integers(1, 48).flatmap(
-    lambda cap: st.builds(PrefillBudget, st.integers(cap, 96), st.just(cap))
+    lambda cap: st.builds(PrefillBudget, st.integers(cap, 96), st.just(cap), st.integers(cap, 64))
 )
 # Plans of arrivals, the batch's slots and its prefill budget (None: no budget).
 plans = given(

@@ -6,6 +6,8 @@ a step takes up to MLXQ_PREFILL_TOKENS."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from shared.queue.config import Settings
@@ -14,8 +16,9 @@ from shared.wire.completions import ChatCompletionRequest
 from tests.support import MODEL
 from worker.engine.batch.slot_batch import SlotBatch
 from worker.engine.batch.token_batch import PREFILL_CHUNK
-from worker.engine.generation import MIN_PREFILL_TOKENS, Engine
+from worker.engine.generation import Engine
 from worker.engine.model import LoadedModel, load_model
+from worker.engine.prefill_policy import MIN_PREFILL_TOKENS
 
 WHILE_DECODING = 48
 LONG = "Tell me about the sea. " * 14  # about 100 prompt tokens
@@ -98,7 +101,7 @@ def test_while_another_decodes_the_budget_is_the_prefill_rate_times_the_time_all
     rate = engine._batch.prefill_rate
     assert rate is not None
     # The time 30.5 tokens take at this rate: 30 tokens, between the floor and the cap.
-    engine._prefill_seconds_decoding = 30.5 / rate
+    engine._prefill = replace(engine._prefill, seconds=30.5 / rate)
     _insert(engine, "long", LONG)
     engine.step()
     assert _prefilled(engine, "long") == 30
@@ -148,5 +151,56 @@ def test_a_long_prompt_among_short_ones_still_moves_a_capped_chunk_a_step(
     assert _prefilled(engine, "long") == WHILE_DECODING
 
 
+def test_a_burst_outnumbering_the_streams_starts_in_one_step_past_the_time_allowed(
+    loaded: LoadedModel,
+) -> None:
+    # A microsecond allows the floor (16 tokens): less than one of these prompts.
+    engine = _decoding(Engine(loaded, 17, 64, 4096, batch="slots", **NO_TIME))
+    burst = [f"short-{i}" for i in range(16)]
+    for i, job_id in enumerate(burst):
+        _insert(engine, job_id, f"Say {i}.")
+    engine.step()
+    assert _started(engine, burst) == 16
+
+
+def test_a_burst_never_takes_a_chunked_long_prompts_tail_whole(loaded: LoadedModel) -> None:
+    engine = _decoding(Engine(loaded, 8, 64, 4096, batch="slots", **NO_TIME))
+    prompt = _insert(engine, "long", LONG)
+    engine.step()
+    while prompt - 1 - _prefilled(engine, "long") > WHILE_DECODING:  # a chunk a step
+        engine.step()
+    before = _prefilled(engine, "long")  # what is left would pass as a short prompt
+    shorts = [f"short-{i}" for i in range(4)]
+    for i, job_id in enumerate(shorts):
+        _insert(engine, job_id, f"Say {i}.")
+    engine.step()
+    assert _started(engine, shorts) == 4
+    assert _prefilled(engine, "long") == before + MIN_PREFILL_TOKENS
+
+
+def test_prompts_fewer_than_the_streams_keep_the_time_allowed(loaded: LoadedModel) -> None:
+    engine = Engine(loaded, 6, 64, 4096, batch="slots", **NO_TIME)
+    for i in range(3):
+        _insert(engine, f"running-{i}", "Hi")
+    engine.step()
+    engine.step()
+    shorts = ["short-0", "short-1"]
+    for i, job_id in enumerate(shorts):
+        assert _insert(engine, job_id, f"Say {i}.") > MIN_PREFILL_TOKENS
+    engine.step()
+    assert _started(engine, shorts) == 0  # a floor's chunk each step, as the time allows
+
+
+def test_without_the_burst_rule_a_burst_waits_for_the_time_allowed(loaded: LoadedModel) -> None:
+    engine = _decoding(Engine(loaded, 17, 64, 4096, batch="slots", prefill_burst=False, **NO_TIME))
+    burst = [f"short-{i}" for i in range(16)]
+    for i, job_id in enumerate(burst):
+        _insert(engine, job_id, f"Say {i}.")
+    engine.step()
+    assert _started(engine, burst) == 0
+
+
 # The cap on chunks while another decodes, and time enough for any burst here.
 BURST = {"prefill_tokens_decoding": WHILE_DECODING, "prefill_seconds_decoding": 60.0}
+# The cap, and no time to speak of: the floor.
+NO_TIME = {"prefill_tokens_decoding": WHILE_DECODING, "prefill_seconds_decoding": 1e-6}

@@ -25,6 +25,7 @@ from worker.engine.batch.quantized_kv import KVQuantization
 from worker.engine.batch.token_batch import kv_form, kv_window, open_batch, plain_kv
 from worker.engine.batch.types import Entry, PrefillBudget
 from worker.engine.model import LoadedModel
+from worker.engine.prefill_policy import PrefillPolicy
 from worker.engine.prefix_cache import PrefixCache, Reuse, level, prefill
 from worker.engine.prepare import PreparedJob, Preparer
 from worker.engine.sequence.detokenize import TextDecoder
@@ -34,9 +35,6 @@ from worker.engine.sequence.stop import StopStringMatcher
 from worker.engine.sequence.tool_calls import Scanned, ToolCallScanner
 
 log = logging.getLogger(__name__)
-# A step prefills at least this many prompt tokens while others decode, however slow the
-# machine: prompts must still move.
-MIN_PREFILL_TOKENS = 16
 
 
 @dataclass
@@ -119,6 +117,7 @@ class Engine:
         kv_memory: int | None = None,
         prefill_tokens_decoding: int | None = None,
         prefill_seconds_decoding: float | None = None,
+        prefill_burst: bool = True,
         kv_quantization: KVQuantization | None = None,
     ):
         """`batch`: "slots" or "mlx-lm" (worker/engine/batch/token_batch.py); `kv_memory`: MiB of
@@ -126,12 +125,17 @@ class Engine:
         `prefill_tokens_decoding`: the step's cap on chunks of prompts that go on while
         sequences decode (None: `prefill_tokens`), and `prefill_seconds_decoding` about the most
         that prefill may take then, at the batch's measured prefill rate (None: no limit in
-        time, and the cap holds for whole prompts too); `kv_quantization`: the slot batch keeps
-        KV quantized (MLXQ_KV_BITS; None: in the model's dtype)."""
+        time, and the cap holds for whole prompts too); `prefill_burst`: whole short prompts pass
+        that time while more interactive sequences wait for a first token than decode
+        (worker/engine/prefill_policy.py); `kv_quantization`: the slot batch keeps KV quantized
+        (MLXQ_KV_BITS; None: in the model's dtype)."""
         self._loaded = loaded
-        self._prefill_tokens = prefill_tokens
-        self._prefill_tokens_decoding = prefill_tokens_decoding or prefill_tokens
-        self._prefill_seconds_decoding = prefill_seconds_decoding
+        self._prefill = PrefillPolicy(
+            prefill_tokens,
+            prefill_tokens_decoding or prefill_tokens,
+            prefill_seconds_decoding,
+            prefill_burst,
+        )
         self._prefixes = prefixes
         # The KV form of the caches the engine makes: the batch's.
         self._kv_quantization = kv_form(loaded.model, batch, kv_quantization)
@@ -299,22 +303,21 @@ class Engine:
         return outputs
 
     def _budget(self) -> PrefillBudget | None:
-        """What this step may prefill. A decoding sequence's next token waits for it, so while
-        any decodes: what takes about `prefill_seconds_decoding` at the batch's measured
-        prefill rate (at least MIN_PREFILL_TOKENS), and of that at most the decoding cap in
-        chunks of prompts that go on. Short prompts taken whole pass the cap while the time
-        lasts: a burst of them starts within a step or two, and a long prompt still waits its
-        turn a chunk at a time. With nothing decoding, up to `prefill_tokens`."""
+        """What this step may prefill (worker/engine/prefill_policy.py); None: all it can."""
         if not self._interactive:
             return None
-        if not self._batch.decoding:
-            return PrefillBudget.flat(self._prefill_tokens)
-        cap = self._prefill_tokens_decoding
-        rate, seconds = self._batch.prefill_rate, self._prefill_seconds_decoding
-        if rate is None or seconds is None:
-            return PrefillBudget.flat(cap)
-        timed = max(MIN_PREFILL_TOKENS, min(self._prefill_tokens, int(rate * seconds)))
-        return PrefillBudget(timed, min(cap, timed))
+        return self._prefill.budget(self._batch.decoding, self._batch.prefill_rate, self._bursting)
+
+    def _bursting(self) -> bool:
+        """More interactive sequences wait for their first token than stream their next."""
+        starting = streaming = 0
+        for job in self._jobs.values():
+            if job.uids and job.uids[0] in self._interactive:
+                if job.completion_tokens:
+                    streaming += len(job.uids)
+                else:
+                    starting += len(job.uids)
+        return starting > streaming
 
     def _advance_one(self, uid: int, token: int, finish_reason: str | None) -> StepOutput:
         """One sequence's share of a step: if it fails, its job ends, not the batch."""

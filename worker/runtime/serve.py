@@ -135,6 +135,7 @@ def build_engine(
         kv_quantization=kv,
         prefill_tokens_decoding=settings.prefill_tokens_decoding,
         prefill_seconds_decoding=settings.prefill_seconds_decoding,
+        prefill_burst=settings.prefill_burst,
     )
     return name, engine, build_spec(loaded.tokenizer, loaded.context_length), prefixes
 

@@ -77,6 +77,9 @@ class Row:
     # Where the next input is while it is still being computed: a forward's tokens, a row.
     source: tuple[Launch, int] | None = None
     gone: bool = False  # ended or removed: a forward still running for it is not read
+    # A chunk of its prompt went in and more is left: its tail is never a short prompt taken
+    # whole, so a burst's budget (PrefillBudget.short) never takes long prompts' tails at once.
+    chunked: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -208,7 +211,7 @@ class SlotBatch:
         started, done, partial = time.perf_counter(), 0, 0
         while done < budget.tokens and self._decoding < len(self._rows):
             left = budget.tokens - done, budget.partial - partial
-            group, chunked = self._group(*left, cap=budget.partial)
+            group, chunked = self._group(*left, short=budget.short)
             if not group:
                 break
             partial += chunked
@@ -226,6 +229,7 @@ class SlotBatch:
             for row, n in zip(rows, lengths, strict=True):
                 row.offset += n
                 del row.todo[:n]
+                row.chunked = row.chunked or len(row.todo) > 1
             # Only once every row's offset counts its chunk: a promotion swaps two rows' KV up
             # to their offsets, and may swap in another row of this group.
             for row in rows:
@@ -242,12 +246,12 @@ class SlotBatch:
                 rate if self._prefill_rate is None else (rate + self._prefill_rate) / 2
             )
 
-    def _group(self, tokens: int, partial: int, cap: int) -> tuple[list[tuple[int, int]], int]:
+    def _group(self, tokens: int, partial: int, short: int) -> tuple[list[tuple[int, int]], int]:
         """The prefilling rows whose next chunks one forward takes, as (slot, tokens), and the
         tokens of them that count against the cap on partial chunks: the oldest first, then
         others while what is left of the budget lasts (`tokens` in all, `partial` under the
-        cap) and padding wastes little. A short prompt (no longer than `cap`) taken whole counts
-        against `tokens` only."""
+        cap) and padding wastes little. A short prompt (no longer than `short`, and not the tail
+        of a chunked one) taken whole counts against `tokens` only."""
         slots = sorted(range(self._decoding, len(self._rows)), key=lambda s: self._rows[s].uid)
         group: list[tuple[int, int]] = []
         useful = width = furthest = chunked = 0
@@ -255,7 +259,7 @@ class SlotBatch:
             row = self._rows[slot]
             rest = len(row.todo) - 1
             n = min(rest, self._chunk, tokens - useful)
-            whole = n == rest and rest <= cap
+            whole = n == rest and rest <= short and not row.chunked
             if not whole:
                 n = min(n, partial - chunked)
             if n <= 0:

@@ -28,16 +28,18 @@ class Entry:
 @dataclass(frozen=True)
 class PrefillBudget:
     """The prompt tokens one step may prefill: `tokens` in all, and of them at most `partial` in
-    chunks of prompts that the step does not finish. A short prompt taken whole passes the
-    partial cap while `tokens` lasts, so a burst of short prompts starts within a step or two
-    while a long prompt still moves a chunk at a time (worker/engine/generation.py sets both)."""
+    chunks of prompts that the step does not finish. A short prompt (at most `short` tokens)
+    taken whole passes the partial cap while `tokens` lasts, so a burst of short prompts starts
+    within a step or two while a long prompt still moves a chunk at a time
+    (worker/engine/generation.py sets them)."""
 
     tokens: int
     partial: int
+    short: int
 
     @classmethod
     def flat(cls, tokens: int) -> PrefillBudget:
-        return cls(tokens, tokens)
+        return cls(tokens, tokens, tokens)
 
     @property
     def strict(self) -> int:
