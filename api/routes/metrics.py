@@ -121,7 +121,7 @@ def _pool_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
     machine = ["machine"]
     budget = GaugeMetricFamily("mlxq:pool_budget_bytes", "The pool's budget.", labels=machine)
     counted = GaugeMetricFamily(
-        "mlxq:pool_used_bytes", "What the held models cost (weights, KV...).", labels=machine
+        "mlxq:pool_used_bytes", "What the held models and the spare cost.", labels=machine
     )
     resident = GaugeMetricFamily(
         "mlxq:pool_resident_bytes", "Its workers' resident memory.", labels=machine

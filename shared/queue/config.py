@@ -286,7 +286,8 @@ class CpuSettings(BaseModel):
     # a decode forward's with a compiled polynomial exp.
     cpu_prefill: bool = True
     cpu_decode: bool = True
-    # On the CPU device (worker/engine/cpu/matvec.py): one-row products through cblas_sgemv.
+    # On the CPU device (worker/engine/cpu/matvec.py): few-row products through the native module
+    # (one row: cblas_sgemv), which also holds 8-bit KV's decode attention.
     cpu_matvec: bool = True
     # Linux CPU workers: preload the system OpenBLAS, with this many threads (None: its default).
     openblas: bool = True

@@ -2,7 +2,7 @@
 has not started; a background job runs on without one.
 
 Point 5 of the fault contract, on the session's stack: the job record (RQ's result, written
-when the slot lets go of the job) shows the cancel within a second.
+when the slot lets go of the job) shows the cancel within seconds (at the next step).
 """
 
 from __future__ import annotations

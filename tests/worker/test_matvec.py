@@ -115,3 +115,18 @@ def test_a_module_that_does_not_build_leaves_the_model_on_mlx_s_matmul(
     assert matvec.attach(model, tmp_path / "native") == 0
     assert type(model.layers[0]) is nn.Linear
     assert "keep MLX's matmul" in caplog.text
+
+
+def test_a_failed_attention_check_keeps_the_native_products(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The module's two kernels are checked apart: an attention that differs from the pure-MLX
+    one is not used, and the few-row products still are."""
+
+    def differs(module: Any) -> None:
+        raise RuntimeError("its decode attention differs from the pure-MLX attention")
+
+    monkeypatch.setattr(matvec, "_check_attention", differs)
+    monkeypatch.setattr(matvec, "_attention_ok", None)
+    assert matvec.attention(NATIVE) is None
+    assert matvec.native(NATIVE) is not None

@@ -9,7 +9,8 @@ prefix cache. Each other kind of thing has a room of its own:
   BatchGenerator, behind one protocol and the two types they share.
 - `sequence/`: what runs per sequence: sampling, logits processors and grammars, stop handling,
   detokenizing, log-probabilities, tool calls.
-- `cpu/`: MLX's CPU backend's fast paths (exponentials, one-row products). Only model loading
+- `cpu/`: MLX's CPU backend's fast paths (exponentials, few-row products, 8-bit KV's decode
+  attention). Only model loading
   imports this room; the fast paths attach to the model they were loaded with.
 - `embedding/`: the embedding engine, its encoder and its default model.
 - `doubles/`: engines and faults for tests and benchmarks only (synthetic tokens, fault injection).

@@ -51,15 +51,15 @@ def build_native(models_dir: Path) -> Path:
 def load_model(path: str, exps: Routes = cpu_exp.BOTH, native: Path | None = None) -> LoadedModel:
     """`exps`: on the CPU device, which forwards take worker/engine/cpu/exponentials.py's
     exponentials;
-    `native`: where worker/engine/cpu/matvec.py's module is built, to route one-row products
+    `native`: where worker/engine/cpu/matvec.py's module is built, to route few-row products
     and 8-bit KV's decode attention through it (None: MLX's matmul for every product, the
     pure-MLX quantized attention).
     Both fast paths are hooked onto this model's layers and go with it: the process's MLX and
     mlx-lm, and any other model, are left as they are."""
     model, tokenizer, config = load(path, return_config=True)
-    kernels = matvec.native(native) if native is not None else None
-    cpu_exp.attach(model, exps, kernels)  # 8-bit KV's decode attention takes the native kernel
-    if native is not None and kernels is not None:
+    kernel = matvec.attention(native) if native is not None else None
+    cpu_exp.attach(model, exps, kernel)  # 8-bit KV's decode attention takes the native kernel
+    if native is not None:
         matvec.attach(model, native)
     table = byte_table_of(tokenizer)
     return LoadedModel(

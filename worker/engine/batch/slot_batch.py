@@ -77,8 +77,9 @@ class Row:
     # Where the next input is while it is still being computed: a forward's tokens, a row.
     source: tuple[Launch, int] | None = None
     gone: bool = False  # ended or removed: a forward still running for it is not read
-    # A chunk of its prompt went in and more is left: its tail is never a short prompt taken
-    # whole, so a burst's budget (PrefillBudget.short) never takes long prompts' tails at once.
+    # A chunk of its prompt, longer than a short one, went in and more is left: its tail is
+    # never a short prompt taken whole, so a burst's budget (PrefillBudget.short) never takes
+    # long prompts' tails at once. A short prompt cut by a step's floor stays short.
     chunked: bool = False
 
 
@@ -227,9 +228,10 @@ class SlotBatch:
             self._model(mx.array(inputs), cache=views)  # the logits are never computed
             mx.eval([a for layer in self._layers for a in (layer.keys, layer.values)])
             for row, n in zip(rows, lengths, strict=True):
+                long = len(row.todo) - 1 > budget.short
                 row.offset += n
                 del row.todo[:n]
-                row.chunked = row.chunked or len(row.todo) > 1
+                row.chunked = row.chunked or (long and len(row.todo) > 1)
             # Only once every row's offset counts its chunk: a promotion swaps two rows' KV up
             # to their offsets, and may swap in another row of this group.
             for row in rows:

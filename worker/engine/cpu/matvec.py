@@ -83,6 +83,7 @@ class FewRowsEmbedding(nn.Embedding):
 
 
 _native: Any = None  # the built module, once loaded
+_attention_ok: bool | None = None  # whether its decode attention passed its check, once run
 
 
 def folder(models_dir: Path) -> Path:
@@ -108,14 +109,34 @@ def attach(model: nn.Module, folder: Path) -> int:
 
 def native(folder: Path) -> Any:
     """On the CPU device, the native module (built into `folder` and loaded once per process;
-    its `matvec`, and its `decode_attention` for worker/engine/cpu/quantized_attention.py);
-    None elsewhere or where it cannot be had (logged)."""
+    its `matvec`); None elsewhere or where it cannot be had (logged)."""
     global _native
     if mx.default_device() != mx.cpu:
         return None
     if _native is None:
         _native = load(folder)
     return _native
+
+
+def attention(folder: Path) -> Any:
+    """The native module for its `decode_attention` (worker/engine/cpu/quantized_attention.py),
+    once that has been checked against the pure-MLX attention; None where the module or its
+    attention cannot be had (logged). A failed check costs the attention only, not the
+    products."""
+    global _attention_ok
+    module = native(folder)
+    if module is None:
+        return None
+    if _attention_ok is None:
+        try:
+            _check_attention(module)
+            _attention_ok = True
+        except Exception as err:  # the pure-MLX attention: slower, never wrong
+            log.warning(
+                "8-bit KV keeps the pure-MLX attention: the native one is unusable: %s", err
+            )
+            _attention_ok = False
+    return module if _attention_ok else None
 
 
 def load(folder: Path) -> ModuleType | None:
@@ -128,7 +149,6 @@ def load(folder: Path) -> ModuleType | None:
             x = mx.sin(mx.arange(rows * 40, dtype=mx.float32)).reshape(rows, 1, 40)
             if not mx.allclose(module.matvec(x, weight), x @ weight.T, atol=1e-4).item():
                 raise RuntimeError(f"its product of {rows} rows differs from MLX's matmul")
-        _check_attention(module)
     except Exception as err:  # any failure keeps MLX's matmul: slower, never wrong
         log.warning(
             "products of a few rows keep MLX's matmul, 8-bit KV the pure-MLX attention: the "
