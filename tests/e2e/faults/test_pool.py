@@ -36,6 +36,7 @@ from tests.e2e.faults.conftest import (
 )
 from tests.support import NO_END, chat_line, lines_of, poll, rq_job, start_batch, wait_batch
 from worker.ops.cluster import Cluster, wait_until
+from worker.pool.held import EXIT_GRACE_S
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +118,9 @@ def test_a_third_model_evicts_an_idle_unpinned_one_and_its_memory_comes_back(
     found = pool_report(cluster)
     assert found is not None and found.evictions == 1
     evicted = next(e for e in found.events if e.what == "evict" and e.model == "alpha")
-    assert evicted.seconds is not None and evicted.seconds < 10  # its process is gone
+    # Its process is gone: on its own in about a second, or killed by the agent once its drain
+    # (5 s here) and the exit grace have passed; the 10 s target is the benchmark's to measure.
+    assert evicted.seconds is not None and evicted.seconds < 5 + EXIT_GRACE_S + 5
     for held in found.held:  # no worker's resident memory exceeds what the budget counts
         entry = found.entry(held.model)
         assert entry is not None and held.rss_bytes <= entry.cost.total_bytes, held
