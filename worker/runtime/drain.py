@@ -13,8 +13,6 @@ generation: start the new worker, then SIGTERM the old one.
 
 from __future__ import annotations
 
-import contextlib
-import faulthandler
 import logging
 import signal
 import threading
@@ -25,10 +23,6 @@ from worker.runtime.loop import DrivenLoop
 from worker.runtime.slots import SlotWorker, slots_idle, stop_slots
 
 log = logging.getLogger(__name__)
-# A worker still alive this long after its loop stopped is stuck on its way out: every thread's
-# stack goes to its log (stderr), to say where. Handing back, deregistering and writing the
-# prefix cache to disk take well under this.
-STUCK_S = 10.0
 
 
 class Drain:
@@ -69,5 +63,3 @@ class Drain:
         else:
             log.warning("drain timeout: handing back the jobs still running")
         self.loop_stop.set()
-        with contextlib.suppress(ValueError, RuntimeError, OSError):  # no stderr to write to
-            faulthandler.dump_traceback_later(STUCK_S, exit=False)
