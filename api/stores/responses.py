@@ -112,6 +112,11 @@ class ResponseStore:
     def derive(self, stored: StoredResponse, cancelled: bool) -> ResponseObject:
         progress = Progress.of(self.events(stored.id))
         job = None if cancelled or progress.final else self.job_view(stored)
+        if job is not None and job.state in ("ended", "failed", "gone"):
+            # The job may have ended between the two reads: its final event is logged before
+            # RQ records the end, so read the events again before calling it lost.
+            progress = Progress.of(self.events(stored.id))
+            job = None if progress.final else job
         return derive(stored, progress, cancelled, job)
 
     def cancel(self, stored: StoredResponse) -> None:
