@@ -27,7 +27,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from bench.systems import rerun_with_openblas
 from shared.queue.config import Settings
 from worker.engine.model import load_model
-from worker.engine.prefix_disk import DiskTier, probe_layout
+from worker.engine.prefix_disk import DiskTier
+from worker.engine.prefix_identity import probe_layout
 from worker.gguf.default_model import ensure_default_model
 
 

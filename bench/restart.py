@@ -37,23 +37,23 @@ DISK_MB = "4096"
 WATCHDOG_S = "900"
 
 
-def _turns(
+def turns(
     running: systems.Running, texts: TextMaker, seed: str, max_tokens: int
 ) -> tuple[StreamRecord, list[dict[str, Any]]]:
     """The conversation's first turn, and the messages of its next turn."""
     first = WORKLOAD.messages(texts, seed, 0, [])
-    record = _stream(running, first, max_tokens)
+    record = stream_turn(running, first, max_tokens)
     answer = {"role": "assistant", "content": "".join(record.chunk_texts)}
     return record, WORKLOAD.messages(texts, seed, 1, [*first, answer])
 
 
-def _stream(
+def stream_turn(
     running: systems.Running, messages: list[dict[str, Any]], max_tokens: int
 ) -> StreamRecord:
     body = {**chat_body(running.model, 0, max_tokens), "messages": messages}
     record = asyncio.run(stream_chat("127.0.0.1", running.port, body, 900.0))
     if record.error is not None:
-        raise RuntimeError(f"the restart cell's request failed: {record.error}")
+        raise RuntimeError(f"a request of the cell failed: {record.error}")
     return record
 
 
@@ -72,7 +72,7 @@ def _restart(running: systems.Running) -> float:
     return time.perf_counter() - started
 
 
-def _ms(record: StreamRecord) -> float:
+def ttft_ms(record: StreamRecord) -> float:
     assert record.ttft is not None
     return record.ttft * 1e3
 
@@ -80,21 +80,21 @@ def _ms(record: StreamRecord) -> float:
 def _repeat(
     running: systems.Running, texts: TextMaker, repeat: int, max_tokens: int
 ) -> dict[str, Any]:
-    cold, restored_turn = _turns(running, texts, f"restart/{repeat}/a", max_tokens)
+    cold, restored_turn = turns(running, texts, f"restart/{repeat}/a", max_tokens)
     restart_s = _restart(running)
     systems.reset_peak_memory(running.memory_pids)
-    restored = _stream(running, restored_turn, max_tokens)
-    cold_after, memory_turn = _turns(running, texts, f"restart/{repeat}/b", max_tokens)
-    memory = _stream(running, memory_turn, max_tokens)
-    cold_ms = statistics.mean([_ms(cold), _ms(cold_after)])
+    restored = stream_turn(running, restored_turn, max_tokens)
+    cold_after, memory_turn = turns(running, texts, f"restart/{repeat}/b", max_tokens)
+    memory = stream_turn(running, memory_turn, max_tokens)
+    cold_ms = statistics.mean([ttft_ms(cold), ttft_ms(cold_after)])
     return {
         "repeat": repeat,
         "prompt_tokens": restored.prompt_tokens,
         "cached_tokens": restored.cached_tokens,
-        "cold_ttft_ms": [_ms(cold), _ms(cold_after)],
-        "restored_ttft_ms": _ms(restored),
-        "ratio": _ms(restored) / cold_ms,
-        "memory_ttft_ms": _ms(memory),
+        "cold_ttft_ms": [ttft_ms(cold), ttft_ms(cold_after)],
+        "restored_ttft_ms": ttft_ms(restored),
+        "ratio": ttft_ms(restored) / cold_ms,
+        "memory_ttft_ms": ttft_ms(memory),
         "memory_cached_tokens": memory.cached_tokens,
         "restart_s": restart_s,
         "peak_mb": systems.peak_memory_mb(running.memory_pids),

@@ -129,8 +129,10 @@ def mlxq(
     batch_size: int | None = None,
     settings: dict[str, str] | None = None,
     workers: int = 1,
+    each: list[dict[str, str]] | None = None,
 ) -> Iterator[Running]:
-    """mlxq with its shipped defaults, but for `batch_size` and `settings` where given."""
+    """mlxq with its shipped defaults, but for `batch_size` and `settings` where given;
+    `each`: one worker per entry, with these settings on top (`workers` is then ignored)."""
     env = {**openblas_env(), **(settings or {})}
     if batch_size is not None:
         env["MLXQ_BATCH_SIZE"] = str(batch_size)
@@ -141,8 +143,8 @@ def mlxq(
     name = env.get("MLXQ_MODEL", model_dir.name)
     try:
         cluster.start_redis()
-        for _ in range(workers):
-            cluster.start_worker(wait=False)
+        for own in each if each is not None else [{}] * workers:
+            cluster.start_worker(wait=False, **own)
         cluster.start_api()
         port = int(cluster.api_url.rsplit(":", 1)[1])
         wait_until(lambda: _serves(port, name), READY_S, "mlxq to serve the model")

@@ -214,6 +214,11 @@ class WorkerSettings(BaseModel):
     # files (least recently used removed first), and restored after a restart; 0 MiB: off.
     prefix_cache_dir: Path = Field(default_factory=_default_prefix_cache_dir)
     prefix_cache_disk_mb: int = Field(default=4096, ge=0)
+    # With a disk tier: a worker fetches a prompt's cache from the worker holding it instead of
+    # prefilling it, where the transfer, at this rate until one is measured, is clearly faster
+    # (worker/runtime/prefix_fetch.py); and lends what it holds to the others.
+    prefix_fetch: bool = True
+    prefix_fetch_mb_s: float = Field(default=100.0, gt=0)
     drain_timeout_s: float = Field(default=30.0, ge=0)
     watchdog_s: float = Field(default=60.0, gt=0)
     fault_injection: bool = False

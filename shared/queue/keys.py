@@ -27,6 +27,9 @@ Layout under the namespace `ns` (default "mlxq"):
     {ns}:blocks:{worker_id}     set  the prefix-block hashes (shared/queue/prefix_blocks.py) of
                                 what the worker's prefix cache holds or is computing; rewritten
                                 each heartbeat, added to when a slot takes a job, with a TTL
+    {ns}:prefix_asks:{worker_id} list  asks for a prefix cache this worker holds, from the
+                                worker that took its job (worker/runtime/prefix_fetch.py)
+    {ns}:prefix_reply:{ask_id}  list  the cache file asked for, in pieces, then an empty piece
     {ns}:placement:{model}      hash  queued interactive job id -> "{worker_id}|{unix s}": the
                                 worker that holds its prefix takes it first, any worker after
                                 that time (api/queue/placement.py, worker/runtime/slots.py)
@@ -188,6 +191,12 @@ class Keys:
 
     def prefix_blocks(self, worker_id: str) -> str:
         return f"{self.ns}:blocks:{worker_id}"
+
+    def prefix_asks(self, worker_id: str) -> str:
+        return f"{self.ns}:prefix_asks:{worker_id}"
+
+    def prefix_reply(self, ask_id: str) -> str:
+        return f"{self.ns}:prefix_reply:{_id(ask_id)}"
 
     def placement(self, model: str) -> str:
         return f"{self.ns}:placement:{_model(model)}"

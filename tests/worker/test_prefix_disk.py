@@ -13,7 +13,8 @@ from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
 from tests.worker.tiny_models import TINY_LLAMA, tiny_model
 from worker.engine.prefix_cache import PrefixCache
-from worker.engine.prefix_disk import DiskTier, file_name, model_identity, probe_layout
+from worker.engine.prefix_disk import DiskTier, file_name
+from worker.engine.prefix_identity import model_identity, probe_layout
 
 MIN_TOKENS = 4
 IDENTITY = "tiny"

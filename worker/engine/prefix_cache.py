@@ -9,8 +9,10 @@ so that a burst of requests sharing a system prompt computes it once, not once p
 
 Storage and lookup are mlx-lm's `LRUPromptCache` (a token trie with least-recently-used
 eviction by entries and bytes); this module decides what goes in and hands out a copy.
-Only the engine thread touches it; `held` is a snapshot it leaves for other threads (the
-worker's heartbeat advertises what the cache holds: worker/runtime/prefix_report.py).
+The engine thread uses it; `held` is a snapshot it leaves for other threads (the worker's
+heartbeat advertises what the cache holds: worker/runtime/prefix_report.py). One other thread
+reads it: the lending thread (`lend`: worker/runtime/prefix_fetch.py), under a lock that the
+engine takes only around the LRU's own calls, never around a forward.
 
 With a disk tier (worker/engine/prefix_disk.py), what the LRU evicts goes to disk, and so does
 all it holds on `persist_all` (shutdown, or the model unloaded); a prompt that memory holds less
@@ -19,8 +21,10 @@ of than a file does is restored from the file into memory first.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -82,6 +86,7 @@ class PrefixCache:
         self._model = model
         self._kv = kv
         self._lru = LRUPromptCache(max_size=entries, max_bytes=max_bytes)
+        self._lock = threading.Lock()  # the LRU, between the engine and the lending thread
         self._disk = disk
         if disk is not None:
             self._lru._trie = _EvictionTap(self._lru._trie, disk.put)
@@ -99,15 +104,41 @@ class PrefixCache:
         """Whether the cache has a disk tier."""
         return self._disk is not None
 
+    @property
+    def disk(self) -> DiskTier | None:
+        return self._disk
+
     def persist_all(self) -> None:
         """Write every cache memory holds to the disk tier (what is there already is only
         touched), and wait for the writes: at shutdown, or before the model is unloaded."""
         if self._disk is None:
             return
-        for lru in self._lru._lru._lrus.values():
-            for _, tokens in lru:
-                self._disk.put(list(tokens), self._lru._trie.get(_KEY, tokens).prompt_cache, True)
+        with self._lock:
+            held = [
+                (list(tokens), self._lru._trie.get(_KEY, tokens).prompt_cache)
+                for lru in self._lru._lru._lrus.values()
+                for _, tokens in lru
+            ]
+        for tokens, cache in held:
+            self._disk.put(tokens, cache, True)
         self._disk.flush()
+
+    def lend(self, prompt: list[int]) -> Path | None:
+        """The file of the cache, in memory or on disk, holding most of `prompt`'s first tokens
+        (one held only in memory is written first), or None: nothing of it is held. Called by
+        the lending thread, for another worker (worker/runtime/prefix_fetch.py)."""
+        if self._disk is None:
+            return None
+        on_disk, stored = self._disk.best(prompt)
+        with self._lock:
+            found = self._lru._trie.search(_KEY, prompt)
+            tokens, common = _longest(found, len(prompt))
+            cache = self._lru._trie.get(_KEY, tokens).prompt_cache if common > on_disk else None
+        if cache is None:
+            return stored.path if stored is not None and on_disk >= MIN_SHARED_TOKENS else None
+        self._disk.put(tokens, cache, wait=True)
+        self._disk.flush()
+        return self._disk.file_of(tokens)
 
     def close(self) -> None:
         """`persist_all`, then stop the disk tier's thread: the cache is not used again."""
@@ -116,11 +147,12 @@ class PrefixCache:
             self._disk.close()
 
     def _insert(self, tokens: list[int], cache: list[Any] | None, kind: str) -> None:
-        self._lru.insert_cache(_KEY, tokens, cache, cache_type=kind)
-        # mlx-lm keeps the entries' order in one deque per kind (oldest first) and lists them
-        # nowhere else; read after the insertion, which is when it evicts.
-        lrus = self._lru._lru._lrus.values()
-        self._held = tuple(t for lru in lrus for _, t in reversed(lru))
+        with self._lock:
+            self._lru.insert_cache(_KEY, tokens, cache, cache_type=kind)
+            # mlx-lm keeps the entries' order in one deque per kind (oldest first) and lists
+            # them nowhere else; read after the insertion, which is when it evicts.
+            lrus = self._lru._lru._lrus.values()
+            self._held = tuple(t for lru in lrus for _, t in reversed(lru))
 
     def reuse(self, prompt: list[int], shared: int) -> Reuse:
         """The longest cached prefix of `prompt`, leaving at least its last token to compute.
@@ -155,7 +187,8 @@ class PrefixCache:
         return self._nearest(prompt)
 
     def _nearest(self, prompt: list[int]) -> Reuse:
-        cache, rest = self._lru.fetch_nearest_cache(_KEY, prompt)
+        with self._lock:
+            cache, rest = self._lru.fetch_nearest_cache(_KEY, prompt)
         if cache is None:
             return Reuse(None, 0, 0)
         if not rest:  # the whole prompt is cached: recompute its last token for the logits
@@ -167,6 +200,17 @@ class PrefixCache:
     def _prefill(self, history: list[int], start: Reuse) -> None:
         done = prefill(self._model, history, start, self._kv)
         self._insert(list(history), done.cache, "system")
+
+
+def _longest(found: Any, length: int) -> tuple[list[int], int]:
+    """From mlx-lm's trie search for a prompt of `length` tokens: the held sequence sharing
+    most of its first tokens, and how many it shares ([], 0: none)."""
+    if found.exact is not None:
+        return list(found.exact), length
+    shorter = len(found.shorter) if found.shorter is not None else 0
+    if found.longer is not None and found.common_prefix > shorter:
+        return list(found.longer), found.common_prefix
+    return (list(found.shorter), shorter) if shorter else ([], 0)
 
 
 def prefill(model: Any, tokens: list[int], start: Reuse, kv: KVQuantization | None) -> Reuse:

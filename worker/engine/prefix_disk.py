@@ -6,13 +6,12 @@ memory lacks and a file holds is restored from the file. A worker restart then c
 the cache instead of a prefill (issue 35: on this CPU 50-110x less for 2,000 tokens).
 
 Layout: `{root}/{identity}/{hash of the tokens}.safetensors`, one file per token sequence. The
-identity (`model_identity`) names the weights (their config, and each weight file's name, size
-and modification time) and the KV layout (`kv_layout`: each layer's cache class, its arrays'
-shapes apart from the token axis, and their dtypes, quantized ones included), so a model whose
-weights or KV form change gets a folder of its own, and a file is never read as another
-model's cache. Files are mlx-lm's own prompt-cache format (`save_prompt_cache`: safetensors,
-no pickle), with the identity and the tokens in its metadata; a file is written under a dot
-name and renamed, so no reader sees half of one.
+identity (worker/engine/prefix_identity.py) names the weights by their content and the KV layout
+(each layer's cache class, its arrays' shapes apart from the token axis, and their dtypes,
+quantized ones included), so a model whose weights or KV form change gets a folder of its own,
+and a file is never read as another model's cache. Files are mlx-lm's own prompt-cache format
+(`save_prompt_cache`: safetensors, no pickle), with the identity and the tokens in its metadata;
+a file is written under a dot name and renamed, so no reader sees half of one.
 
 A file that cannot be read, or whose metadata or arrays do not match (junk, truncated, another
 model's, another dtype or shape), is removed and counts as a miss. The folder is capped at
@@ -20,7 +19,9 @@ model's, another dtype or shape), is removed and counts as a miss. The folder is
 on each hit) removed first; workers on one machine may share it.
 
 Threads: writes (and the cap) run on this tier's own thread, so the engine's step never waits for
-a disk; the engine thread reads files on a hit. `held` is a snapshot any thread may read.
+a disk; the engine thread reads files on a hit. `held` is a snapshot any thread may read. A file
+another worker sent is checked and kept by the slot thread that fetched it (`adopt`), and read
+back by the engine as any other; a file this worker lends is read by its lending thread.
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten, tree_map
-from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache, save_prompt_cache
-from mlx_lm.utils import hf_repo_to_path
+from mlx.utils import tree_map
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
 from worker.engine.prefix_cache import MIN_SHARED_TOKENS
+from worker.engine.prefix_identity import kv_layout, model_identity, probe, token_bytes
 
 log = logging.getLogger(__name__)
 
@@ -57,43 +58,6 @@ READ_SHARE = 16
 MAX_PENDING = 8
 # A dot file (a write in progress) older than this was left by a process that died mid-write.
 STALE_S = 600.0
-
-
-def model_identity(model_dir: Path, layout: str) -> str:
-    """A folder name for the model in `model_dir` and its KV layout: another config, another
-    weight file (name, size or modification time) or another layout gives another name."""
-    digest = hashlib.blake2b(layout.encode(), digest_size=12)
-    for path in sorted(model_dir.iterdir()):
-        if path.name == "config.json":
-            digest.update(path.read_bytes())
-        elif path.suffix in (SUFFIX, ".npz", ".gguf"):
-            st = path.stat()
-            digest.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return f"{model_dir.name}-{digest.hexdigest()}"
-
-
-def kv_layout(cache: list[Any]) -> str:
-    """Each layer's cache class and its arrays' dtypes and shapes, the token axis (-2) left out:
-    what a cache of any length of one model in one KV form shares."""
-
-    def array(x: mx.array) -> str:
-        shape = [*x.shape[:-2], x.shape[-1]]
-        return f"{x.dtype}{shape}"
-
-    layers = []
-    for layer in cache:
-        arrays = [x for _, x in tree_flatten(layer.state) if isinstance(x, mx.array)]
-        layers.append(f"{type(layer).__name__}({','.join(array(x) for x in arrays)})")
-    return ";".join(layers)
-
-
-def probe_layout(model: Any, fresh: list[Any] | None = None) -> str:
-    """The KV layout of the caches `model` fills, from a one-token forward into `fresh`: an
-    empty cache of the form the engine stores (None: mlx-lm's own, `make_prompt_cache`)."""
-    cache = fresh if fresh is not None else make_prompt_cache(model)
-    model(mx.array([[0]]), cache=cache)
-    mx.eval([c.state for c in cache])
-    return kv_layout(cache)
 
 
 def file_name(tokens: list[int]) -> str:
@@ -127,14 +91,24 @@ class Restored:
 
 
 class DiskTier:
-    def __init__(self, root: Path, identity: str, layout: str, max_bytes: int, min_tokens: int):
+    def __init__(
+        self,
+        root: Path,
+        identity: str,
+        layout: str,
+        max_bytes: int,
+        min_tokens: int,
+        token_bytes: int = 0,
+    ):
+        """`token_bytes`: what a token adds to a file (0: unknown), for a fetch's estimate."""
+        self.token_bytes = token_bytes
         self._root = root
         self._dir = root / identity
         self._identity = identity
         self._layout = layout
         self._max_bytes = max_bytes
         self._min_tokens = min_tokens
-        self._lock = threading.Lock()  # the index, between the engine thread and the writer
+        self._lock = threading.Lock()  # the index, between the threads
         self._index: dict[str, Stored] = {}
         self._held: tuple[list[int], ...] = ()
         self._pending: queue.Queue[tuple[list[int], list[Any]] | None] = queue.Queue()
@@ -162,10 +136,7 @@ class DiskTier:
     def restore(self, prompt: list[int], known: int) -> Restored | None:
         """The file holding most of `prompt`'s first tokens, read back, when it holds at least
         `min_tokens` more than `known` (what memory has) and reading it pays (READ_SHARE)."""
-        wanted = np.asarray(prompt, dtype=np.uint32)
-        with self._lock:
-            ranked = [(s.common(wanted), s) for s in self._index.values()]
-        common, best = max(ranked, key=lambda r: r[0], default=(0, None))
+        common, best = self.best(prompt)
         gain = common - known
         if best is None or gain < self._min_tokens or gain * READ_SHARE < len(best.tokens):
             return None
@@ -175,6 +146,40 @@ class DiskTier:
         with contextlib.suppress(OSError):
             os.utime(best.path)  # used now: the last to go
         return Restored(best.tokens.tolist(), cache)
+
+    # Any thread
+
+    def best(self, prompt: list[int]) -> tuple[int, Stored | None]:
+        """The file holding most of `prompt`'s first tokens, and how many it holds."""
+        wanted = np.asarray(prompt, dtype=np.uint32)
+        with self._lock:
+            ranked = [(s.common(wanted), s) for s in self._index.values()]
+        return max(ranked, key=lambda r: r[0], default=(0, None))
+
+    def file_of(self, tokens: list[int]) -> Path | None:
+        """The file holding exactly `tokens`, if there is one."""
+        with self._lock:
+            stored = self._index.get(file_name(tokens))
+        return stored.path if stored is not None else None
+
+    def adopt(self, data: bytes) -> list[int] | None:
+        """Keep a file another worker sent (worker/runtime/prefix_fetch.py) when it is one of
+        this model's: the tokens it holds, or None (it is dropped, as a spoiled file is)."""
+        temporary = self._dir / f".adopt.{os.getpid()}.{threading.get_ident()}{SUFFIX}"
+        temporary.write_bytes(data)
+        try:
+            tokens = self._check(temporary)
+        except ValueError as why:
+            log.warning("prefix cache: refusing a fetched file: %s", why)
+            temporary.unlink(missing_ok=True)
+            return None
+        path = self._dir / file_name(tokens)
+        os.replace(temporary, path)
+        with self._lock:
+            self._index[path.name] = Stored(path, np.asarray(tokens, dtype=np.uint32))
+        self._cap()
+        self._refresh_held()
+        return tokens
 
     def put(self, tokens: list[int], cache: list[Any], wait: bool = False) -> None:
         """Write `tokens`' cache on the tier's thread (a copy of it already on disk is only
@@ -280,18 +285,28 @@ class DiskTier:
                 path.unlink(missing_ok=True)
             return
         try:
-            meta = _header(path)
-            tokens = _tokens_of(_user_metadata(meta))
-            ours = meta.get("0.format") == FORMAT and meta.get("0.identity") == self._identity
-        except Exception as err:
-            self._discard(path, f"unreadable ({type(err).__name__}: {err})")
+            tokens = self._check(path)
+        except ValueError as why:
+            self._discard(path, str(why))
             return
-        if not ours:
-            self._discard(path, "another model's or format's file")
-        elif file_name(tokens) != path.name:
+        if file_name(tokens) != path.name:
             self._discard(path, "its tokens differ from its name's")
         else:
             self._index[path.name] = Stored(path, np.asarray(tokens, dtype=np.uint32))
+
+    def _check(self, path: Path) -> list[int]:
+        """The tokens of a file whose header says it is this model's cache; ValueError, why
+        not. (Its arrays are checked when it is read: `_mismatch`.)"""
+        try:
+            meta = _header(path)
+            tokens = _tokens_of(_user_metadata(meta))
+        except Exception as err:
+            raise ValueError(f"unreadable ({type(err).__name__}: {err})") from err
+        if meta.get("0.format") != FORMAT or meta.get("0.identity") != self._identity:
+            raise ValueError("another model's or format's file")
+        if len(tokens) < self._min_tokens:
+            raise ValueError("too few tokens to keep")
+        return tokens
 
     def _discard(self, path: Path, why: str) -> None:
         log.warning("prefix cache: removing %s: %s", path, why)
@@ -349,18 +364,12 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def model_folder(source: str) -> Path:
-    """The folder of the weights `mlx_lm.load(source)` read: `source` itself, or the hub
-    cache's copy of a hub id."""
-    given = Path(source)
-    return given if given.is_dir() else Path(hf_repo_to_path(source))
-
-
 def open_tier(
     root: Path, model_dir: Path, model: Any, max_bytes: int, fresh: list[Any] | None = None
 ) -> DiskTier:
-    """The disk tier of `model` (loaded from `model_dir`; `fresh`: see `probe_layout`) under
-    `root`, its files of an earlier run indexed."""
-    layout = probe_layout(model, fresh)
+    """The disk tier of `model` (loaded from `model_dir`; `fresh`: see `probe`) under `root`,
+    its files of an earlier run indexed."""
+    probed = probe(model, fresh)
+    layout = kv_layout(probed)
     identity = model_identity(model_dir, layout)
-    return DiskTier(root, identity, layout, max_bytes, MIN_SHARED_TOKENS)
+    return DiskTier(root, identity, layout, max_bytes, MIN_SHARED_TOKENS, token_bytes(probed))

@@ -129,6 +129,8 @@ class Runtime(Generic[J, P, O]):
     figures: PrefixFigures | None = None  # this worker's prefix-cache figures (fleet view)
     # When its last job ended and the keep_alive it asked for (the pool reads them: worker/pool/).
     recency: Recency = field(default_factory=Recency)
+    # Run on each prepared job before it enters the loop (worker/runtime/prefix_fetch.py).
+    prefetch: Callable[[P], None] | None = None
 
     @classmethod
     def start(
@@ -142,13 +144,13 @@ class Runtime(Generic[J, P, O]):
         release: Script,
         worker_id: str,
         figures: PrefixFigures | None = None,
+        prefetch: Callable[[P], None] | None = None,
     ) -> Runtime[J, P, O]:
         """The runtime of a worker that serves `kind` on `engine`, with its engine loop (which
         the worker's main thread runs)."""
         loop = EngineLoop(engine, kind, sink, worker_id)
-        return cls(
-            kind, engine, loop, sink, redis, keys, job_timeout_s, release, worker_id, figures
-        )
+        plumbing = (sink, redis, keys, job_timeout_s, release, worker_id, figures)
+        return cls(kind, engine, loop, *plumbing, prefetch=prefetch)
 
 
 _runtime: Runtime[Any, Any, Any] | None = None
@@ -286,6 +288,8 @@ def _start_and_wait(rt: Runtime[J, P, O], job: J, route: Route) -> JobOutcome:
             "The job waited in the queue past its deadline and was not started; retry later."
         )
     prepared = rt.engine.prepare(job)
+    if rt.prefetch is not None:
+        rt.prefetch(prepared)
     future = rt.loop.submit(prepared, route)
     limit_s = job.limits.run_limit_s
     try:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from redis import Redis
 from redis.exceptions import RedisError
 
 from shared.observe import tracing
@@ -49,7 +50,8 @@ from worker.engine.generation import BatchEngine, Engine
 from worker.engine.hub import cached_folder
 from worker.engine.model import Routes, load_model, load_tokenizer_only, native_folder
 from worker.engine.prefix_cache import PrefixCache
-from worker.engine.prefix_disk import DiskTier, model_folder, open_tier
+from worker.engine.prefix_disk import DiskTier, open_tier
+from worker.engine.prefix_identity import model_folder
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.runtime.cancellations import listen_for_cancels
 from worker.runtime.drain import Drain
@@ -59,6 +61,7 @@ from worker.runtime.generation_kind import GenerationKind
 from worker.runtime.heartbeat import beat, born, keep_beating, retire
 from worker.runtime.job_function import Runtime, bind
 from worker.runtime.loop import DrivenLoop
+from worker.runtime.prefix_fetch import FetchRule, Lender, PrefixFetch
 from worker.runtime.prefix_report import HeldPrefixes, PrefixFigures, PrefixReport
 from worker.runtime.reaper import Reaper
 from worker.runtime.report import Reporter
@@ -215,7 +218,8 @@ def serve(settings: Settings) -> None:
         embedding = Runtime.start(EmbeddingKind(), engine, *plumbing)
         loop, kind, recency = bind(embedding), embedding.kind.serves, embedding.recency
     else:
-        generation = Runtime.start(GenerationKind(), engine, *plumbing, figures)
+        prefetch = prefix_fetch(settings, redis, keys, name, worker_id, prefixes)
+        generation = Runtime.start(GenerationKind(), engine, *plumbing, figures, prefetch)
         loop, kind, recency = bind(generation), generation.kind.serves, generation.recency
 
     services = threading.Event()  # stops the heartbeat, listener, reaper and watchdog
@@ -248,6 +252,7 @@ def serve(settings: Settings) -> None:
     _until_redis_answers(lambda: born(redis, keys, worker_id, name, kind))
     blocking = connect_blocking(settings)
     present = listen_for_cancels(blocking, keys, loop, worker_id, services)
+    start_lending(settings, keys, worker_id, prefixes, services)
     if not present.wait(PRESENCE_WAIT_S):
         log.warning("presence not confirmed yet (Redis slow?); serving anyway")
     reporter = Reporter(
@@ -300,6 +305,34 @@ def serve(settings: Settings) -> None:
     finally:  # its jobs handed on first: they need not wait for the disk
         keep_on_disk(prefixes)
     log.info("worker %s stopped (%d jobs handed back)", worker_id, handed)
+
+
+def prefix_fetch(
+    settings: Settings,
+    redis: Redis,
+    keys: Keys,
+    name: str,
+    worker_id: str,
+    prefixes: HeldPrefixes | None,
+) -> PrefixFetch | None:
+    """How this worker fetches what other workers' caches hold (None: off, or no disk tier)."""
+    if not isinstance(prefixes, PrefixCache) or prefixes.disk is None or not settings.prefix_fetch:
+        return None
+    link = settings.prefix_fetch_mb_s * 1e6
+    rule = FetchRule(settings.prefill_s_per_token, prefixes.disk.token_bytes, link)
+    return PrefixFetch(redis, keys, name, worker_id, settings.heartbeat_s, prefixes, rule)
+
+
+def start_lending(
+    settings: Settings,
+    keys: Keys,
+    worker_id: str,
+    prefixes: HeldPrefixes | None,
+    stop: threading.Event,
+) -> None:
+    """Answer other workers' asks for what this worker's cache holds, until `stop`."""
+    if isinstance(prefixes, PrefixCache) and prefixes.persistent and settings.prefix_fetch:
+        Lender(connect_blocking(settings), keys, worker_id, prefixes).start(stop)
 
 
 def keep_on_disk(prefixes: HeldPrefixes | None) -> None:

@@ -1,0 +1,119 @@
+"""A prompt's prefix cache fetched from the worker that holds it, on real worker processes.
+
+Two workers on the session's Redis, each with a cache folder of its own, as on two machines.
+The first answers a conversation's first turn (about 700 tokens), then a long request fills its
+only slot. The next turn then goes to the second worker, which has never seen the conversation:
+it fetches the first turn's cache from the first worker, whose lending thread answers while its
+engine decodes, instead of prefilling it. Requests go through the in-process app.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from flask.testing import FlaskClient
+
+from api import create_app
+from shared.queue.config import Settings
+from tests.support import CHAT, MODEL, NO_END, REAL_ENGINE
+from worker.ops.cluster import Cluster, Worker, wait_until
+
+HEARTBEAT_S = 0.5
+# About 650 tokens of system prompt.
+SYSTEM = (
+    "You answer questions about the weather, the sea and the mountains. You keep every answer "
+    "short, you never guess, and when you do not know you say so plainly. "
+) * 18
+
+
+@dataclass
+class Fleet:
+    http: FlaskClient
+    cluster: Cluster
+    holder: Worker
+    taker: Worker
+    folders: dict[str, Path]  # worker id -> its cache folder
+
+
+def _ask(http: FlaskClient, messages: list[dict[str, str]], **more: Any) -> dict[str, Any]:
+    body = {"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0, **more}
+    reply = http.post(CHAT, json=body)
+    assert reply.status_code == 200, reply.get_json()
+    answer: dict[str, Any] = reply.get_json()
+    return answer
+
+
+def _files(folder: Path) -> list[list[int]]:
+    """The tokens of each cache file under `folder`."""
+    found = []
+    for path in folder.glob("*/*.safetensors"):
+        _, meta = mx.load(str(path), return_metadata=True)
+        assert isinstance(meta, dict)
+        found.append([int(t) for t in meta["0.tokens"].split(",")])
+    return found
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    namespace = "mlxqprefixfetch"
+    env = {**REAL_ENGINE, "MLXQ_PREFIX_CACHE_DISK_MB": "512"}
+    cluster = Cluster(
+        namespace, HEARTBEAT_S, MODEL, env=env, logs=tmp_path_factory.mktemp("logs"), url=redis_url
+    )
+    settings = Settings(redis_url=redis_url, namespace=namespace, heartbeat_s=HEARTBEAT_S)
+    folders = [tmp_path_factory.mktemp("holder-cache"), tmp_path_factory.mktemp("taker-cache")]
+    try:
+        holder = cluster.start_worker(MLXQ_BATCH_SIZE="1", MLXQ_PREFIX_CACHE_DIR=str(folders[0]))
+        # The rule's prefill figure raised for the taker alone: on a loaded machine the fetch
+        # gets more time than the 1.5 s this machine's figure would give it.
+        taker = cluster.start_worker(
+            wait=False,
+            MLXQ_BATCH_SIZE="2",
+            MLXQ_PREFIX_CACHE_DIR=str(folders[1]),
+            MLXQ_PREFILL_S_PER_TOKEN="0.02",
+        )
+        yield Fleet(
+            create_app(settings).test_client(),
+            cluster,
+            holder,
+            taker,
+            {holder.worker_id: folders[0], taker.worker_id: folders[1]},
+        )
+    finally:
+        cluster.stop()
+
+
+def test_a_busy_holders_cache_is_fetched_by_the_worker_that_takes_the_next_turn(
+    fleet: Fleet,
+) -> None:
+    said = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello."}]
+    first = _ask(fleet.http, said)  # only the holder is serving yet
+    fleet.cluster.wait_for_worker(fleet.taker)
+    redis = fleet.cluster.redis()
+    # It shares the system prompt: placed on the holder, it fills its slot.
+    story = [said[0], {"role": "user", "content": "Tell me a long story."}]
+    busy = threading.Thread(
+        target=_ask,
+        args=(fleet.http, story),
+        kwargs={"max_tokens": 200, "logit_bias": NO_END},
+    )
+    busy.start()
+    try:
+        holding = fleet.cluster.keys.taking(fleet.holder.worker_id)
+        wait_until(lambda: redis.llen(holding) > 0, 30, "the holder's slot taken")
+        answer = first["choices"][0]["message"]["content"]
+        turn = [*said, {"role": "assistant", "content": answer}, {"role": "user", "content": "Bye"}]
+        second = _ask(fleet.http, turn)
+    finally:
+        busy.join()
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= first["usage"]["prompt_tokens"]
+    # The taker holds the first turn's cache now, a file it never wrote from its own prefill.
+    fetched = _files(fleet.folders[fleet.taker.worker_id])
+    assert any(len(tokens) >= first["usage"]["prompt_tokens"] for tokens in fetched)

@@ -1,0 +1,96 @@
+"""What names a model's prefix caches: the weights they were computed with and their KV layout.
+
+A cache file (worker/engine/prefix_disk.py) is only ever read by a worker whose identity is the
+file's: same config, same weights, same KV form. The identity must mean the same on every
+machine, since a worker may fetch a cache another machine's worker wrote
+(worker/runtime/prefix_fetch.py). So the weights are named by their content, never by where or
+when they were written: a file of the hub's cache is a link to a blob named by its content hash,
+which is used as it is; any other weight file is named by its size and a hash of SAMPLES evenly
+spaced pieces of it. Hashing whole files would cost seconds per start on a large model; with 256
+pieces, a fine-tune that changed a tenth of the bytes (LoRA on two projections) goes unnoticed
+with a probability of 0.9^256, about 2e-12.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import hf_repo_to_path
+
+WEIGHT_SUFFIXES = (".safetensors", ".npz", ".gguf")
+SAMPLES = 256
+SAMPLE_BYTES = 4096
+
+
+def model_identity(model_dir: Path, layout: str) -> str:
+    """A folder name for the model in `model_dir` and its KV layout: another config, other
+    weights or another layout gives another name; the same ones on another machine, the same."""
+    digest = hashlib.blake2b(layout.encode(), digest_size=12)
+    for path in sorted(model_dir.iterdir()):
+        if path.name == "config.json":
+            digest.update(path.read_bytes())
+        elif path.suffix in WEIGHT_SUFFIXES:
+            digest.update(f"{path.name}:{weights_mark(path)}".encode())
+    return f"{model_dir.name}-{digest.hexdigest()}"
+
+
+def weights_mark(path: Path) -> str:
+    """What names a weight file's content: the hub blob it links to, or its size and samples."""
+    if path.is_symlink():
+        target = path.resolve()
+        if target.parent.name == "blobs":  # the hub cache names blobs by their content hash
+            return target.name
+    size = path.stat().st_size
+    digest = hashlib.blake2b(str(size).encode(), digest_size=16)
+    with path.open("rb") as file:
+        for i in range(SAMPLES):
+            file.seek(size * i // SAMPLES)
+            digest.update(file.read(SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
+def kv_layout(cache: list[Any]) -> str:
+    """Each layer's cache class and its arrays' dtypes and shapes, the token axis (-2) left out:
+    what a cache of any length of one model in one KV form shares."""
+
+    def array(x: mx.array) -> str:
+        shape = [*x.shape[:-2], x.shape[-1]]
+        return f"{x.dtype}{shape}"
+
+    layers = []
+    for layer in cache:
+        arrays = [x for _, x in tree_flatten(layer.state) if isinstance(x, mx.array)]
+        layers.append(f"{type(layer).__name__}({','.join(array(x) for x in arrays)})")
+    return ";".join(layers)
+
+
+def token_bytes(cache: list[Any]) -> int:
+    """The bytes one token takes in `cache` (one token long): what a cache file grows by."""
+    arrays = [x for layer in cache for _, x in tree_flatten(layer.state) if isinstance(x, mx.array)]
+    return sum(x.nbytes // max(x.shape[-2], 1) for x in arrays if x.ndim >= 2)
+
+
+def probe(model: Any, fresh: list[Any] | None = None) -> list[Any]:
+    """The cache a one-token forward of `model` fills in `fresh`: an empty cache of the form
+    the engine stores (None: mlx-lm's own, `make_prompt_cache`)."""
+    cache = fresh if fresh is not None else make_prompt_cache(model)
+    model(mx.array([[0]]), cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache
+
+
+def probe_layout(model: Any, fresh: list[Any] | None = None) -> str:
+    """The KV layout of the caches `model` fills (`probe`)."""
+    return kv_layout(probe(model, fresh))
+
+
+def model_folder(source: str) -> Path:
+    """The folder of the weights `mlx_lm.load(source)` read: `source` itself, or the hub
+    cache's copy of a hub id."""
+    given = Path(source)
+    return given if given.is_dir() else Path(hf_repo_to_path(source))
