@@ -92,8 +92,9 @@ def measure(model: Path, repeats: int, max_tokens: int, fetch: bool) -> list[dic
             fetched = _fetches(running.cluster.logs)
     for row in rows:
         row["fetch"] = fetch
-    for row, (tokens, mb, seconds) in zip(rows, fetched, strict=False):
-        row |= {"fetched_tokens": tokens, "fetched_mb": mb, "fetch_s": seconds}
+    if len(fetched) == len(rows):  # else which fetch served which repeat is not known
+        for row, (tokens, mb, seconds) in zip(rows, fetched, strict=True):
+            row |= {"fetched_tokens": tokens, "fetched_mb": mb, "fetch_s": seconds}
     return rows
 
 

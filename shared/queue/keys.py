@@ -29,6 +29,8 @@ Layout under the namespace `ns` (default "mlxq"):
                                 each heartbeat, added to when a slot takes a job, with a TTL
     {ns}:prefix_asks:{worker_id} list  asks for a prefix cache this worker holds, from the
                                 worker that took its job (worker/runtime/prefix_fetch.py)
+    {ns}:lends:{worker_id}      string  the identity of the caches this worker lends (while its
+                                lending thread runs, with a TTL)
     {ns}:prefix_reply:{ask_id}  list  the cache file asked for, in pieces, then an empty piece
     {ns}:placement:{model}      hash  queued interactive job id -> "{worker_id}|{unix s}": the
                                 worker that holds its prefix takes it first, any worker after
@@ -194,6 +196,9 @@ class Keys:
 
     def prefix_asks(self, worker_id: str) -> str:
         return f"{self.ns}:prefix_asks:{worker_id}"
+
+    def lends(self, worker_id: str) -> str:
+        return f"{self.ns}:lends:{worker_id}"
 
     def prefix_reply(self, ask_id: str) -> str:
         return f"{self.ns}:prefix_reply:{_id(ask_id)}"

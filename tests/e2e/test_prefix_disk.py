@@ -121,7 +121,7 @@ def restart(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             Conversation(n, _ask(http, Conversation(n, {}).messages(1))) for n in nonces
         ]
         cluster.kill_worker(first, signal.SIGTERM)
-        (folder,) = root.iterdir()
+        (folder,) = [p for p in root.iterdir() if p.is_dir()]  # beside it: weights.json
         tokenizer = Tokenizer.from_file(str(settings.models_dir / MODEL / "tokenizer.json"))
         spoiled = {
             how: _file_of(folder, c.nonce, tokenizer)

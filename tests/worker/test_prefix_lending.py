@@ -1,23 +1,40 @@
-"""A prefix cache lent by one worker and adopted by another, without workers or Redis: two caches
-of a tiny llama on two folders (two machines), the file between them as the wire carries it, and
-the rule that decides whether a fetch pays. The same across real worker processes:
-tests/e2e/test_prefix_fetch.py."""
+"""A prefix cache lent by one worker and adopted by another, without worker processes: two caches
+of a tiny llama on two folders (two machines), the file between them, first as bytes, then over
+the session's Redis by the lending thread and the taker, and the rule that decides whether a
+fetch pays. The same across real worker processes: tests/e2e/test_prefix_fetch.py."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
+from redis import Redis
 
+from shared.queue.keys import Keys
+from shared.queue.prefix_blocks import block_hashes
 from worker.engine.prefix_cache import PrefixCache
 from worker.engine.prefix_disk import DiskTier, file_name
 from worker.engine.prefix_identity import model_identity, probe, probe_layout, token_bytes
-from worker.runtime.prefix_fetch import MIN_GAIN_TOKENS, FetchRule, held_tokens
+from worker.engine.prepare import PreparedJob
+from worker.ops.cluster import wait_until
+from worker.runtime.prefix_fetch import (
+    MIN_GAIN_TOKENS,
+    Ask,
+    FetchRule,
+    Lender,
+    PrefixFetch,
+    held_tokens,
+)
 
 HISTORY = list(range(1, 41))
 PROMPT = [*HISTORY, 50, 51]
@@ -171,3 +188,120 @@ def test_the_link_rate_follows_what_fetches_measure() -> None:
         rule.measured(nbytes=10_000_000, seconds=1.0)  # 10 MB/s
     assert rule.bytes_per_s == pytest.approx(10e6, rel=0.05)
     assert rule.wait_s(gain=2000, tokens=2000) is None
+
+
+# The wire, on the session's Redis: a lending thread and a taker, as two workers run them.
+
+LONG = [(i % 97) + 1 for i in range(320)]  # a held history past MIN_GAIN_TOKENS
+ASKED = [*LONG, 50, 51]
+MODEL = "tiny"
+
+
+@dataclass
+class Wire:
+    redis: Redis
+    keys: Keys
+    holder: PrefixCache
+    taker: PrefixCache
+    stop: threading.Event
+
+
+@pytest.fixture
+def wire(model: Any, tmp_path: Path, redis_url: str) -> Iterator[Wire]:
+    """A holder of LONG (registered live, its blocks advertised) and an empty taker, under a
+    namespace of their own."""
+    redis = Redis.from_url(redis_url)
+    keys = Keys(f"lend{secrets.token_hex(4)}")
+    holder, taker = _cache(tmp_path / "holder", model), _cache(tmp_path / "taker", model)
+    holder.store(LONG, _finished(model, LONG))
+    redis.zadd(keys.workers(MODEL), {"holder": time.time() + 600})
+    redis.sadd(keys.prefix_blocks("holder"), *block_hashes(LONG))
+    presence = redis.pubsub()
+    presence.subscribe(keys.presence("holder"))
+    stop = threading.Event()
+    try:
+        yield Wire(redis, keys, holder, taker, stop)
+    finally:
+        stop.set()
+        presence.close()
+        found = list(redis.scan_iter(f"{keys.ns}:*"))
+        if found:
+            redis.delete(*found)
+
+
+def _taker(wire: Wire, prefill_s_per_token: float = 1.0) -> PrefixFetch:
+    assert wire.taker.disk is not None
+    rule = FetchRule(prefill_s_per_token, token_bytes=1000, bytes_per_s=1e9)
+    return PrefixFetch(wire.redis, wire.keys, MODEL, "taker", 60.0, wire.taker, rule)
+
+
+def _job(prompt: list[int]) -> PreparedJob:
+    return PreparedJob("job", (prompt,), max_tokens=1, choices=(), stops=())
+
+
+def _lend(wire: Wire) -> Lender:
+    lender = Lender(wire.redis, wire.keys, "holder", wire.holder)
+    lender.start(wire.stop)
+    wait_until(lambda: wire.redis.exists(wire.keys.lends("holder")), 10, "the lender")
+    return lender
+
+
+def test_a_taker_fetches_what_a_live_lender_holds_and_leaves_nothing_in_redis(
+    wire: Wire,
+) -> None:
+    _lend(wire)
+    assert _taker(wire)(_job(ASKED)) is True
+    assert wire.taker.reuse(ASKED, shared=0).hits == len(LONG)
+    assert not list(wire.redis.scan_iter(f"{wire.keys.ns}:prefix_reply:*"))
+
+
+def test_prompts_too_short_to_pay_ask_nobody(wire: Wire) -> None:
+    _lend(wire)
+    assert _taker(wire)(_job(ASKED[: MIN_GAIN_TOKENS - 1])) is False
+
+
+def test_a_worker_that_does_not_lend_is_never_asked(wire: Wire) -> None:
+    assert _taker(wire)(_job(ASKED)) is False  # it holds the blocks, but lends nothing
+    assert not wire.redis.exists(wire.keys.prefix_asks("holder"))
+
+
+def test_a_lender_of_other_caches_is_never_asked(wire: Wire) -> None:
+    wire.redis.set(wire.keys.lends("holder"), "another-model")
+    assert _taker(wire)(_job(ASKED)) is False
+    assert not wire.redis.exists(wire.keys.prefix_asks("holder"))
+
+
+def test_a_silent_lender_costs_the_job_half_the_prefill_and_lowers_the_rate(wire: Wire) -> None:
+    assert wire.holder.disk is not None
+    wire.redis.set(wire.keys.lends("holder"), wire.holder.disk.identity)  # but never answers
+    taker = _taker(wire, prefill_s_per_token=0.002)  # 320 tokens: a 0.32 s wait
+    started = time.perf_counter()
+    assert taker(_job(ASKED)) is True
+    assert 0.3 <= time.perf_counter() - started < 2.0
+    assert wire.taker.reuse(ASKED, shared=0).hits == 0
+    assert taker._rule.bytes_per_s < 1e9
+
+
+@pytest.mark.parametrize("raw", [b"", b"junk", b'{"reply": "../x", "identity": "a"}'])
+def test_a_malformed_ask_is_dropped_and_the_lender_goes_on(wire: Wire, raw: bytes) -> None:
+    _lend(wire)
+    wire.redis.rpush(wire.keys.prefix_asks("holder"), raw)
+    assert _taker(wire)(_job(ASKED)) is True
+    assert wire.taker.reuse(ASKED, shared=0).hits == len(LONG)
+
+
+def test_an_ask_past_its_deadline_gets_no_answer(wire: Wire) -> None:
+    assert wire.holder.disk is not None
+    lender = Lender(wire.redis, wire.keys, "holder", wire.holder)
+    ask = Ask(reply="ask_late", identity=wire.holder.disk.identity, tokens=ASKED, until=1.0)
+    lender.answer(ask.model_dump_json().encode())
+    assert not wire.redis.exists(wire.keys.prefix_reply("ask_late"))
+
+
+def test_a_longer_held_sequence_is_lent_cut_to_what_the_prompt_shares(
+    model: Any, tmp_path: Path
+) -> None:
+    holder = _cache(tmp_path, model)
+    holder.store([*HISTORY, 70, 71, 72], _finished(model, [*HISTORY, 70, 71, 72]))
+    path = holder.lend([*HISTORY, 80])
+    assert path is not None and path.name == file_name(HISTORY)

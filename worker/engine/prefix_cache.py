@@ -21,6 +21,7 @@ of than a file does is restored from the file into memory first.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import LRUPromptCache, trim_prompt_cache
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from worker.engine.batch.quantized_kv import KVQuantization, prompt_cache
 
@@ -124,21 +125,26 @@ class PrefixCache:
         self._disk.flush()
 
     def lend(self, prompt: list[int]) -> Path | None:
-        """The file of the cache, in memory or on disk, holding most of `prompt`'s first tokens
-        (one held only in memory is written first), or None: nothing of it is held. Called by
-        the lending thread, for another worker (worker/runtime/prefix_fetch.py)."""
+        """The file of a cache of `prompt`'s first tokens, from memory or disk, or None: nothing
+        worth sending is held. A memory entry is cut to the tokens it shares with `prompt` and
+        written first; a longer file is sent only where its reader would read it (READ_SHARE).
+        Called by the lending thread, for another worker (worker/runtime/prefix_fetch.py)."""
         if self._disk is None:
             return None
         on_disk, stored = self._disk.best(prompt)
         with self._lock:
-            found = self._lru._trie.search(_KEY, prompt)
-            tokens, common = _longest(found, len(prompt))
-            cache = self._lru._trie.get(_KEY, tokens).prompt_cache if common > on_disk else None
-        if cache is None:
-            return stored.path if stored is not None and on_disk >= MIN_SHARED_TOKENS else None
-        self._disk.put(tokens, cache, wait=True)
-        self._disk.flush()
-        return self._disk.file_of(tokens)
+            tokens, common = _longest(self._lru._trie.search(_KEY, prompt), len(prompt))
+            held = self._lru._trie.get(_KEY, tokens).prompt_cache if common > on_disk else None
+            # A copy to cut, as mlx-lm's own fetch makes one (only of a longer entry).
+            cache = copy.deepcopy(held) if held is not None and common < len(tokens) else held
+        if cache is not None and common >= MIN_SHARED_TOKENS:
+            if common < len(tokens):
+                if not can_trim_prompt_cache(cache):
+                    return None
+                trim_prompt_cache(cache, len(tokens) - common)
+            return self._disk.write_now(tokens[:common], cache)
+        worth = stored is not None and self._disk.worth_reading(stored, on_disk)
+        return stored.path if stored is not None and worth else None
 
     def close(self) -> None:
         """`persist_all`, then stop the disk tier's thread: the cache is not used again."""

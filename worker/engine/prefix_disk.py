@@ -49,6 +49,7 @@ from worker.engine.prefix_identity import kv_layout, model_identity, probe, toke
 log = logging.getLogger(__name__)
 
 FORMAT = "mlxq-prefix-cache-1"
+MARKS = "weights.json"  # the weight files' hashes, beside the models' folders (prefix_identity)
 SUFFIX = ".safetensors"
 # A file is read whole: worth it while the tokens it saves are at least this share of it.
 # Measured on this CPU, moving a 2,000-token cache beat prefilling it 50-110x (issue 35).
@@ -109,6 +110,7 @@ class DiskTier:
         self._max_bytes = max_bytes
         self._min_tokens = min_tokens
         self._lock = threading.Lock()  # the index, between the threads
+        self._tidying = threading.Lock()
         self._index: dict[str, Stored] = {}
         self._held: tuple[list[int], ...] = ()
         self._pending: queue.Queue[tuple[list[int], list[Any]] | None] = queue.Queue()
@@ -128,6 +130,10 @@ class DiskTier:
     def folder(self) -> Path:
         return self._dir
 
+    @property
+    def identity(self) -> str:
+        return self._identity
+
     def __len__(self) -> int:
         return len(self._index)
 
@@ -137,8 +143,7 @@ class DiskTier:
         """The file holding most of `prompt`'s first tokens, read back, when it holds at least
         `min_tokens` more than `known` (what memory has) and reading it pays (READ_SHARE)."""
         common, best = self.best(prompt)
-        gain = common - known
-        if best is None or gain < self._min_tokens or gain * READ_SHARE < len(best.tokens):
+        if best is None or not self.worth_reading(best, common - known):
             return None
         cache = self._read(best)
         if cache is None:
@@ -156,6 +161,10 @@ class DiskTier:
             ranked = [(s.common(wanted), s) for s in self._index.values()]
         return max(ranked, key=lambda r: r[0], default=(0, None))
 
+    def worth_reading(self, stored: Stored, gain: int) -> bool:
+        """Whether reading `stored` pays for the `gain` tokens it adds to what is held."""
+        return gain >= self._min_tokens and gain * READ_SHARE >= len(stored.tokens)
+
     def file_of(self, tokens: list[int]) -> Path | None:
         """The file holding exactly `tokens`, if there is one."""
         with self._lock:
@@ -166,20 +175,31 @@ class DiskTier:
         """Keep a file another worker sent (worker/runtime/prefix_fetch.py) when it is one of
         this model's: the tokens it holds, or None (it is dropped, as a spoiled file is)."""
         temporary = self._dir / f".adopt.{os.getpid()}.{threading.get_ident()}{SUFFIX}"
-        temporary.write_bytes(data)
         try:
+            temporary.write_bytes(data)
             tokens = self._check(temporary)
-        except ValueError as why:
-            log.warning("prefix cache: refusing a fetched file: %s", why)
+            path = self._dir / file_name(tokens)
+            os.replace(temporary, path)
+        except (OSError, ValueError) as why:  # a full disk, a folder removed, not our file
+            log.warning("prefix cache: not keeping a fetched file: %s", why)
             temporary.unlink(missing_ok=True)
             return None
-        path = self._dir / file_name(tokens)
-        os.replace(temporary, path)
         with self._lock:
             self._index[path.name] = Stored(path, np.asarray(tokens, dtype=np.uint32))
-        self._cap()
-        self._refresh_held()
+        self._tidy()
         return tokens
+
+    def write_now(self, tokens: list[int], cache: list[Any]) -> Path | None:
+        """Write `tokens`' cache on this thread (a copy already on disk is only touched), for
+        a thread that needs the file at once: the file, or None if it could not be written."""
+        mx.eval([c.state for c in cache])
+        try:
+            self._write(tokens, cache)
+        except OSError as err:
+            log.warning("prefix cache: could not write a cache to %s: %s", self._dir, err)
+            return None
+        self._tidy()
+        return self.file_of(tokens)
 
     def put(self, tokens: list[int], cache: list[Any], wait: bool = False) -> None:
         """Write `tokens`' cache on the tier's thread (a copy of it already on disk is only
@@ -233,8 +253,7 @@ class DiskTier:
         while (write := self._pending.get()) is not None:
             try:
                 self._write(*write)
-                self._cap()
-                self._refresh_held()
+                self._tidy()
             except Exception:  # a full disk, a folder removed: the next write tries again
                 log.exception("prefix cache: could not write a cache to %s", self._dir)
             finally:
@@ -248,12 +267,19 @@ class DiskTier:
         if known and path.exists():
             os.utime(path)
             return
-        temporary = self._dir / f".{name[: -len(SUFFIX)]}.{os.getpid()}{SUFFIX}"
+        writer = f"{os.getpid()}.{threading.get_ident()}"
+        temporary = self._dir / f".{name[: -len(SUFFIX)]}.{writer}{SUFFIX}"
         meta = {"format": FORMAT, "identity": self._identity, "tokens": _tokens_text(tokens)}
         save_prompt_cache(str(temporary), [_compact(c) for c in cache], meta)
         os.replace(temporary, path)
         with self._lock:
             self._index[name] = Stored(path, np.asarray(tokens, dtype=np.uint32))
+
+    def _tidy(self) -> None:
+        """The cap, then `held` anew, one thread at a time (the writer, a fetch, a lend)."""
+        with self._tidying:
+            self._cap()
+            self._refresh_held()
 
     def _cap(self) -> None:
         """Remove the least recently used files of every model until the folder fits."""
@@ -306,6 +332,8 @@ class DiskTier:
             raise ValueError("another model's or format's file")
         if len(tokens) < self._min_tokens:
             raise ValueError("too few tokens to keep")
+        if min(tokens) < 0 or max(tokens) >= 1 << 32:
+            raise ValueError("token ids out of range")
         return tokens
 
     def _discard(self, path: Path, why: str) -> None:
@@ -371,5 +399,5 @@ def open_tier(
     its files of an earlier run indexed."""
     probed = probe(model, fresh)
     layout = kv_layout(probed)
-    identity = model_identity(model_dir, layout)
+    identity = model_identity(model_dir, layout, root / MARKS)
     return DiskTier(root, identity, layout, max_bytes, MIN_SHARED_TOKENS, token_bytes(probed))

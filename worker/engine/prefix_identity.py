@@ -3,17 +3,18 @@
 A cache file (worker/engine/prefix_disk.py) is only ever read by a worker whose identity is the
 file's: same config, same weights, same KV form. The identity must mean the same on every
 machine, since a worker may fetch a cache another machine's worker wrote
-(worker/runtime/prefix_fetch.py). So the weights are named by their content, never by where or
-when they were written: a file of the hub's cache is a link to a blob named by its content hash,
-which is used as it is; any other weight file is named by its size and a hash of SAMPLES evenly
-spaced pieces of it. Hashing whole files would cost seconds per start on a large model; with 256
-pieces, a fine-tune that changed a tenth of the bytes (LoRA on two projections) goes unnoticed
-with a probability of 0.9^256, about 2e-12.
+(worker/runtime/prefix_fetch.py). So the weights are named by their whole content, never by
+where or when they were written: a file of the hub's cache is a link to a blob named by its
+content hash, used as it is; any other weight file is hashed whole, once: its hash is kept in
+`{root}/weights.json` under its path, inode, size and modification time, so a worker's start
+hashes only files it has not seen (about 0.8 GB/s here: 0.7 s for the default model's 540 MB).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,35 +24,59 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import hf_repo_to_path
 
 WEIGHT_SUFFIXES = (".safetensors", ".npz", ".gguf")
-SAMPLES = 256
-SAMPLE_BYTES = 4096
+CHUNK_BYTES = 8 << 20
 
 
-def model_identity(model_dir: Path, layout: str) -> str:
+def model_identity(model_dir: Path, layout: str, marks: Path | None = None) -> str:
     """A folder name for the model in `model_dir` and its KV layout: another config, other
-    weights or another layout gives another name; the same ones on another machine, the same."""
+    weights or another layout gives another name; the same ones on another machine, the same.
+    `marks`: the file remembering weight files' hashes (None: hash them every time)."""
+    known = _read_marks(marks)
     digest = hashlib.blake2b(layout.encode(), digest_size=12)
     for path in sorted(model_dir.iterdir()):
         if path.name == "config.json":
             digest.update(path.read_bytes())
         elif path.suffix in WEIGHT_SUFFIXES:
-            digest.update(f"{path.name}:{weights_mark(path)}".encode())
+            digest.update(f"{path.name}:{weights_mark(path, known)}".encode())
+    if marks is not None:
+        _write_marks(marks, known)
     return f"{model_dir.name}-{digest.hexdigest()}"
 
 
-def weights_mark(path: Path) -> str:
-    """What names a weight file's content: the hub blob it links to, or its size and samples."""
-    if path.is_symlink():
-        target = path.resolve()
-        if target.parent.name == "blobs":  # the hub cache names blobs by their content hash
-            return target.name
-    size = path.stat().st_size
-    digest = hashlib.blake2b(str(size).encode(), digest_size=16)
-    with path.open("rb") as file:
-        for i in range(SAMPLES):
-            file.seek(size * i // SAMPLES)
-            digest.update(file.read(SAMPLE_BYTES))
-    return digest.hexdigest()
+def weights_mark(path: Path, known: dict[str, str]) -> str:
+    """What names a weight file's content: the hub blob it links to, or its hash (`known`
+    holds the hashes of files seen before, and gets this one's)."""
+    target = path.resolve()
+    if path.is_symlink() and target.parent.name == "blobs":  # the hub names blobs by content
+        return target.name
+    st = target.stat()
+    seen = f"{target}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    if seen not in known:
+        digest = hashlib.blake2b(digest_size=16)
+        with target.open("rb") as file:
+            while chunk := file.read(CHUNK_BYTES):
+                digest.update(chunk)
+        known[seen] = digest.hexdigest()
+    return known[seen]
+
+
+def _read_marks(marks: Path | None) -> dict[str, str]:
+    try:
+        found = json.loads(marks.read_text()) if marks is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
+def _write_marks(marks: Path, known: dict[str, str]) -> None:
+    """Keep `known` (written aside and renamed: workers starting together may both write)."""
+    temporary = marks.with_name(f".{marks.name}.{os.getpid()}")
+    try:
+        marks.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(json.dumps(known))
+        os.replace(temporary, marks)
+    except OSError:  # only a start's time is lost: the next one hashes again
+        temporary.unlink(missing_ok=True)
 
 
 def kv_layout(cache: list[Any]) -> str:

@@ -129,8 +129,9 @@ class Runtime(Generic[J, P, O]):
     figures: PrefixFigures | None = None  # this worker's prefix-cache figures (fleet view)
     # When its last job ended and the keep_alive it asked for (the pool reads them: worker/pool/).
     recency: Recency = field(default_factory=Recency)
-    # Run on each prepared job before it enters the loop (worker/runtime/prefix_fetch.py).
-    prefetch: Callable[[P], None] | None = None
+    # Run on each prepared job before it enters the loop (worker/runtime/prefix_fetch.py);
+    # True when it waited on something, so that a cancel meanwhile is looked for again.
+    prefetch: Callable[[P], bool] | None = None
 
     @classmethod
     def start(
@@ -144,7 +145,7 @@ class Runtime(Generic[J, P, O]):
         release: Script,
         worker_id: str,
         figures: PrefixFigures | None = None,
-        prefetch: Callable[[P], None] | None = None,
+        prefetch: Callable[[P], bool] | None = None,
     ) -> Runtime[J, P, O]:
         """The runtime of a worker that serves `kind` on `engine`, with its engine loop (which
         the worker's main thread runs)."""
@@ -288,8 +289,8 @@ def _start_and_wait(rt: Runtime[J, P, O], job: J, route: Route) -> JobOutcome:
             "The job waited in the queue past its deadline and was not started; retry later."
         )
     prepared = rt.engine.prepare(job)
-    if rt.prefetch is not None:
-        rt.prefetch(prepared)
+    if rt.prefetch is not None and rt.prefetch(prepared) and _cancelled(rt, job):
+        return JobOutcome(finish_reason="cancelled", prompt_tokens=0, completion_tokens=0)
     future = rt.loop.submit(prepared, route)
     limit_s = job.limits.run_limit_s
     try:
@@ -312,6 +313,10 @@ def _taken(rt: Runtime[J, P, O], job: J) -> bool:
     pipe.exists(rt.keys.cancelled(job.job_id))
     _, cancelled = pipe.execute()
     return bool(cancelled)
+
+
+def _cancelled(rt: Runtime[J, P, O], job: J) -> bool:
+    return bool(rt.redis.exists(rt.keys.cancelled(job.job_id)))
 
 
 def _release_backlog(rt: Runtime[J, P, O], model: str, job_id: str) -> None:

@@ -12,20 +12,27 @@ and the engine restores it from there as it would any file, checking its arrays 
 A holder that answers late, with nothing or with junk, costs the job only the wait: the prompt
 is prefilled as before. Both sides need a disk tier.
 
-Wire (shared/queue/keys.py): an ask (`Ask`, JSON) on the holder's `{ns}:prefix_asks:{worker}`
-list; the answer on `{ns}:prefix_reply:{ask id}`: the file in pieces of PIECE_BYTES, then an
-empty piece (an empty answer: nothing held). Redis holds one file in flight per fetch, for at
-most REPLY_TTL_S.
+Wire (shared/queue/keys.py): a lending thread keeps `{ns}:lends:{worker}` set to the identity
+of its caches, so a taker asks only holders that lend caches it can use (not a worker with no
+disk tier, lending off, an older version, or other weights or KV form under the same name).
+An ask (`Ask`, JSON) goes on the holder's `{ns}:prefix_asks:{worker}` list; the answer on
+`{ns}:prefix_reply:{ask id}`, in one transaction: a header (`Header`: the file's length; 0:
+nothing worth sending is held), the file in pieces of PIECE_BYTES, then an empty piece. A file
+whose length differs from its header's is dropped. Redis holds one file in flight per fetch, for
+at most REPLY_TTL_S; the ask's deadline is in Redis's clock, so machines' clocks need not agree,
+and a holder that finds it passed sends nothing.
 
 When it pays: the tokens the holder has beyond what this worker holds itself, times the prefill
 time of a token (`prefill_s_per_token`, the figure placement waits by), must be at least MARGIN
 times the expected transfer: the holder's tokens times the bytes a token takes in this model's
 cache, over the link rate, first `prefix_fetch_mb_s`, then what this worker's fetches measured.
-The wait is bounded by half the prefill saved, so a fetch that fails costs at most that.
+The wait is bounded by half the prefill saved (and MAX_WAIT_S), so a fetch that fails costs at
+most that; one that times out counts as a measurement of a link no faster than that.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -51,6 +58,7 @@ log = logging.getLogger(__name__)
 PIECE_BYTES = 4 << 20
 REPLY_TTL_S = 30
 ASKS_TTL_S = 30
+LENDS_TTL_S = 5  # the lending thread renews it every turn (at most 1 s)
 # Fewer tokens than this saved is not worth a round trip to another worker.
 MIN_GAIN_TOKENS = 4 * BLOCK_TOKENS
 MARGIN = 2.0
@@ -59,14 +67,23 @@ ASK_S = 0.05
 # How much a new measurement of the link moves the rate used.
 RATE_WEIGHT = 0.5
 MAX_ASK_TOKENS = 1 << 20
+# The longest a slot waits on a holder: a draining worker waits for its slots too.
+MAX_WAIT_S = 30.0
 
 
 class Ask(BaseModel):
     """An ask for the cache holding most of `tokens`' first tokens, answered by `until`."""
 
     reply: Annotated[str, Field(pattern=ID_PATTERN)]
+    identity: str  # the asker's caches' (worker/engine/prefix_identity.py)
     tokens: Annotated[list[int], Field(max_length=MAX_ASK_TOKENS)]
-    until: float  # unix s
+    until: float  # unix s, Redis's clock
+
+
+class Header(BaseModel):
+    """The first piece of an answer."""
+
+    bytes: int  # the file's length; 0: nothing to send
 
 
 @dataclass
@@ -84,7 +101,7 @@ class FetchRule:
             return None
         saved_s = gain * self.prefill_s_per_token
         expected_s = ASK_S + tokens * self.token_bytes / self.bytes_per_s
-        return saved_s / MARGIN if expected_s * MARGIN <= saved_s else None
+        return min(saved_s / MARGIN, MAX_WAIT_S) if expected_s * MARGIN <= saved_s else None
 
     def measured(self, nbytes: int, seconds: float) -> None:
         rate = nbytes / max(seconds, 1e-3)
@@ -110,7 +127,8 @@ class PrefixFetch:
         cache: PrefixCache,
         rule: FetchRule,
     ) -> None:
-        """`cache`: this worker's, with its disk tier, which keeps what is fetched."""
+        """`redis`: a client for blocking reads; `cache`: this worker's, with its disk tier,
+        which keeps what is fetched."""
         assert cache.disk is not None
         self._redis = redis
         self._keys = keys
@@ -120,81 +138,114 @@ class PrefixFetch:
         self._cache = cache
         self._disk: DiskTier = cache.disk
         self._rule = rule
-        self._rule_lock = threading.Lock()  # slot threads share the measured rate
+        self._lock = threading.Lock()  # slot threads share the rule and the lenders read
+        self._lenders: tuple[float, list[str]] = (0.0, [])
 
-    def __call__(self, prepared: PreparedJob) -> None:
+    def __call__(self, prepared: PreparedJob) -> bool:
+        """Fetch what another worker holds of the job's prompt, if it pays; whether it asked
+        (and so waited: the caller checks the job was not cancelled meanwhile)."""
         prompt = prepared.prompts[0]
         if len(prompt) < MIN_GAIN_TOKENS:  # most jobs: no round trip, nothing computed
-            return
+            return False
         try:
-            self._fetch(prompt)
-        except RedisError as err:  # a fetch only ever saves time: the job goes on without it
-            log.warning("prefix fetch: Redis failed: %s", err)
+            return self._fetch(prompt)
+        except Exception as err:  # a fetch only ever saves time: the job goes on without it
+            log.warning("prefix fetch: failed (%s: %s)", type(err).__name__, err)
+            return False
 
-    def _fetch(self, prompt: list[int]) -> None:
-        found = self._holder(prompt)
+    def _fetch(self, prompt: list[int]) -> bool:
+        found, now = self._holder(prompt)
         if found is None:
-            return
+            return False
         own = held_tokens(self._cache.held, prompt)
-        with self._rule_lock:
+        with self._lock:
             wait_s = self._rule.wait_s(found.tokens - own, found.tokens)
         if wait_s is None:
-            return
+            return False
         started = time.perf_counter()
-        data = self._ask(found.worker_id, prompt, wait_s)
+        data = self._ask(found.worker_id, prompt, now + wait_s, wait_s)
         seconds = time.perf_counter() - started
         kept = self._disk.adopt(data) if data else None
+        if data is None:  # no answer in time: the link is no faster than that
+            with self._lock:
+                self._rule.measured(found.tokens * self._rule.token_bytes, seconds)
         if kept is None:
             log.info("prefix fetch: nothing usable from %s in %.2f s", found.worker_id, seconds)
-            return
-        with self._rule_lock:
+            return True
+        assert data is not None
+        with self._lock:
             self._rule.measured(len(data), seconds)
+        megabytes = len(data) / 1e6
         log.info(
             "prefix fetch: %d tokens (%.1f MB) from %s in %.2f s",
-            len(kept),
-            len(data) / 1e6,
-            found.worker_id,
-            seconds,
+            *(len(kept), megabytes, found.worker_id, seconds),
         )
+        return True
 
-    def _holder(self, prompt: list[int]) -> Holder | None:
-        """The other live worker advertising most of `prompt`'s first blocks."""
+    def _holder(self, prompt: list[int]) -> tuple[Holder | None, float]:
+        """The lender advertising most of `prompt`'s first blocks, and Redis's time (unix s)."""
+        lenders = self._lending()
+        hashes = block_hashes(prompt)
+        if not lenders or not hashes:
+            return None, 0.0
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.time()
+        for worker in lenders:
+            pipe.smismember(self._keys.prefix_blocks(worker), hashes)
+        (seconds, micros), *rows = pipe.execute()
+        held = [matched_blocks([bool(m) for m in row]) * BLOCK_TOKENS for row in rows]
+        best = max(range(len(lenders)), key=lambda i: held[i])
+        found = Holder(lenders[best], held[best]) if held[best] else None
+        return found, seconds + micros / 1e6
+
+    def _lending(self) -> list[str]:
+        """The other live workers that lend caches of this worker's identity, read at most
+        once a heartbeat."""
+        with self._lock:
+            read_at, lenders = self._lenders
+        if time.monotonic() - read_at < self._heartbeat_s:
+            return lenders
         live = live_workers(self._redis, self._keys, [self._model], self._heartbeat_s)
         others = sorted(live.get(self._model, set()) - {self._worker_id})
-        hashes = block_hashes(prompt)
-        if not others or not hashes:
-            return None
-        pipe = self._redis.pipeline(transaction=False)
-        for worker in others:
-            pipe.smismember(self._keys.prefix_blocks(worker), hashes)
-        rows = pipe.execute()
-        held = [matched_blocks([bool(m) for m in row]) * BLOCK_TOKENS for row in rows]
-        best = max(range(len(others)), key=lambda i: held[i])
-        return Holder(others[best], held[best]) if held[best] else None
+        identities = self._redis.mget([self._keys.lends(w) for w in others]) if others else []
+        mine = self._disk.identity.encode()
+        lenders = [w for w, i in zip(others, identities, strict=True) if i == mine]
+        with self._lock:
+            self._lenders = (time.monotonic(), lenders)
+        return lenders
 
-    def _ask(self, holder: str, prompt: list[int], wait_s: float) -> bytes:
-        """The holder's answer, or b"" when it gave none within `wait_s`."""
-        ask = Ask(reply=new_id("ask_"), tokens=prompt, until=time.time() + wait_s)
+    def _ask(self, holder: str, prompt: list[int], until: float, wait_s: float) -> bytes | None:
+        """The holder's file; b"" if it sent nothing usable, None if no answer came in time."""
+        ask = Ask(reply=new_id("ask_"), identity=self._disk.identity, tokens=prompt, until=until)
         reply = self._keys.prefix_reply(ask.reply)
         asks = self._keys.prefix_asks(holder)
         pipe = self._redis.pipeline(transaction=False)
         pipe.rpush(asks, ask.model_dump_json())
         pipe.expire(asks, ASKS_TTL_S)
         pipe.execute()
-        pieces: list[bytes] = []
         deadline = time.monotonic() + wait_s
         try:
-            while (left := deadline - time.monotonic()) > 0:
-                got = self._redis.blpop([reply], timeout=min(left, 1.0))
-                if got is None:
-                    continue
-                piece = got[1]
-                if not isinstance(piece, bytes) or not piece:
-                    return b"".join(pieces)
+            header = self._pop(reply, deadline)
+            if header is None:
+                return None
+            expected = Header.model_validate_json(header).bytes
+            pieces: list[bytes] = []
+            while (piece := self._pop(reply, deadline)) is not None:
+                if not piece:
+                    data = b"".join(pieces)
+                    return data if len(data) == expected else b""
                 pieces.append(piece)
-            return b""
+            return None
         finally:
             self._redis.delete(reply)
+
+    def _pop(self, key: str, deadline: float) -> bytes | None:
+        """The next piece of `key`, or None once `deadline` (monotonic s) has passed."""
+        while (left := deadline - time.monotonic()) > 0:
+            got = self._redis.blpop([key], timeout=min(left, 1.0))
+            if got is not None and isinstance(got[1], bytes):
+                return got[1]
+        return None
 
 
 def held_tokens(held: Sequence[list[int]], prompt: list[int]) -> int:
@@ -214,20 +265,35 @@ class Lender:
     """The thread that answers other workers' asks for what this worker's cache holds."""
 
     def __init__(self, redis: Redis, keys: Keys, worker_id: str, cache: PrefixCache) -> None:
-        """`redis`: a client for blocking reads (its socket waits out the pops)."""
+        """`redis`: a client for blocking reads (its socket waits out the pops); `cache`:
+        this worker's, with its disk tier."""
+        assert cache.disk is not None
         self._redis = redis
         self._asks = keys.prefix_asks(worker_id)
+        self._lends = keys.lends(worker_id)
+        self._identity = cache.disk.identity
         self._keys = keys
         self._cache = cache
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def start(self, stop: threading.Event) -> threading.Thread:
-        thread = threading.Thread(target=self._run, args=(stop,), name="prefix-lend", daemon=True)
-        thread.start()
-        return thread
+    def start(self, stop: threading.Event) -> None:
+        """Lend until `stop` (or `close`)."""
+        self._thread = threading.Thread(
+            target=self._run, args=(stop,), name="prefix-lend", daemon=True
+        )
+        self._thread.start()
+
+    def close(self, timeout_s: float) -> None:
+        """Stop lending, and wait up to `timeout_s` for a lend in progress to end."""
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
 
     def _run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
+        while not stop.is_set() and not self._closing.is_set():
             try:
+                self._redis.set(self._lends, self._identity, ex=LENDS_TTL_S)
                 got = self._redis.blpop([self._asks], timeout=1)
                 if got is not None and isinstance(got[1], bytes):
                     self.answer(got[1])
@@ -236,6 +302,8 @@ class Lender:
                 stop.wait(1.0)
             except Exception:  # a bad ask or file must not end the thread
                 log.exception("prefix lending: could not answer an ask")
+        with contextlib.suppress(RedisError):
+            self._redis.delete(self._lends)
 
     def answer(self, raw: bytes) -> None:
         try:
@@ -243,17 +311,24 @@ class Lender:
         except ValidationError as err:
             log.warning("prefix lending: a malformed ask: %s", err.errors()[:1])
             return
-        if time.time() > ask.until:
-            return  # its asker stopped waiting
+        if ask.identity != self._identity or self._late(ask):
+            return  # not a cache of ours, or its asker stopped waiting
         path = self._cache.lend(ask.tokens)
         try:
             data = memoryview(path.read_bytes()) if path is not None else memoryview(b"")
         except OSError:  # removed by the cap meanwhile
             data = memoryview(b"")
+        if self._late(ask):  # the lend took too long: sending now only fills Redis
+            return
         reply = self._keys.prefix_reply(ask.reply)
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.rpush(reply, Header(bytes=len(data)).model_dump_json())
+        pipe.expire(reply, REPLY_TTL_S)
         for start in range(0, len(data), PIECE_BYTES):
             pipe.rpush(reply, data[start : start + PIECE_BYTES])
         pipe.rpush(reply, b"")
-        pipe.expire(reply, REPLY_TTL_S)
         pipe.execute()
+
+    def _late(self, ask: Ask) -> bool:
+        seconds, micros = self._redis.time()
+        return seconds + micros / 1e6 > ask.until

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from redis import Redis
 from redis.exceptions import RedisError
 
 from shared.observe import tracing
@@ -74,6 +73,7 @@ log = logging.getLogger(__name__)
 EXIT_WEDGED = 70  # EX_SOFTWARE
 EXIT_BURIED = 75  # EX_TEMPFAIL
 PRESENCE_WAIT_S = 10.0
+LEND_JOIN_S = 5.0  # a lend in progress: its file's write, then its push
 
 
 def resolve_model(settings: Settings) -> tuple[str, str]:
@@ -218,7 +218,7 @@ def serve(settings: Settings) -> None:
         embedding = Runtime.start(EmbeddingKind(), engine, *plumbing)
         loop, kind, recency = bind(embedding), embedding.kind.serves, embedding.recency
     else:
-        prefetch = prefix_fetch(settings, redis, keys, name, worker_id, prefixes)
+        prefetch = prefix_fetch(settings, keys, name, worker_id, prefixes)
         generation = Runtime.start(GenerationKind(), engine, *plumbing, figures, prefetch)
         loop, kind, recency = bind(generation), generation.kind.serves, generation.recency
 
@@ -252,7 +252,7 @@ def serve(settings: Settings) -> None:
     _until_redis_answers(lambda: born(redis, keys, worker_id, name, kind))
     blocking = connect_blocking(settings)
     present = listen_for_cancels(blocking, keys, loop, worker_id, services)
-    start_lending(settings, keys, worker_id, prefixes, services)
+    lending = start_lending(settings, keys, worker_id, prefixes, services)
     if not present.wait(PRESENCE_WAIT_S):
         log.warning("presence not confirmed yet (Redis slow?); serving anyway")
     reporter = Reporter(
@@ -303,13 +303,12 @@ def serve(settings: Settings) -> None:
         log.warning("could not hand back or deregister: %s", err)
         return
     finally:  # its jobs handed on first: they need not wait for the disk
-        keep_on_disk(prefixes)
+        keep_on_disk(prefixes, lending)
     log.info("worker %s stopped (%d jobs handed back)", worker_id, handed)
 
 
 def prefix_fetch(
     settings: Settings,
-    redis: Redis,
     keys: Keys,
     name: str,
     worker_id: str,
@@ -320,7 +319,8 @@ def prefix_fetch(
         return None
     link = settings.prefix_fetch_mb_s * 1e6
     rule = FetchRule(settings.prefill_s_per_token, prefixes.disk.token_bytes, link)
-    return PrefixFetch(redis, keys, name, worker_id, settings.heartbeat_s, prefixes, rule)
+    blocking = connect_blocking(settings)  # its pops wait longer than a call's timeout
+    return PrefixFetch(blocking, keys, name, worker_id, settings.heartbeat_s, prefixes, rule)
 
 
 def start_lending(
@@ -329,14 +329,23 @@ def start_lending(
     worker_id: str,
     prefixes: HeldPrefixes | None,
     stop: threading.Event,
-) -> None:
-    """Answer other workers' asks for what this worker's cache holds, until `stop`."""
-    if isinstance(prefixes, PrefixCache) and prefixes.persistent and settings.prefix_fetch:
-        Lender(connect_blocking(settings), keys, worker_id, prefixes).start(stop)
+) -> Lender | None:
+    """Answer other workers' asks for what this worker's cache holds, until `stop` (None: it
+    does not lend)."""
+    if not isinstance(prefixes, PrefixCache) or not prefixes.persistent:
+        return None
+    if not settings.prefix_fetch:
+        return None
+    lender = Lender(connect_blocking(settings), keys, worker_id, prefixes)
+    lender.start(stop)
+    return lender
 
 
-def keep_on_disk(prefixes: HeldPrefixes | None) -> None:
-    """Write all the prefix cache holds to its disk tier, for the next worker on its folder."""
+def keep_on_disk(prefixes: HeldPrefixes | None, lender: Lender | None) -> None:
+    """Write all the prefix cache holds to its disk tier, for the next worker on its folder,
+    once its lending has stopped (no lend half done as the cache closes)."""
+    if lender is not None:
+        lender.close(LEND_JOIN_S)
     if isinstance(prefixes, PrefixCache) and prefixes.persistent:
         started = time.perf_counter()
         prefixes.close()
