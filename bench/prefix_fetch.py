@@ -41,13 +41,15 @@ def _busy(running: systems.Running, messages: list[dict[str, Any]]) -> threading
     """A long request of `messages` in a thread of its own, once a worker's slot holds it."""
     body = {**chat_body(running.model, 0, BUSY_TOKENS), "messages": messages}
     body["logit_bias"] = NO_END
+    assert running.cluster is not None and running.redis is not None
+    taking = [running.cluster.keys.taking(w.worker_id) for w in running.cluster.workers]
+    redis = running.redis
+    # The first turn's job may still be on its slot's list for a moment after its answer.
+    wait_until(lambda: not any(redis.llen(k) for k in taking), 60, "the slots free")
     thread = threading.Thread(
         target=lambda: asyncio.run(stream_chat("127.0.0.1", running.port, body, 900.0))
     )
     thread.start()
-    assert running.cluster is not None and running.redis is not None
-    taking = [running.cluster.keys.taking(w.worker_id) for w in running.cluster.workers]
-    redis = running.redis
     wait_until(lambda: any(redis.llen(k) for k in taking), 60, "the holder's slot taken")
     return thread
 

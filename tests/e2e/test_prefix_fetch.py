@@ -96,6 +96,9 @@ def test_a_busy_holders_cache_is_fetched_by_the_worker_that_takes_the_next_turn(
     first = _ask(fleet.http, said)  # only the holder is serving yet
     fleet.cluster.wait_for_worker(fleet.taker)
     redis = fleet.cluster.redis()
+    holding = fleet.cluster.keys.taking(fleet.holder.worker_id)
+    # The first turn's job may still be on the slot's list for a moment after its answer.
+    wait_until(lambda: redis.llen(holding) == 0, 30, "the holder's slot free")
     # It shares the system prompt: placed on the holder, it fills its slot.
     story = [said[0], {"role": "user", "content": "Tell me a long story."}]
     busy = threading.Thread(
@@ -105,7 +108,6 @@ def test_a_busy_holders_cache_is_fetched_by_the_worker_that_takes_the_next_turn(
     )
     busy.start()
     try:
-        holding = fleet.cluster.keys.taking(fleet.holder.worker_id)
         wait_until(lambda: redis.llen(holding) > 0, 30, "the holder's slot taken")
         answer = first["choices"][0]["message"]["content"]
         turn = [*said, {"role": "assistant", "content": answer}, {"role": "user", "content": "Bye"}]
