@@ -154,11 +154,13 @@ def connect(settings: Settings) -> Redis:
     )
 
 
-def connect_blocking(settings: Settings) -> Redis:
-    """A client for blocking reads (subscribers, queue pops): silence is normal there."""
+def connect_blocking(settings: Settings, read_timeout_s: float | None = None) -> Redis:
+    """A client for blocking reads (subscribers, queue pops): silence is normal there.
+    `read_timeout_s`: for pops of bounded waits, how long a read may go unanswered."""
     return client_for(
         settings.redis_url,
         socket_connect_timeout=settings.redis_timeout_s,
+        socket_timeout=read_timeout_s,
         socket_keepalive=True,
         health_check_interval=10,
         max_connections=settings.redis_max_connections,

@@ -29,8 +29,10 @@ from worker.engine.prepare import PreparedJob
 from worker.ops.cluster import wait_until
 from worker.runtime.prefix_fetch import (
     MIN_GAIN_TOKENS,
+    RECOVER_S,
     Ask,
     FetchRule,
+    Header,
     Lender,
     PrefixFetch,
     held_tokens,
@@ -124,7 +126,7 @@ def test_the_identity_changes_with_the_weights_at_the_same_size(tmp_path: Path) 
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(bytes(1 << 20))
     before = model_identity(tmp_path, "float32")
-    with weights.open("r+b") as file:  # one byte inside one sampled piece
+    with weights.open("r+b") as file:  # one byte
         file.seek((1 << 20) // 2 + 1)
         file.write(b"\x01")
     assert model_identity(tmp_path, "float32") != before
@@ -165,7 +167,7 @@ def test_held_tokens_is_the_longest_common_start() -> None:
 
 
 # The default model on this CPU: 4.4 ms a prompt token, 46 KB a float32 token.
-RULE = FetchRule(prefill_s_per_token=0.0044, token_bytes=46_080, bytes_per_s=100e6)
+RULE = FetchRule(prefill_s_per_token=0.0044, token_bytes=46_080, link_bytes_per_s=100e6)
 
 
 def test_a_fetch_pays_when_the_link_moves_the_cache_faster_than_its_prefill() -> None:
@@ -174,7 +176,7 @@ def test_a_fetch_pays_when_the_link_moves_the_cache_faster_than_its_prefill() ->
 
 
 def test_a_fetch_does_not_pay_over_a_slow_link_or_for_a_few_tokens() -> None:
-    slow = FetchRule(0.0044, 46_080, bytes_per_s=5e6)  # 18 s for 2,000 tokens
+    slow = FetchRule(0.0044, 46_080, link_bytes_per_s=5e6)  # 18 s for 2,000 tokens
     assert slow.wait_s(gain=2000, tokens=2000) is None
     assert RULE.wait_s(gain=MIN_GAIN_TOKENS - 1, tokens=4000) is None
     # most of the holder's tokens held here already: moving them all saves too little
@@ -182,12 +184,15 @@ def test_a_fetch_does_not_pay_over_a_slow_link_or_for_a_few_tokens() -> None:
     assert FetchRule(0.0044, 0, 100e6).wait_s(gain=2000, tokens=2000) is None
 
 
-def test_the_link_rate_follows_what_fetches_measure() -> None:
-    rule = FetchRule(0.0044, 46_080, bytes_per_s=100e6)
+def test_the_link_rate_follows_what_fetches_measure_until_it_is_old() -> None:
+    rule = FetchRule(0.0044, 46_080, link_bytes_per_s=100e6)
     for _ in range(8):
         rule.measured(nbytes=10_000_000, seconds=1.0)  # 10 MB/s
-    assert rule.bytes_per_s == pytest.approx(10e6, rel=0.05)
+    assert rule.rate() == pytest.approx(10e6, rel=0.05)
     assert rule.wait_s(gain=2000, tokens=2000) is None
+    rule.measured_at -= RECOVER_S  # a slow link is tried again, at the configured rate
+    assert rule.rate() == 100e6
+    assert rule.wait_s(gain=2000, tokens=2000) is not None
 
 
 # The wire, on the session's Redis: a lending thread and a taker, as two workers run them.
@@ -231,7 +236,7 @@ def wire(model: Any, tmp_path: Path, redis_url: str) -> Iterator[Wire]:
 
 def _taker(wire: Wire, prefill_s_per_token: float = 1.0) -> PrefixFetch:
     assert wire.taker.disk is not None
-    rule = FetchRule(prefill_s_per_token, token_bytes=1000, bytes_per_s=1e9)
+    rule = FetchRule(prefill_s_per_token, token_bytes=1000, link_bytes_per_s=1e9)
     return PrefixFetch(wire.redis, wire.keys, MODEL, "taker", 60.0, wire.taker, rule)
 
 
@@ -271,7 +276,7 @@ def test_a_lender_of_other_caches_is_never_asked(wire: Wire) -> None:
     assert not wire.redis.exists(wire.keys.prefix_asks("holder"))
 
 
-def test_a_silent_lender_costs_the_job_half_the_prefill_and_lowers_the_rate(wire: Wire) -> None:
+def test_a_silent_lender_costs_one_job_half_the_prefill_then_is_set_aside(wire: Wire) -> None:
     assert wire.holder.disk is not None
     wire.redis.set(wire.keys.lends("holder"), wire.holder.disk.identity)  # but never answers
     taker = _taker(wire, prefill_s_per_token=0.002)  # 320 tokens: a 0.32 s wait
@@ -279,7 +284,27 @@ def test_a_silent_lender_costs_the_job_half_the_prefill_and_lowers_the_rate(wire
     assert taker(_job(ASKED)) is True
     assert 0.3 <= time.perf_counter() - started < 2.0
     assert wire.taker.reuse(ASKED, shared=0).hits == 0
-    assert taker._rule.bytes_per_s < 1e9
+    assert taker(_job(ASKED)) is False  # not asked again for a while
+    assert taker._rule.rate() == 1e9  # the link was not what failed
+
+
+def test_an_ask_for_another_models_cache_is_answered_with_nothing_at_once(wire: Wire) -> None:
+    lender = Lender(wire.redis, wire.keys, "holder", wire.holder)
+    until = time.time() + 60  # the test's Redis runs on this machine's clock
+    ask = Ask(reply="ask_other", identity="another-model", tokens=ASKED, until=until)
+    lender.answer(ask.model_dump_json().encode())
+    reply = wire.redis.lrange(wire.keys.prefix_reply("ask_other"), 0, -1)
+    assert reply == [Header(bytes=0).model_dump_json().encode(), b""]
+
+
+def test_a_lend_whose_file_cannot_be_written_is_answered_with_nothing(wire: Wire) -> None:
+    assert wire.holder.disk is not None
+    shutil.rmtree(wire.holder.disk.folder)  # its folder gone under it
+    lender = Lender(wire.redis, wire.keys, "holder", wire.holder)
+    ask = Ask(reply="ask_gone", identity=wire.holder.disk.identity, tokens=ASKED, until=1e12)
+    lender.answer(ask.model_dump_json().encode())
+    reply = wire.redis.lrange(wire.keys.prefix_reply("ask_gone"), 0, -1)
+    assert reply == [Header(bytes=0).model_dump_json().encode(), b""]
 
 
 @pytest.mark.parametrize("raw", [b"", b"junk", b'{"reply": "../x", "identity": "a"}'])
@@ -298,10 +323,17 @@ def test_an_ask_past_its_deadline_gets_no_answer(wire: Wire) -> None:
     assert not wire.redis.exists(wire.keys.prefix_reply("ask_late"))
 
 
+@pytest.mark.parametrize("where", ["memory", "disk"])
 def test_a_longer_held_sequence_is_lent_cut_to_what_the_prompt_shares(
-    model: Any, tmp_path: Path
+    model: Any, tmp_path: Path, where: str
 ) -> None:
     holder = _cache(tmp_path, model)
-    holder.store([*HISTORY, 70, 71, 72], _finished(model, [*HISTORY, 70, 71, 72]))
-    path = holder.lend([*HISTORY, 80])
+    longer = [*HISTORY, *range(60, 90)]
+    holder.store(longer, _finished(model, longer))
+    if where == "disk":
+        holder.close()
+        holder = _cache(tmp_path, model)  # a restart: its files only
+    path = holder.lend([*HISTORY, 95])
     assert path is not None and path.name == file_name(HISTORY)
+    taker = _cache(tmp_path / "taker", model)
+    assert taker.disk is not None and taker.disk.adopt(path.read_bytes()) == HISTORY

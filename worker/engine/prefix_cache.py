@@ -125,26 +125,29 @@ class PrefixCache:
         self._disk.flush()
 
     def lend(self, prompt: list[int]) -> Path | None:
-        """The file of a cache of `prompt`'s first tokens, from memory or disk, or None: nothing
-        worth sending is held. A memory entry is cut to the tokens it shares with `prompt` and
-        written first; a longer file is sent only where its reader would read it (READ_SHARE).
-        Called by the lending thread, for another worker (worker/runtime/prefix_fetch.py)."""
+        """The file of a cache of `prompt`'s first tokens, from memory or disk, holding no more
+        than those it shares with `prompt` (a longer one is cut and written first), or None:
+        nothing of it is held. Called by the lending thread, for another worker
+        (worker/runtime/prefix_fetch.py)."""
         if self._disk is None:
             return None
         on_disk, stored = self._disk.best(prompt)
         with self._lock:
             tokens, common = _longest(self._lru._trie.search(_KEY, prompt), len(prompt))
-            held = self._lru._trie.get(_KEY, tokens).prompt_cache if common > on_disk else None
-            # A copy to cut, as mlx-lm's own fetch makes one (only of a longer entry).
-            cache = copy.deepcopy(held) if held is not None and common < len(tokens) else held
-        if cache is not None and common >= MIN_SHARED_TOKENS:
-            if common < len(tokens):
-                if not can_trim_prompt_cache(cache):
-                    return None
-                trim_prompt_cache(cache, len(tokens) - common)
-            return self._disk.write_now(tokens[:common], cache)
-        worth = stored is not None and self._disk.worth_reading(stored, on_disk)
-        return stored.path if stored is not None and worth else None
+            in_memory = common > 0 and common >= on_disk
+            held = self._lru._trie.get(_KEY, tokens).prompt_cache if in_memory else None
+        if held is None and stored is not None:
+            if len(stored.tokens) == on_disk:
+                return stored.path
+            tokens, common, held = stored.tokens.tolist(), on_disk, self._disk.read(stored)
+        if held is None or common < MIN_SHARED_TOKENS:
+            return None
+        if common < len(tokens):
+            if not can_trim_prompt_cache(held):
+                return None
+            held = copy.deepcopy(held)  # the entry stays as it is: the copy is cut
+            trim_prompt_cache(held, len(tokens) - common)
+        return self._disk.write_now(tokens[:common], held)
 
     def close(self) -> None:
         """`persist_all`, then stop the disk tier's thread: the cache is not used again."""

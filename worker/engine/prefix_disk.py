@@ -145,7 +145,7 @@ class DiskTier:
         common, best = self.best(prompt)
         if best is None or not self.worth_reading(best, common - known):
             return None
-        cache = self._read(best)
+        cache = self.read(best)
         if cache is None:
             return None
         with contextlib.suppress(OSError):
@@ -159,7 +159,9 @@ class DiskTier:
         wanted = np.asarray(prompt, dtype=np.uint32)
         with self._lock:
             ranked = [(s.common(wanted), s) for s in self._index.values()]
-        return max(ranked, key=lambda r: r[0], default=(0, None))
+        # Among equals, the shortest: the least to read or send.
+        best = max(ranked, key=lambda r: (r[0], -len(r[1].tokens)), default=(0, None))
+        return best[0], best[1]
 
     def worth_reading(self, stored: Stored, gain: int) -> bool:
         """Whether reading `stored` pays for the `gain` tokens it adds to what is held."""
@@ -192,10 +194,10 @@ class DiskTier:
     def write_now(self, tokens: list[int], cache: list[Any]) -> Path | None:
         """Write `tokens`' cache on this thread (a copy already on disk is only touched), for
         a thread that needs the file at once: the file, or None if it could not be written."""
-        mx.eval([c.state for c in cache])
         try:
+            mx.eval([c.state for c in cache])
             self._write(tokens, cache)
-        except OSError as err:
+        except Exception as err:  # a full disk (MLX's save raises RuntimeError), a gone folder
             log.warning("prefix cache: could not write a cache to %s: %s", self._dir, err)
             return None
         self._tidy()
@@ -223,7 +225,8 @@ class DiskTier:
         self._pending.put(None)
         self._writer.join()
 
-    def _read(self, stored: Stored) -> list[Any] | None:
+    def read(self, stored: Stored) -> list[Any] | None:
+        """`stored`'s cache, or None (a file that is not this model's is removed)."""
         try:
             cache, meta = load_prompt_cache(str(stored.path), return_metadata=True)
             mx.eval([c.state for c in cache])
@@ -270,8 +273,12 @@ class DiskTier:
         writer = f"{os.getpid()}.{threading.get_ident()}"
         temporary = self._dir / f".{name[: -len(SUFFIX)]}.{writer}{SUFFIX}"
         meta = {"format": FORMAT, "identity": self._identity, "tokens": _tokens_text(tokens)}
-        save_prompt_cache(str(temporary), [_compact(c) for c in cache], meta)
-        os.replace(temporary, path)
+        try:
+            save_prompt_cache(str(temporary), [_compact(c) for c in cache], meta)
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
         with self._lock:
             self._index[name] = Stored(path, np.asarray(tokens, dtype=np.uint32))
 

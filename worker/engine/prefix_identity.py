@@ -7,7 +7,7 @@ machine, since a worker may fetch a cache another machine's worker wrote
 where or when they were written: a file of the hub's cache is a link to a blob named by its
 content hash, used as it is; any other weight file is hashed whole, once: its hash is kept in
 `{root}/weights.json` under its path, inode, size and modification time, so a worker's start
-hashes only files it has not seen (about 0.8 GB/s here: 0.7 s for the default model's 540 MB).
+hashes only files it has not seen (about 1.7 GB/s here: 0.3 s for the default model's 540 MB).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def weights_mark(path: Path, known: dict[str, str]) -> str:
     st = target.stat()
     seen = f"{target}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
     if seen not in known:
-        digest = hashlib.blake2b(digest_size=16)
+        digest = hashlib.sha256()  # the fastest here (OpenSSL's, 1.7 GB/s; blake2b 0.9)
         with target.open("rb") as file:
             while chunk := file.read(CHUNK_BYTES):
                 digest.update(chunk)

@@ -316,7 +316,10 @@ def _taken(rt: Runtime[J, P, O], job: J) -> bool:
 
 
 def _cancelled(rt: Runtime[J, P, O], job: J) -> bool:
-    return bool(rt.redis.exists(rt.keys.cancelled(job.job_id)))
+    try:
+        return bool(rt.redis.exists(rt.keys.cancelled(job.job_id)))
+    except RedisError:  # Redis failing: the job runs (a cancel it misses costs its tokens only)
+        return False
 
 
 def _release_backlog(rt: Runtime[J, P, O], model: str, job_id: str) -> None:

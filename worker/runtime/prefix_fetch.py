@@ -5,10 +5,11 @@ not always: a holder with no free slot lets it go to a free worker, and a job's 
 holder runs out. The worker that takes it then asks the holder for the cache (`PrefixFetch`, in
 the slot thread, before the job enters the engine), when this machine's figures say the transfer
 is clearly faster than the prefill it saves (`FetchRule`). The holder's lending thread (`Lender`)
-answers with the cache's file, in the disk tier's format (worker/engine/prefix_disk.py),
-written first if memory alone held it. The taker keeps it in its own disk tier only if it is this
-model's cache (its identity names the weights by content: worker/engine/prefix_identity.py),
-and the engine restores it from there as it would any file, checking its arrays again.
+answers with the cache's file, in the disk tier's format (worker/engine/prefix_disk.py), cut
+to what the prompt shares and written first where need be (`PrefixCache.lend`). The taker
+keeps it in its own disk tier only if it is this model's cache (its identity names the weights
+by content: worker/engine/prefix_identity.py), and the engine restores it from there as it
+would any file, checking its arrays again.
 A holder that answers late, with nothing or with junk, costs the job only the wait: the prompt
 is prefilled as before. Both sides need a disk tier.
 
@@ -17,17 +18,19 @@ of its caches, so a taker asks only holders that lend caches it can use (not a w
 disk tier, lending off, an older version, or other weights or KV form under the same name).
 An ask (`Ask`, JSON) goes on the holder's `{ns}:prefix_asks:{worker}` list; the answer on
 `{ns}:prefix_reply:{ask id}`, in one transaction: a header (`Header`: the file's length; 0:
-nothing worth sending is held), the file in pieces of PIECE_BYTES, then an empty piece. A file
-whose length differs from its header's is dropped. Redis holds one file in flight per fetch, for
+nothing to send), the file in pieces of PIECE_BYTES, then an empty piece; the taker waits for
+the header, then reads the rest at once. A file whose length differs from its header's is
+dropped. Redis holds one file in flight per fetch, for
 at most REPLY_TTL_S; the ask's deadline is in Redis's clock, so machines' clocks need not agree,
 and a holder that finds it passed sends nothing.
 
 When it pays: the tokens the holder has beyond what this worker holds itself, times the prefill
 time of a token (`prefill_s_per_token`, the figure placement waits by), must be at least MARGIN
 times the expected transfer: the holder's tokens times the bytes a token takes in this model's
-cache, over the link rate, first `prefix_fetch_mb_s`, then what this worker's fetches measured.
-The wait is bounded by half the prefill saved (and MAX_WAIT_S), so a fetch that fails costs at
-most that; one that times out counts as a measurement of a link no faster than that.
+cache, over the link rate: what this worker's fetches measured, end to end, in the last
+RECOVER_S, else `prefix_fetch_mb_s`. The wait is bounded by half the prefill saved (and
+MAX_WAIT_S), so a fetch that fails costs at most that; a holder that gave no answer in time is
+set aside for SET_ASIDE_S.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import numpy as np
 from pydantic import BaseModel, Field, ValidationError
 from redis import Redis
 from redis.exceptions import RedisError
+from rq.timeouts import JobTimeoutException
 
 from shared.queue.keys import Keys
 from shared.queue.liveness import live_workers
@@ -64,8 +68,13 @@ MIN_GAIN_TOKENS = 4 * BLOCK_TOKENS
 MARGIN = 2.0
 # What an ask costs before the first byte moves: the lender's turn and two round trips.
 ASK_S = 0.05
-# How much a new measurement of the link moves the rate used.
+# How much a new measurement of the link moves the rate used, and how long it holds.
 RATE_WEIGHT = 0.5
+RECOVER_S = 300.0
+# A holder that gave no answer in time is not asked again for this long.
+SET_ASIDE_S = 60.0
+# The longest single pop: a blocking read's client waits a little longer (worker/runtime/serve.py).
+POP_S = 1.0
 MAX_ASK_TOKENS = 1 << 20
 # The longest a slot waits on a holder: a draining worker waits for its slots too.
 MAX_WAIT_S = 30.0
@@ -92,7 +101,9 @@ class FetchRule:
 
     prefill_s_per_token: float
     token_bytes: int  # of this model's cache (0: unknown, never fetch)
-    bytes_per_s: float  # the link, as last measured
+    link_bytes_per_s: float  # as configured: used until a fetch is measured, and RECOVER_S after
+    bytes_per_s: float = 0.0  # as measured, end to end (0: not yet)
+    measured_at: float = -RECOVER_S  # monotonic s
 
     def wait_s(self, gain: int, tokens: int) -> float | None:
         """How long to wait for a cache of `tokens` tokens that saves prefilling `gain` of them;
@@ -100,12 +111,20 @@ class FetchRule:
         if gain < MIN_GAIN_TOKENS or self.token_bytes <= 0:
             return None
         saved_s = gain * self.prefill_s_per_token
-        expected_s = ASK_S + tokens * self.token_bytes / self.bytes_per_s
+        expected_s = ASK_S + tokens * self.token_bytes / self.rate()
         return min(saved_s / MARGIN, MAX_WAIT_S) if expected_s * MARGIN <= saved_s else None
+
+    def rate(self) -> float:
+        """The link's bytes/s: as last measured, or as configured where none is recent (a link
+        measured slow once is tried again, and a fast one measured again)."""
+        recent = time.monotonic() - self.measured_at < RECOVER_S and self.bytes_per_s > 0
+        return self.bytes_per_s if recent else self.link_bytes_per_s
 
     def measured(self, nbytes: int, seconds: float) -> None:
         rate = nbytes / max(seconds, 1e-3)
-        self.bytes_per_s += RATE_WEIGHT * (rate - self.bytes_per_s)
+        before = self.rate()
+        self.bytes_per_s = before + RATE_WEIGHT * (rate - before)
+        self.measured_at = time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -140,6 +159,7 @@ class PrefixFetch:
         self._rule = rule
         self._lock = threading.Lock()  # slot threads share the rule and the lenders read
         self._lenders: tuple[float, list[str]] = (0.0, [])
+        self._aside: dict[str, float] = {}  # holder -> until when it is not asked (monotonic s)
 
     def __call__(self, prepared: PreparedJob) -> bool:
         """Fetch what another worker holds of the job's prompt, if it pays; whether it asked
@@ -148,30 +168,41 @@ class PrefixFetch:
         if len(prompt) < MIN_GAIN_TOKENS:  # most jobs: no round trip, nothing computed
             return False
         try:
-            return self._fetch(prompt)
+            own = held_tokens(self._cache.held, prompt)
+            if len(prompt) - own < MIN_GAIN_TOKENS:  # held here already
+                return False
+            found, now = self._holder(prompt)
+            if found is None:
+                return False
+            with self._lock:
+                wait_s = self._rule.wait_s(found.tokens - own, found.tokens)
+            if wait_s is None:
+                return False
+        except JobTimeoutException:
+            raise
         except Exception as err:  # a fetch only ever saves time: the job goes on without it
             log.warning("prefix fetch: failed (%s: %s)", type(err).__name__, err)
             return False
+        self._fetch(found, prompt, now + wait_s, wait_s)
+        return True
 
-    def _fetch(self, prompt: list[int]) -> bool:
-        found, now = self._holder(prompt)
-        if found is None:
-            return False
-        own = held_tokens(self._cache.held, prompt)
-        with self._lock:
-            wait_s = self._rule.wait_s(found.tokens - own, found.tokens)
-        if wait_s is None:
-            return False
+    def _fetch(self, found: Holder, prompt: list[int], until: float, wait_s: float) -> None:
         started = time.perf_counter()
-        data = self._ask(found.worker_id, prompt, now + wait_s, wait_s)
+        try:
+            data = self._ask(found.worker_id, prompt, until, wait_s)
+            kept = self._disk.adopt(data) if data else None
+        except JobTimeoutException:
+            raise
+        except Exception as err:
+            log.warning("prefix fetch: failed (%s: %s)", type(err).__name__, err)
+            return
         seconds = time.perf_counter() - started
-        kept = self._disk.adopt(data) if data else None
-        if data is None:  # no answer in time: the link is no faster than that
+        if data is None:  # no answer in time: that holder is not asked for a while
             with self._lock:
-                self._rule.measured(found.tokens * self._rule.token_bytes, seconds)
+                self._aside[found.worker_id] = time.monotonic() + SET_ASIDE_S
         if kept is None:
             log.info("prefix fetch: nothing usable from %s in %.2f s", found.worker_id, seconds)
-            return True
+            return
         assert data is not None
         with self._lock:
             self._rule.measured(len(data), seconds)
@@ -180,11 +211,10 @@ class PrefixFetch:
             "prefix fetch: %d tokens (%.1f MB) from %s in %.2f s",
             *(len(kept), megabytes, found.worker_id, seconds),
         )
-        return True
 
     def _holder(self, prompt: list[int]) -> tuple[Holder | None, float]:
         """The lender advertising most of `prompt`'s first blocks, and Redis's time (unix s)."""
-        lenders = self._lending()
+        lenders = self._asked(self._lending())
         hashes = block_hashes(prompt)
         if not lenders or not hashes:
             return None, 0.0
@@ -214,6 +244,12 @@ class PrefixFetch:
             self._lenders = (time.monotonic(), lenders)
         return lenders
 
+    def _asked(self, lenders: list[str]) -> list[str]:
+        """`lenders` less those set aside."""
+        now = time.monotonic()
+        with self._lock:
+            return [w for w in lenders if self._aside.get(w, 0.0) < now]
+
     def _ask(self, holder: str, prompt: list[int], until: float, wait_s: float) -> bytes | None:
         """The holder's file; b"" if it sent nothing usable, None if no answer came in time."""
         ask = Ask(reply=new_id("ask_"), identity=self._disk.identity, tokens=prompt, until=until)
@@ -229,20 +265,23 @@ class PrefixFetch:
             if header is None:
                 return None
             expected = Header.model_validate_json(header).bytes
-            pieces: list[bytes] = []
-            while (piece := self._pop(reply, deadline)) is not None:
-                if not piece:
-                    data = b"".join(pieces)
-                    return data if len(data) == expected else b""
-                pieces.append(piece)
-            return None
+            # The rest came in the header's transaction: all of it is there already.
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.lrange(reply, 0, -1)
+            pipe.delete(reply)
+            rest: list[bytes] = pipe.execute()[0]
         finally:
             self._redis.delete(reply)
+        if not rest or rest[-1] != b"":
+            return b""
+        data = b"".join(rest[:-1])
+        return data if len(data) == expected else b""
 
     def _pop(self, key: str, deadline: float) -> bytes | None:
         """The next piece of `key`, or None once `deadline` (monotonic s) has passed."""
         while (left := deadline - time.monotonic()) > 0:
-            got = self._redis.blpop([key], timeout=min(left, 1.0))
+            # Never 0 (for Redis, wait forever) nor under 1 ms (Redis before 7.0.8 read 0).
+            got = self._redis.blpop([key], timeout=max(min(left, POP_S), 0.01))
             if got is not None and isinstance(got[1], bytes):
                 return got[1]
         return None
@@ -311,13 +350,15 @@ class Lender:
         except ValidationError as err:
             log.warning("prefix lending: a malformed ask: %s", err.errors()[:1])
             return
-        if ask.identity != self._identity or self._late(ask):
-            return  # not a cache of ours, or its asker stopped waiting
-        path = self._cache.lend(ask.tokens)
-        try:
-            data = memoryview(path.read_bytes()) if path is not None else memoryview(b"")
-        except OSError:  # removed by the cap meanwhile
-            data = memoryview(b"")
+        if self._late(ask):
+            return  # its asker stopped waiting
+        data = memoryview(b"")  # nothing to send: said at once, so the asker does not wait
+        if ask.identity == self._identity:
+            try:
+                path = self._cache.lend(ask.tokens)
+                data = memoryview(path.read_bytes()) if path is not None else data
+            except Exception:  # a file removed by the cap meanwhile, a failed write
+                log.exception("prefix lending: could not lend a cache")
         if self._late(ask):  # the lend took too long: sending now only fills Redis
             return
         reply = self._keys.prefix_reply(ask.reply)

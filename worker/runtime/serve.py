@@ -60,7 +60,7 @@ from worker.runtime.generation_kind import GenerationKind
 from worker.runtime.heartbeat import beat, born, keep_beating, retire
 from worker.runtime.job_function import Runtime, bind
 from worker.runtime.loop import DrivenLoop
-from worker.runtime.prefix_fetch import FetchRule, Lender, PrefixFetch
+from worker.runtime.prefix_fetch import POP_S, FetchRule, Lender, PrefixFetch
 from worker.runtime.prefix_report import HeldPrefixes, PrefixFigures, PrefixReport
 from worker.runtime.reaper import Reaper
 from worker.runtime.report import Reporter
@@ -317,9 +317,11 @@ def prefix_fetch(
     """How this worker fetches what other workers' caches hold (None: off, or no disk tier)."""
     if not isinstance(prefixes, PrefixCache) or prefixes.disk is None or not settings.prefix_fetch:
         return None
-    link = settings.prefix_fetch_mb_s * 1e6
-    rule = FetchRule(settings.prefill_s_per_token, prefixes.disk.token_bytes, link)
-    blocking = connect_blocking(settings)  # its pops wait longer than a call's timeout
+    rule = FetchRule(
+        settings.prefill_s_per_token, prefixes.disk.token_bytes, settings.prefix_fetch_mb_s * 1e6
+    )
+    # Its pops wait up to POP_S, longer than a call's timeout.
+    blocking = connect_blocking(settings, read_timeout_s=POP_S + settings.redis_timeout_s)
     return PrefixFetch(blocking, keys, name, worker_id, settings.heartbeat_s, prefixes, rule)
 
 
