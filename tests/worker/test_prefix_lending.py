@@ -307,6 +307,26 @@ def test_a_lend_whose_file_cannot_be_written_is_answered_with_nothing(wire: Wire
     assert reply == [Header(bytes=0).model_dump_json().encode(), b""]
 
 
+def test_an_answer_whose_length_is_not_its_headers_is_dropped(wire: Wire) -> None:
+    """As a piece lost or sent twice would leave it: the file is whole, the header says not."""
+    assert wire.holder.disk is not None
+    wire.redis.set(wire.keys.lends("holder"), wire.holder.disk.identity)
+    path = wire.holder.lend(ASKED)
+    assert path is not None
+    data = path.read_bytes()
+
+    def answer() -> None:
+        got = wire.redis.blpop([wire.keys.prefix_asks("holder")], timeout=10)
+        assert got is not None
+        reply = wire.keys.prefix_reply(Ask.model_validate_json(got[1]).reply)
+        header = Header(bytes=len(data) + 1).model_dump_json()
+        wire.redis.rpush(reply, header, data, b"")
+
+    threading.Thread(target=answer, daemon=True).start()
+    assert _taker(wire)(_job(ASKED)) is True
+    assert wire.taker.reuse(ASKED, shared=0).hits == 0
+
+
 @pytest.mark.parametrize("raw", [b"", b"junk", b'{"reply": "../x", "identity": "a"}'])
 def test_a_malformed_ask_is_dropped_and_the_lender_goes_on(wire: Wire, raw: bytes) -> None:
     _lend(wire)
