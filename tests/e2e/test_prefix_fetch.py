@@ -1,7 +1,7 @@
 """A prompt's prefix cache fetched from the worker that holds it, on real worker processes.
 
 Two workers on the session's Redis, each with a cache folder of its own, as on two machines.
-The first answers a conversation's first turn (about 700 tokens), then a long request fills its
+The first answers a conversation's first turn (about 430 tokens), then a long request fills its
 only slot. The next turn then goes to the second worker, which has never seen the conversation:
 it fetches the first turn's cache from the first worker, whose lending thread answers while its
 engine decodes, instead of prefilling it. Requests go through the in-process app.
@@ -25,11 +25,11 @@ from tests.support import CHAT, MODEL, NO_END, REAL_ENGINE
 from worker.ops.cluster import Cluster, Worker, wait_until
 
 HEARTBEAT_S = 0.5
-# About 650 tokens of system prompt.
+# About 400 tokens of system prompt: past the 256 a fetch needs to pay.
 SYSTEM = (
     "You answer questions about the weather, the sea and the mountains. You keep every answer "
     "short, you never guess, and when you do not know you say so plainly. "
-) * 18
+) * 11
 
 
 @dataclass
@@ -71,12 +71,12 @@ def fleet(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     try:
         holder = cluster.start_worker(MLXQ_BATCH_SIZE="1", MLXQ_PREFIX_CACHE_DIR=str(folders[0]))
         # The rule's prefill figure raised for the taker alone: on a loaded machine the fetch
-        # gets more time than the 1.5 s this machine's figure would give it.
+        # gets more time than the 1 s this machine's figure would give it.
         taker = cluster.start_worker(
             wait=False,
             MLXQ_BATCH_SIZE="2",
             MLXQ_PREFIX_CACHE_DIR=str(folders[1]),
-            MLXQ_PREFILL_S_PER_TOKEN="0.02",
+            MLXQ_PREFILL_S_PER_TOKEN="0.03",
         )
         yield Fleet(
             create_app(settings).test_client(),
@@ -104,7 +104,7 @@ def test_a_busy_holders_cache_is_fetched_by_the_worker_that_takes_the_next_turn(
     busy = threading.Thread(
         target=_ask,
         args=(fleet.http, story),
-        kwargs={"max_tokens": 200, "logit_bias": NO_END},
+        kwargs={"max_tokens": 100, "logit_bias": NO_END},
     )
     busy.start()
     try:
