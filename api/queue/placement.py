@@ -36,7 +36,7 @@ from redis import Redis
 from shared.observe.fleet import WorkerStats
 from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
-from shared.queue.prefix_blocks import BLOCK_TOKENS, block_hashes, matched_blocks
+from shared.queue.prefix_blocks import block_hashes, matched_tokens
 
 # Jobs the holder of a prefix may run beyond the least loaded worker and still be preferred
 # (SGLang's router has the same kind of rule: its balance thresholds).
@@ -173,6 +173,6 @@ class Placement:
 
 
 def _candidate(worker: str, held: list[Any], report: bytes | None) -> Candidate:
-    matched = matched_blocks([bool(m) for m in held]) * BLOCK_TOKENS
+    matched = matched_tokens(held)
     slots = 0 if report is None else WorkerStats.model_validate_json(report).batch_size
     return Candidate(worker, matched, slots)

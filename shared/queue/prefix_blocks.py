@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections.abc import Iterable
 
 BLOCK_TOKENS = 64
 # The most hashes a worker publishes (its cache's newest sequences first): 8,192 x 64 tokens.
@@ -45,3 +46,9 @@ def matched_blocks(held: list[bool]) -> int:
             break
         count += 1
     return count
+
+
+def matched_tokens(members: Iterable[object]) -> int:
+    """The prompt tokens a worker holds from the first, by SMISMEMBER's replies for the
+    prompt's hashes (`matched_blocks`, in tokens)."""
+    return matched_blocks([bool(m) for m in members]) * BLOCK_TOKENS

@@ -101,12 +101,8 @@ class PrefixCache:
         return self._held if self._disk is None else self._held + self._disk.held
 
     @property
-    def persistent(self) -> bool:
-        """Whether the cache has a disk tier."""
-        return self._disk is not None
-
-    @property
     def disk(self) -> DiskTier | None:
+        """Its disk tier, if it has one."""
         return self._disk
 
     def persist_all(self) -> None:

@@ -78,9 +78,14 @@ class Stored:
 
     def common(self, prompt: np.ndarray[Any, np.dtype[np.uint32]]) -> int:
         """How many first tokens of `prompt` this file holds."""
-        n = min(len(self.tokens), len(prompt))
-        same = self.tokens[:n] == prompt[:n]
-        return n if bool(same.all()) else int(np.argmin(same))
+        return common_start(self.tokens, prompt)
+
+
+def common_start(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
+    """How many first tokens two token arrays share."""
+    n = min(len(a), len(b))
+    same = a[:n] == b[:n]
+    return n if bool(same.all()) else int(np.argmin(same))
 
 
 @dataclass(frozen=True)

@@ -51,10 +51,10 @@ from rq.timeouts import JobTimeoutException
 
 from shared.queue.keys import Keys
 from shared.queue.liveness import live_workers
-from shared.queue.prefix_blocks import BLOCK_TOKENS, block_hashes, matched_blocks
+from shared.queue.prefix_blocks import BLOCK_TOKENS, block_hashes, matched_tokens
 from shared.wire.ids import ID_PATTERN, new_id
 from worker.engine.prefix_cache import PrefixCache
-from worker.engine.prefix_disk import DiskTier
+from worker.engine.prefix_disk import DiskTier, common_start
 from worker.engine.prepare import PreparedJob
 
 log = logging.getLogger(__name__)
@@ -223,7 +223,7 @@ class PrefixFetch:
         for worker in lenders:
             pipe.smismember(self._keys.prefix_blocks(worker), hashes)
         (seconds, micros), *rows = pipe.execute()
-        held = [matched_blocks([bool(m) for m in row]) * BLOCK_TOKENS for row in rows]
+        held = [matched_tokens(row) for row in rows]
         best = max(range(len(lenders)), key=lambda i: held[i])
         found = Holder(lenders[best], held[best]) if held[best] else None
         return found, seconds + micros / 1e6
@@ -289,15 +289,10 @@ class PrefixFetch:
 
 def held_tokens(held: Sequence[list[int]], prompt: list[int]) -> int:
     """How many of `prompt`'s first tokens the longest match among `held` holds."""
-    wanted = np.asarray(prompt, dtype=np.int64)
-    best = 0
-    for tokens in held:
-        n = min(len(tokens), len(wanted))
-        if n <= best or tokens[:1] != prompt[:1]:
-            continue
-        same = np.asarray(tokens[:n], dtype=np.int64) == wanted[:n]
-        best = max(best, n if bool(same.all()) else int(np.argmin(same)))
-    return best
+    wanted = np.asarray(prompt, dtype=np.uint32)
+    # Sequences starting otherwise cost no conversion.
+    starts = (t for t in held if t[:1] == prompt[:1])
+    return max((common_start(np.asarray(t, dtype=np.uint32), wanted) for t in starts), default=0)
 
 
 class Lender:

@@ -334,7 +334,7 @@ def start_lending(
 ) -> Lender | None:
     """Answer other workers' asks for what this worker's cache holds, until `stop` (None: it
     does not lend)."""
-    if not isinstance(prefixes, PrefixCache) or not prefixes.persistent:
+    if not isinstance(prefixes, PrefixCache) or prefixes.disk is None:
         return None
     if not settings.prefix_fetch:
         return None
@@ -348,7 +348,7 @@ def keep_on_disk(prefixes: HeldPrefixes | None, lender: Lender | None) -> None:
     once its lending has stopped (no lend half done as the cache closes)."""
     if lender is not None:
         lender.close(LEND_JOIN_S)
-    if isinstance(prefixes, PrefixCache) and prefixes.persistent:
+    if isinstance(prefixes, PrefixCache) and prefixes.disk is not None:
         started = time.perf_counter()
         prefixes.close()
         log.info("prefix cache kept on disk in %.1f s", time.perf_counter() - started)
