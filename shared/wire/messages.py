@@ -7,7 +7,8 @@ field as Anthropic's API calls it), then `chat_request()` turns it into the
 Everything that could fail is checked on this side, so the translation itself cannot.
 
 How Anthropic's shapes map:
-- `system` (text or text blocks) -> a system message; the messages' blocks as
+- `system` (text or text blocks) -> a system message, less Claude Code's billing line
+  (shared/wire/billing_line.py); the messages' blocks as
   shared/wire/message_blocks.py says (thinking blocks -> the turn's reasoning).
 - `tool_choice` auto/any/tool/none -> auto/required/named/none, each `any` and `tool`
   constrained by grammar; `disable_parallel_tool_use` -> parallel_tool_calls false.
@@ -27,6 +28,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shared.wire.billing_line import system_text
 from shared.wire.completions import (
     MAX_CONTENT_PARTS,
     MAX_MESSAGES,
@@ -39,7 +41,7 @@ from shared.wire.completions import (
 from shared.wire.errors import InvalidRequestError
 from shared.wire.grammar import JsonSchemaFormat, JsonSchemaSpec, grammar_for_schema
 from shared.wire.ids import MODEL_NAME_PATTERN
-from shared.wire.message_blocks import CacheControl, InputMessage, Text, TextBlock, joined
+from shared.wire.message_blocks import CacheControl, InputMessage, Text, TextBlock
 from shared.wire.reasoning import ReasoningControl
 from shared.wire.tools import (
     MAX_TOOLS,
@@ -220,8 +222,7 @@ class MessagesInput(BaseModel):
     def chat_messages(self) -> list[ChatMessage]:
         chat = [m for message in self.messages for m in message.chat_messages()]
         if self.system is not None:
-            text = self.system if isinstance(self.system, str) else joined(self.system)
-            chat.insert(0, ChatMessage(role="system", content=text))
+            chat.insert(0, ChatMessage(role="system", content=system_text(self.system)))
         return chat
 
     def chat_fields(self) -> dict[str, Any]:
