@@ -15,9 +15,11 @@ cancellation, failing the running jobs when a step fails, and retiring are this 
 
 Jobs arrive through `submit` from RQ slot threads (worker/runtime/job_function.py) and
 cancellations through `cancel` from the cancel listener (or a job at its run limit); both are
-thread-safe hand-offs. `turns` counts the loop's turns, for the progress watchdog
-(worker/runtime/watchdog.py); `generated` counts the tokens each step worked on, as the kind
-counts them, for the heartbeat's tokens/s. Both are plain counters bumped once per turn.
+thread-safe hand-offs. `turns` counts the loop's turns and `steps` the engine steps it has
+completed: a step completing is what the progress watchdog (worker/runtime/watchdog.py) counts
+as progress, and `stepping_since` says since when the step under way runs. `generated` counts
+the tokens each step worked on, as the kind counts them, for the heartbeat's tokens/s. All are
+plain fields set once per turn.
 """
 
 from __future__ import annotations
@@ -133,6 +135,8 @@ class DrivenLoop(Protocol):
     its engine loop."""
 
     turns: int
+    steps: int
+    stepping_since: float | None  # time.monotonic() when the step under way began; None: none
     generated: int
 
     @property
@@ -161,6 +165,8 @@ class EngineLoop(Generic[P, O]):
         self._waiting: dict[str, Admission[P]] = {}
         self._running: dict[str, Admission[P]] = {}
         self.turns = 0
+        self.steps = 0
+        self.stepping_since: float | None = None
         self.generated = 0
 
     def submit(self, prepared: P, route: Route) -> Future[JobOutcome]:
@@ -211,6 +217,7 @@ class EngineLoop(Generic[P, O]):
         )
 
     def _step(self) -> list[O]:
+        self.stepping_since = time.monotonic()
         try:
             return self._engine.step()
         except Exception as err:  # one failed step must not take the worker down
@@ -219,6 +226,9 @@ class EngineLoop(Generic[P, O]):
             # the batch's jobs, and every one of their callers is told.
             self._fail_running(GenerationError(f"{self._reader.failure}: {type(err).__name__}"))
             return []
+        finally:
+            self.steps += 1
+            self.stepping_since = None
 
     def _fail_running(self, err: GenerationError) -> None:
         failed = list(self._running.values())

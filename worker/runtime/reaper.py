@@ -12,10 +12,15 @@ worker/runtime/slots.py)
    - a bulk job (background response, batch line) with retries left (RQ's `Retry` on the job)
      goes back to the front of its queue, its replay log reset to a `RequeuedEvent`: it runs
      again from scratch on a live worker and finishes exactly once;
-   - any other job (interactive, or out of retries) fails: an `ErrorEvent` (`worker_lost`) on
-     its channel and replay log, RQ's record in the failed registry; a batch line out of
-     retries also gets its 500 error line in its batch (worker/runtime/batch_lines.py, first write
-     wins). A client waiting on an interactive job was told already by its API process
+   - but a job whose worker died under it once before is poison (a job that kills whichever
+     worker runs it would otherwise take down one worker per retry): its RQ meta counts the
+     deaths it was running through (`deaths`), and at POISON_DEATHS it fails with an error that
+     says so instead of running again. A worker that stops on request (a drain) or a job lost
+     track of in a Redis outage is no death: those are handed back without counting;
+   - any other job (interactive, out of retries, or poison) fails: an `ErrorEvent`
+     (`worker_lost`) on its channel and replay log, RQ's record in the failed registry; a batch
+     line that fails also gets its 500 error line in its batch (worker/runtime/batch_lines.py,
+     first write wins). A client waiting on an interactive job was told already by its API process
      (api/queue/watch.py);
 3. it gets a tombstone and leaves the workers zset: should it come back (a Mac that slept),
    its heartbeat finds the tombstone and the process exits instead of finishing work that was
@@ -24,7 +29,8 @@ After a Redis outage every heartbeat looks old, so a reaper that lost Redis judg
 LIVE_FACTOR intervals after it is back.
 
 `hand_back(worker_id)` does 1 and 2 at once for one worker's jobs: the watchdog of a wedged
-worker and the drain of a stopping one call it on their own jobs before they exit.
+worker (a death: its jobs count it) and the drain of a stopping one (no death) call it on their
+own jobs before they exit.
 
 Each sweep also looks at this worker's own jobs. An interactive job whose channel has had no
 subscriber on two sweeps has nobody waiting for it (the API's cancel was lost in a Redis
@@ -66,6 +72,8 @@ from worker.runtime.job_records import announce, generation_job, queued_job, rou
 log = logging.getLogger(__name__)
 
 CLAIM_TTL_S = 24 * 3600
+# The worker deaths a job may run through: at the second it is failed, not requeued again.
+POISON_DEATHS = 2
 
 # KEYS: a worker's taking list, the job's hash, its queue. ARGV: job id. 1 if put back.
 PUT_BACK = """
@@ -153,7 +161,7 @@ class Reaper:
             self._return_taken(worker)
             for s in started:
                 if s.worker == worker:
-                    self._take_over(s, why)
+                    self._take_over(s, why, died=True)
             self._bury(worker)
 
     def _cancel_unheard(self) -> None:
@@ -184,12 +192,15 @@ class Reaper:
         why = "its worker lost track of it (Redis went away)"
         for s in started:
             if s.execution in confirmed:
-                self._take_over(s, why)
+                self._take_over(s, why, died=False)
         if any(a.endswith(":taken") for a in confirmed):
             self._return_taken(self._worker_id, keep=set(self._held()))
 
-    def hand_back(self, worker_id: str, why: str, interactive_only: bool = False) -> int:
-        """Take over the jobs of `worker_id` now; returns how many were taken.
+    def hand_back(
+        self, worker_id: str, why: str, *, died: bool, interactive_only: bool = False
+    ) -> int:
+        """Take over the jobs of `worker_id` now; returns how many were taken. `died`: the
+        worker is dying under them (wedged), which counts towards each job's POISON_DEATHS.
 
         A bulk job is requeued, so it must be handed back only once no take of the exiting
         process can get it again; interactive jobs are failed, which is safe at any time.
@@ -197,9 +208,9 @@ class Reaper:
         mine = [s for s in self._started() if s.worker == worker_id]
         if interactive_only:
             mine = [s for s in mine if s.queue.name not in self._bulk]
-            return sum(self._take_over(s, why) for s in mine)
+            return sum(self._take_over(s, why, died) for s in mine)
         returned = self._return_taken(worker_id)
-        return returned + sum(self._take_over(s, why) for s in mine)
+        return returned + sum(self._take_over(s, why, died) for s in mine)
 
     def _return_taken(self, worker_id: str, keep: set[str] | None = None) -> int:
         """Put the jobs `worker_id` took but never started (but `keep`) back in their queue."""
@@ -256,7 +267,7 @@ class Reaper:
             if not alive(score, int(n), now, self._heartbeat_s)
         }
 
-    def _take_over(self, s: Started, why: str) -> bool:
+    def _take_over(self, s: Started, why: str, died: bool) -> bool:
         """Requeue or fail one started execution of a lost worker (module docstring).
 
         Only while the job is still that execution's: the job's record is WATCHed from the
@@ -282,7 +293,7 @@ class Reaper:
                 pipe.zrem(s.queue.started_job_registry.key, s.execution)
                 if s.worker is not None:
                     pipe.lrem(self._keys.taking(s.worker), 0, s.job_id)
-                failed = self._requeue_or_fail(pipe, s, job, why)
+                failed = self._requeue_or_fail(pipe, s, job, why, died)
                 pipe.execute()
             except WatchError:  # the job changed meanwhile: let a later sweep look again
                 self._redis.delete(claim)
@@ -296,11 +307,18 @@ class Reaper:
         holder = worker_of(_text(name)) if name else None
         return status == JobStatus.STARTED.value.encode() and holder == worker
 
-    def _requeue_or_fail(self, pipe: Pipeline, s: Started, job: Job, why: str) -> bool:
+    def _requeue_or_fail(self, pipe: Pipeline, s: Started, job: Job, why: str, died: bool) -> bool:
         """Queue the requeue or the failure on `pipe`; whether the job failed."""
-        if s.queue.name in self._bulk and job.retries_left:
+        deaths = int(job.meta.get("deaths", 0)) + died
+        if deaths >= POISON_DEATHS:
+            why = (
+                f"{why}; {deaths} workers died running it, so it is not retried again "
+                "(it may be what kills them)"
+            )
+        elif s.queue.name in self._bulk and job.retries_left:
             attempt = int(job.meta.get("attempt", 1)) + 1
             job.meta["attempt"] = attempt
+            job.meta["deaths"] = deaths  # saved with the requeue
             pipe.lrem(s.queue.key, 0, s.job_id)  # never twice in its queue
             job.retry(s.queue, pipe)
             announce(

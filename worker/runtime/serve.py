@@ -240,9 +240,12 @@ def serve(settings: Settings) -> None:
         log.critical("worker %s: %s; exiting with status %d", worker_id, why, status)
         if status == EXIT_WEDGED:
             try:
-                log.info("failed %d jobs", reaper.hand_back(worker_id, why, interactive_only=True))
+                log.info(
+                    "failed %d jobs",
+                    reaper.hand_back(worker_id, why, died=True, interactive_only=True),
+                )
                 if stop_slots(slots, wait_s=LEAVE_S):  # else the live workers' reapers will
-                    log.info("requeued %d jobs", reaper.hand_back(worker_id, why))
+                    log.info("requeued %d jobs", reaper.hand_back(worker_id, why, died=True))
                 retire(redis, keys, name, worker_id)
             except Exception:
                 log.exception("could not hand the jobs back")
@@ -282,8 +285,9 @@ def serve(settings: Settings) -> None:
     made = make_slots(blocking, keys, name, worker_id, size, interactive, settings.heartbeat_s)
     slots += start_slots(made)
     reaper.run(services)
-    wedged = "the engine loop made no progress while holding jobs"
-    Watchdog(loop, settings.watchdog_s, lambda: die(EXIT_WEDGED, wedged)).start(services)
+    Watchdog(
+        loop, settings.watchdog_s, lambda stall: die(EXIT_WEDGED, f"wedged: {stall.describe()}")
+    ).start(services)
     drain = Drain(slots, loop, settings.drain_timeout_s)
     drain.on_signals()
     log.info("worker %s serving %s with %d slots", worker_id, name, settings.batch_size)
@@ -296,7 +300,7 @@ def serve(settings: Settings) -> None:
     left = stop_slots(slots, wait_s=LEAVE_S)
     why = "the worker shut down before finishing it"
     try:
-        handed = reaper.hand_back(worker_id, why, interactive_only=not left)
+        handed = reaper.hand_back(worker_id, why, died=False, interactive_only=not left)
         services.set()
         retire(redis, keys, name, worker_id)
     except RedisError as err:  # the live workers' reapers will hand them on instead
