@@ -134,7 +134,7 @@ def main(args: argparse.Namespace) -> None:
         cost = Settings(
             models_dir=Path(tmp),
             pool_rows=ROWS,
-            pool_context=CONTEXT,
+            pool_kv_tokens=ROWS * CONTEXT,
             prefix_cache_mb=PREFIX_MB,
             pool_headroom_mb=HEADROOM_MB,
         )
@@ -143,7 +143,7 @@ def main(args: argparse.Namespace) -> None:
             "MLXQ_MODELS_DIR": tmp,
             "MLXQ_POOL_BUDGET_MB": str(int(args.budget_models * one) // MIB),
             "MLXQ_POOL_ROWS": str(ROWS),
-            "MLXQ_POOL_CONTEXT": str(CONTEXT),
+            "MLXQ_POOL_KV_TOKENS": str(ROWS * CONTEXT),
             "MLXQ_PREFIX_CACHE_MB": str(PREFIX_MB),
             "MLXQ_POOL_HEADROOM_MB": str(HEADROOM_MB),
             "MLXQ_POOL_COOLDOWN_S": "0",

@@ -200,8 +200,10 @@ class WorkerSettings(BaseModel):
     # The batch under the engine (worker/engine/batch/token_batch.py): mlxq's own slots, or mlx-lm's
     # BatchGenerator (always used for models whose cache is not a plain KV cache).
     batch: Literal["slots", "mlx-lm"] = "slots"
-    # MiB of KV the slot batch may hold (batch_size rows); None: each row up to the model's window.
-    kv_memory: int | None = Field(default=None, ge=1)
+    # KV positions the slot batch's sequences share (rows x the longest row's positions): a
+    # sequence waits for room, one that could never fit is refused; None: no bound but each
+    # sequence's window. The pool sets it per model (MLXQ_POOL_KV_TOKENS).
+    kv_tokens: int | None = Field(default=None, ge=1)
     # The slot batch's KV quantized to this many bits (0, 4 or 8), group-wise as mx.quantize
     # (worker/engine/batch/quantized_kv.py): 0 keeps the model's dtype.
     kv_bits: int = Field(default=0, ge=0, le=8, multiple_of=4)
@@ -247,7 +249,7 @@ class PoolSettings(BaseModel):
 
     # The catalog: every model folder under models_dir (`catalog_scan`), and these (names under
     # models_dir or folders), each maybe with options after it:
-    # `name:rows=8:context=4096:keep_alive=10m:pin` (worker/pool/catalog.py).
+    # `name:rows=32:kv=131072:keep_alive=10m:pin` (worker/pool/catalog.py).
     catalog: Annotated[tuple[str, ...], NoDecode] = ()
     catalog_scan: bool = True
     # MiB the pool's workers may take together (weights, KV, prefix caches, headroom); None: a
@@ -255,10 +257,13 @@ class PoolSettings(BaseModel):
     # a Mac).
     pool_budget_mb: int | None = Field(default=None, ge=1)
     pool_budget_share: float = Field(default=0.75, gt=0, le=1)
-    # Each loaded model's batch rows and context, unless its catalog entry says otherwise: fixed
-    # per entry, so that no request option forces a reload.
-    pool_rows: int = Field(default=8, ge=1, le=1024)
-    pool_context: int = Field(default=4096, ge=16)
+    # Each loaded chat model's most sequences at once, and the KV positions they share, unless
+    # its catalog entry says otherwise (`rows=`, `kv=`): fixed per entry, so that no request
+    # option forces a reload. Every model serves its own context window; None: room for
+    # `pool_rows` sequences of POOL_KV_ROW_TOKENS, or for one of its whole window if that is
+    # more (worker/pool/catalog.py). 32 rows: docs/benchmarks.md, "Short bursts".
+    pool_rows: int = Field(default=32, ge=1, le=1024)
+    pool_kv_tokens: int | None = Field(default=None, ge=16)
     # MiB per worker process besides weights, KV and prefix cache (Python, MLX, the tokenizer,
     # a forward's activations): measured in docs/operations.md.
     pool_headroom_mb: int = Field(default=512, ge=0)

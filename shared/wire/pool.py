@@ -21,20 +21,21 @@ MIB = 1 << 20
 
 class ModelCost(BaseModel):
     """What one catalog model takes once loaded, known before it loads (worker/pool/catalog.py):
-    its weights, its KV cache at `rows` x `context`, its prefix cache and a process's headroom."""
+    its weights, its KV budget (`kv_tokens` positions its `rows` sequences share), its prefix
+    cache and a process's headroom."""
 
     model_config = ConfigDict(frozen=True)
 
     weight_bytes: int
     kv_bytes_per_token: int  # 0 for an embedding model
     rows: int
-    context: int
+    kv_tokens: int
     prefix_cache_bytes: int
     headroom_bytes: int
 
     @property
     def kv_bytes(self) -> int:
-        return self.kv_bytes_per_token * self.rows * self.context
+        return self.kv_bytes_per_token * self.kv_tokens
 
     @property
     def total_bytes(self) -> int:

@@ -30,7 +30,7 @@ def entry(name: str, total_mb: int, kind: str = "chat") -> CatalogEntry:
         weight_bytes=total_mb * MIB,
         kv_bytes_per_token=0,
         rows=4,
-        context=1024,
+        kv_tokens=4096,
         prefix_cache_bytes=0,
         headroom_bytes=0,
     )

@@ -1,5 +1,6 @@
-"""MLXQ_KV_MEMORY on the real default model: the engine sizes each row from the limit and
-refuses, before anything runs, a request whose prompt and max_tokens cannot fit a row."""
+"""MLXQ_KV_TOKENS on the real default model: one sequence may take the whole budget (up to the
+model's window), and the engine refuses, before anything runs, a request whose prompt and
+max_tokens could never fit it, naming the settings that size it."""
 
 from __future__ import annotations
 
@@ -11,12 +12,11 @@ from shared.queue.jobs import job_for
 from shared.wire.completions import ChatCompletionRequest
 from shared.wire.errors import ContextLengthError
 from tests.support import MODEL
-from worker.engine.batch.token_batch import kv_bytes_per_token
 from worker.engine.generation import Engine
 from worker.engine.model import load_model
 
 MODEL_DIR = Path.home() / ".cache" / "mlxq" / "models" / MODEL
-KV_MIB = 64
+KV_TOKENS = 300
 ROWS = 16
 
 
@@ -25,7 +25,7 @@ def engine() -> Engine:
     if not MODEL_DIR.is_dir():
         pytest.skip("the default model is not prepared (mlxq prepare-model)")
     loaded = load_model(str(MODEL_DIR))
-    return Engine(loaded, ROWS, 4096, 4096, batch="slots", kv_memory=KV_MIB)
+    return Engine(loaded, ROWS, 4096, 4096, batch="slots", kv_tokens=KV_TOKENS)
 
 
 def _job(max_tokens: int | None) -> ChatCompletionRequest:
@@ -34,14 +34,14 @@ def _job(max_tokens: int | None) -> ChatCompletionRequest:
     )
 
 
-def test_a_request_beyond_a_row_of_kv_memory_is_refused_naming_the_setting(
+def test_a_request_beyond_the_whole_kv_budget_is_refused_naming_the_settings(
     engine: Engine,
 ) -> None:
-    with pytest.raises(ContextLengthError, match="MLXQ_KV_MEMORY"):
+    with pytest.raises(ContextLengthError, match="MLXQ_POOL_KV_TOKENS") as refused:
         engine.prepare(job_for("big", _job(500)))
+    assert "holds 300 tokens" in str(refused.value)
 
 
-def test_a_request_without_max_tokens_gets_what_a_row_has_left(engine: Engine) -> None:
-    row = (KV_MIB << 20) // (ROWS * kv_bytes_per_token(engine._loaded.model))
+def test_one_sequence_may_take_the_whole_budget_not_a_rows_share(engine: Engine) -> None:
     prepared = engine.prepare(job_for("default", _job(None)))
-    assert len(prepared.prompts[0]) + prepared.max_tokens == row
+    assert len(prepared.prompts[0]) + prepared.max_tokens == KV_TOKENS  # not 300 / 16 rows

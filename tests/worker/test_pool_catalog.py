@@ -45,30 +45,37 @@ def test_the_catalog_is_every_model_folder_with_its_kind(models: Path) -> None:
     }
 
 
-def test_a_models_cost_is_its_weights_kv_at_rows_by_context_prefix_cache_and_headroom(
+def test_a_models_cost_is_its_weights_its_kv_budget_prefix_cache_and_headroom(
     models: Path,
 ) -> None:
     settings = Settings(
-        models_dir=models, pool_rows=4, pool_context=1024, prefix_cache_mb=64, pool_headroom_mb=100
+        models_dir=models, pool_kv_tokens=1024, prefix_cache_mb=64, pool_headroom_mb=100
     )
     cost = read_catalog(settings)["alpha"].entry.cost
     weights = (models / "alpha" / "model.safetensors").stat().st_size
     per_token = SMOLLM2_KV_ELEMENTS * (4 if default_model_dtype() == "float32" else 2)
     assert cost.weight_bytes == weights
     assert cost.kv_bytes_per_token == per_token
-    assert cost.kv_bytes == per_token * 4 * 1024
-    assert cost.total_bytes == weights + per_token * 4 * 1024 + 64 * MIB + 100 * MIB
+    assert cost.kv_bytes == per_token * 1024
+    assert cost.total_bytes == weights + per_token * 1024 + 64 * MIB + 100 * MIB
 
 
-def test_catalog_options_fix_rows_context_keep_alive_and_pins_per_model(models: Path) -> None:
-    settings = Settings(
-        models_dir=models, catalog=("alpha:rows=2:context=99999:keep_alive=-1:pin",)
-    )
+def test_by_default_a_model_gets_32_rows_of_4096_positions_shared_or_its_whole_window(
+    models: Path,
+) -> None:
+    cost = read_catalog(Settings(models_dir=models))["alpha"].entry.cost
+    assert (cost.rows, cost.kv_tokens) == (32, 32 * 4096)
+    one = read_catalog(Settings(models_dir=models, pool_rows=1))["alpha"].entry.cost
+    assert one.kv_tokens == 8192  # SmolLM2's window: one sequence may always fill it
+
+
+def test_catalog_options_fix_rows_kv_keep_alive_and_pins_per_model(models: Path) -> None:
+    settings = Settings(models_dir=models, catalog=("alpha:rows=2:kv=20000:keep_alive=-1:pin",))
     found = read_catalog(settings)
     alpha, beta = found["alpha"].entry, found["beta"].entry
-    assert (alpha.cost.rows, alpha.cost.context) == (2, 8192)  # capped at the model's window
+    assert (alpha.cost.rows, alpha.cost.kv_tokens) == (2, 20000)
     assert (alpha.keep_alive_s, alpha.pinned) == (FOREVER, True)
-    assert (beta.cost.rows, beta.keep_alive_s, beta.pinned) == (8, 300.0, False)
+    assert (beta.cost.rows, beta.keep_alive_s, beta.pinned) == (32, 300.0, False)
 
 
 def test_an_embedding_model_costs_no_kv_and_no_prefix_cache(models: Path) -> None:

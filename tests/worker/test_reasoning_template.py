@@ -87,7 +87,7 @@ def test_a_messages_max_tokens_beyond_the_window_is_a_ceiling_for_the_worker(
         preparer.prepare(job_for("chatcmpl-1", chat))
 
 
-def test_a_ceiling_shrinks_to_a_row_of_kv_memory_too(loaded: LoadedModel) -> None:
+def test_a_ceiling_shrinks_to_the_kv_budget_too(loaded: LoadedModel) -> None:
     preparer = Preparer(loaded, default_max_tokens=4096, with_history=False, kv_window=1000)
     prepared = preparer.prepare(job_for("msg_1", _message(32_000)))
     assert prepared.max_tokens == 1000 - prepared.prompt_tokens

@@ -204,6 +204,48 @@ def test_each_sequence_gets_what_it_gets_alone_whoever_joins_or_leaves(
 
 
 IN_SLOTS = [family for family in FAMILIES if family != "mistral_sliding"]  # plain KV caches
+
+
+@pytest.mark.parametrize("family", IN_SLOTS)
+@settings(max_examples=12, deadline=None)
+@given(
+    plan=st.lists(arrivals, min_size=1, max_size=7),
+    slots=st.integers(1, 5),
+    budget=st.none() | budgets,
+    kv_tokens=st.integers(53, 400),  # 53: the longest arrival's prompt and limit, and one
+)
+def test_under_a_kv_budget_sequences_wait_for_room_and_get_what_they_get_alone(
+    family: str, plan: list[Arrival], slots: int, budget: PrefillBudget | None, kv_tokens: int
+) -> None:
+    batch = SlotBatch(
+        tiny(family), slots, STOP, 16, keep_caches=True, positions=512, kv_tokens=kv_tokens
+    )
+    check(family, plan, run(family, batch, plan, budget))
+
+
+def test_the_kv_buffers_stay_within_the_budget_and_one_sequence_may_take_all_of_it() -> None:
+    """Two sequences of 199 positions fit a budget of 500, a third waits for one to end; a
+    sequence of 493 positions, alone, takes more than a row would get of a static split."""
+    batch = SlotBatch(tiny("llama"), 8, STOP, 64, False, positions=512, kv_tokens=500)
+    prompts = [[5 + i] * 190 for i in range(3)]
+    batch.insert([Entry(p, [], None, 8, greedy, []) for p in prompts])
+    got: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    sizes, ended, started = [], {}, {}
+    for step in range(40):
+        for token in batch.next(None):
+            got[token.uid].append(token.token)
+            started.setdefault(token.uid, step)
+            if token.finish_reason is not None:
+                ended[token.uid] = step
+        sizes.append(batch.kv_size)
+    assert all(rows * capacity <= 500 for rows, capacity in sizes)
+    assert started[2] > min(ended[0], ended[1])  # the third waited for room
+    assert [got[i] for i in range(3)] == [alone("llama", p, 8) for p in prompts]
+    long = list(range(1, 60)) * 8  # 472 positions, with its limit
+    (tokens,) = _tokens(batch, [Entry(long, [], None, 20, greedy, [])])
+    assert tokens == alone("llama", long, 20)
+
+
 # Arrivals hypothesis met rarely (about one plan in a hundred of this shape), each of which once
 # lost a row's prompt KV: the row then answered as if its prompt were only its last token.
 TOGETHER = [  # three rows admitted at once, two prefilled in one forward, both promoted after it

@@ -113,13 +113,13 @@ def test_rows_grow_with_the_rows_in_use_up_to_the_slots_keeping_what_they_hold()
     assert not mx.any(layer.keys[1:]).item()
 
 
-def test_a_completion_without_max_tokens_shrinks_to_the_kv_memory() -> None:
+def test_a_completion_without_max_tokens_shrinks_to_the_kv_budget() -> None:
     assert fit_kv(prompt=100, asked=None, budget=4000, window=1000, where="messages") == 900
     assert fit_kv(prompt=100, asked=50, budget=50, window=1000, where="messages") == 50
 
 
-def test_a_request_that_cannot_fit_the_kv_memory_is_refused_naming_it() -> None:
-    with pytest.raises(ContextLengthError, match="MLXQ_KV_MEMORY"):
+def test_a_request_that_cannot_fit_the_kv_budget_is_refused_naming_its_settings() -> None:
+    with pytest.raises(ContextLengthError, match=r"MLXQ_POOL_KV_TOKENS.*MLXQ_KV_TOKENS"):
         fit_kv(prompt=900, asked=200, budget=200, window=1000, where="messages")
     with pytest.raises(ContextLengthError, match="holds 1000 tokens"):
         fit_kv(prompt=1000, asked=None, budget=10, window=1000, where="prompt")

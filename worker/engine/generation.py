@@ -22,7 +22,7 @@ from shared.queue.jobs import GenerationJob
 from shared.wire.logprobs import TokenLogprob
 from shared.wire.tools import ToolCall, ToolCallDelta
 from worker.engine.batch.quantized_kv import KVQuantization
-from worker.engine.batch.token_batch import kv_form, kv_window, open_batch, plain_kv
+from worker.engine.batch.token_batch import kv_form, open_batch, plain_kv
 from worker.engine.batch.types import Entry, PrefillBudget
 from worker.engine.model import LoadedModel
 from worker.engine.prefill_policy import PrefillPolicy
@@ -114,14 +114,14 @@ class Engine:
         prefixes: PrefixCache | None = None,
         *,
         batch: str,
-        kv_memory: int | None = None,
+        kv_tokens: int | None = None,
         prefill_tokens_decoding: int | None = None,
         prefill_seconds_decoding: float | None = None,
         prefill_burst: bool = True,
         kv_quantization: KVQuantization | None = None,
     ):
-        """`batch`: "slots" or "mlx-lm" (worker/engine/batch/token_batch.py); `kv_memory`: MiB of
-        KV the slot batch may hold, which then refuses sequences longer than a row;
+        """`batch`: "slots" or "mlx-lm" (worker/engine/batch/token_batch.py); `kv_tokens`: the KV
+        positions the slot batch's sequences share, which then refuses longer sequences;
         `prefill_tokens_decoding`: the step's cap on chunks of prompts that go on while
         sequences decode (None: `prefill_tokens`), and `prefill_seconds_decoding` about the most
         that prefill may take then, at the batch's measured prefill rate (None: no limit in
@@ -139,11 +139,10 @@ class Engine:
         self._prefixes = prefixes
         # The KV form of the caches the engine makes: the batch's.
         self._kv_quantization = kv_form(loaded.model, batch, kv_quantization)
-        window = None
-        if batch == "slots" and plain_kv(loaded.model) is None:
-            window = kv_window(loaded.model, batch_size, kv_memory, kv_quantization)
-        elif kv_memory is not None:
-            log.warning("MLXQ_KV_MEMORY is not applied: this model runs in mlx-lm's batch")
+        if kv_tokens is not None and (batch != "slots" or plain_kv(loaded.model) is not None):
+            log.warning("MLXQ_KV_TOKENS is not applied: this model runs in mlx-lm's batch")
+            kv_tokens = None
+        window = None if kv_tokens is None else min(kv_tokens, loaded.context_length)
         self._preparer = Preparer(
             loaded, default_max_tokens, with_history=prefixes is not None, kv_window=window
         )
@@ -155,6 +154,7 @@ class Engine:
             keep_caches=prefixes is not None,
             positions=window or loaded.context_length,
             quantization=kv_quantization,
+            kv_tokens=kv_tokens,
         )
         self._pending: list[PreparedJob] = []
         self._by_uid: dict[int, Sequence] = {}

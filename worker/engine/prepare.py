@@ -82,7 +82,7 @@ class Preparer:
         kv_window: int | None = None,
     ):
         self._loaded = loaded
-        self._kv_window = kv_window  # positions one sequence's KV may hold (MLXQ_KV_MEMORY)
+        self._kv_window = kv_window  # positions one sequence's KV may hold (MLXQ_KV_TOKENS)
         self._default_max_tokens = default_max_tokens
         self._with_history = with_history  # only a prefix cache uses the history's length
         self._grammars = Grammars(loaded.tokenizer._tokenizer, loaded.stop_ids, loaded.vocab_size)
@@ -143,13 +143,9 @@ class Preparer:
         split: Split | None = None
         budget = job.reasoning.budget_tokens if job.reasoning is not None else None
         if job.messages is not None and self._harmony is not None:
+            # A budget reached the template as an effort (shared/wire/reasoning.py): harmony
+            # sets its reasoning length by effort, and its analysis is not cut short.
             split = HarmonySplit(self._harmony)
-            if budget is not None:
-                raise InvalidRequestError(
-                    "This model (harmony) sets its reasoning length by effort, not by a token "
-                    "budget; leave out budget_tokens or use reasoning effort.",
-                    param="thinking.budget_tokens",
-                )
             if grammar is not None:
                 raise InvalidRequestError(
                     "This model writes harmony messages; an output format or a forced tool "
@@ -241,14 +237,16 @@ class Preparer:
 
 
 def fit_kv(prompt: int, asked: int | None, budget: int, window: int, where: str) -> int:
-    """The completion budget within a worker's KV memory (`window` positions per sequence): a
-    default budget shrinks to fit, an asked-for one that cannot fit is refused."""
+    """The completion budget within a worker's KV budget (`window`: the positions one sequence
+    may take, the whole budget when it runs alone): a default budget shrinks to fit, an
+    asked-for one that cannot fit is refused, naming the settings that size the budget."""
     if prompt + budget <= window:
         return budget
     if asked is None and prompt < window:
         return window - prompt
     raise ContextLengthError(
-        f"This worker's KV memory (MLXQ_KV_MEMORY) holds {window} tokens per sequence. "
+        f"This model's KV budget holds {window} tokens (MLXQ_POOL_KV_TOKENS, or the catalog "
+        f"entry's kv=, under the pool; MLXQ_KV_TOKENS on a worker started alone). "
         f"However, you requested {prompt + budget} tokens ({prompt} in the {where}, "
         f"{budget} in the completion). Please reduce the length of the {where} or completion.",
         param=where,

@@ -15,7 +15,10 @@ Every tick (a quarter of a heartbeat) it:
 4. loads: a catalog model with waiting jobs, a pin or a load order, that no live worker serves
    and nobody loads, on the live pool with the most free budget; making room by evicting idle
    models (worker/pool/budget.py). A model whose queue outruns its full workers for
-   MLXQ_POOL_STABLE_S gets another replica where the budget has room without evicting. One
+   MLXQ_POOL_STABLE_S gets another replica on a machine that holds none of it, where the
+   budget has room without evicting: one engine per model per machine, since a second
+   process on the same device shares its cores or GPU and holds the weights twice, where a
+   bigger batch in the one process serves the same demand faster (docs/benchmarks.md). One
    load at a time per model (`{ns}:loading:{model}`, SET NX), each a process of its own, so a
    load never blocks another model's jobs and no request's cancel can abort it;
 5. keeps one spare worker process while nothing loads and its headroom fits the budget beside
@@ -70,7 +73,7 @@ class Demand:
 
     waiting: dict[str, int]
     live: dict[str, set[str]]
-    stats: dict[str, WorkerStats]  # this pool's workers' reports, by worker id
+    stats: dict[str, WorkerStats]  # reports of this pool's workers and of busy models', by id
     pins: set[str]
     orders: dict[str, PoolOrder]
     reports: list[PoolReport]
@@ -219,14 +222,35 @@ class PoolAgent:
             if r is not None
         }
         pins = {bytes(p).decode() for p in replies[-1]}
+        live = live_workers(self.redis, self.keys, models, self.settings.heartbeat_s)
         return Demand(
             waiting=waiting,
-            live=live_workers(self.redis, self.keys, models, self.settings.heartbeat_s),
-            stats=stats,
+            live=live,
+            stats=stats | self._busy_stats(waiting, live, stats),
             pins=pins | {n for n, f in self.catalog.items() if f.entry.pinned},
             orders=pools.read_orders(self.redis, self.keys),
             reports=pools.read_reports(self.redis, self.keys, self.settings.heartbeat_s),
         )
+
+    def _busy_stats(
+        self, waiting: dict[str, int], live: dict[str, set[str]], known: dict[str, WorkerStats]
+    ) -> dict[str, WorkerStats]:
+        """The reports of other machines' workers of models with jobs waiting (whether they
+        are full decides a replica here)."""
+        ids = sorted(
+            w for m, n in waiting.items() if n for w in live.get(m, set()) if w not in known
+        )
+        if not ids:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for worker_id in ids:
+            pipe.get(self.keys.worker_stats(worker_id))
+        replies: list[Any] = pipe.execute()
+        return {
+            w: WorkerStats.model_validate_json(r)
+            for w, r in zip(ids, replies, strict=True)
+            if r is not None
+        }
 
     # 3. Unloading
 
@@ -299,13 +323,14 @@ class PoolAgent:
         return self._outrun(model, demand, now)
 
     def _outrun(self, model: str, demand: Demand, now: float) -> bool:
-        """Its queue has outrun its full workers for the stable window (another replica)."""
-        mine = [h for h in self.held if h.model == model and h.state == "loaded"]
+        """Its queue has outrun its full workers for the stable window, and this machine holds
+        none of it (another replica, here)."""
+        workers = demand.live.get(model, set())
         full = all(
-            (s := demand.stats.get(h.worker.worker_id)) is not None and s.slots_used >= s.batch_size
-            for h in mine
+            (s := demand.stats.get(w)) is not None and s.slots_used >= s.batch_size for w in workers
         )
-        if not mine or not full or demand.waiting.get(model, 0) == 0:
+        here = any(h.model == model for h in self.held)
+        if here or not workers or not full or demand.waiting.get(model, 0) == 0:
             self._busy_since.pop(model, None)
             return False
         since = self._busy_since.setdefault(model, now)
@@ -324,6 +349,7 @@ class PoolAgent:
             if r.machine != self.machine
             and (e := r.entry(model))
             and e.cost.total_bytes <= r.budget_bytes
+            and all(h.model != model for h in r.held)  # one engine per model per machine
         ]
         return min([mine, *others], key=lambda o: (-o[0], o[1])) == mine
 

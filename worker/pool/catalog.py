@@ -3,7 +3,7 @@
 The catalog is every model folder under MLXQ_MODELS_DIR (`catalog_scan`) plus MLXQ_CATALOG's
 and MLXQ_POOL_PRELOAD's entries (names under the folder, folders anywhere, or hub ids that the
 hub cache holds: worker/engine/hub.py), each maybe with options:
-`name:rows=8:context=4096:keep_alive=10m:pin`. A folder is a chat model when it holds a
+`name:rows=32:kv=131072:keep_alive=10m:pin`. A folder is a chat model when it holds a
 config.json and safetensors weights, an embedding model when it holds a sentence-transformers
 layout (worker/engine/embedding/download.py). It is read again every few seconds, so a model
 dropped into the folder is served on its first request, with no restart.
@@ -13,7 +13,10 @@ A model's cost (shared/wire/pool.py ModelCost) is read from its files only:
 - KV per token: layers x KV heads x 2 (keys and values) x one head's vector, in its activations'
   dtype or quantized as MLXQ_KV_BITS stores it, from config.json and the safetensors header
   (worker/engine/model_config.py `kv_bytes_per_token`);
-  times its rows and context, both fixed per entry so that no request option forces a reload;
+  times its KV budget: the positions its sequences share (MLXQ_POOL_KV_TOKENS, else room for
+  MLXQ_POOL_ROWS sequences of POOL_KV_ROW_TOKENS, or for one of its whole window if that is
+  more), fixed per entry so that no request option forces a reload. The budget is shared, not
+  split: one sequence may use up to the model's whole window while it fits;
 - its prefix cache (MLXQ_PREFIX_CACHE_MB, chat models only) and a process's headroom.
 """
 
@@ -42,7 +45,10 @@ from worker.engine.model_config import (
 
 log = logging.getLogger(__name__)
 
-_OPTION = re.compile(r":(rows|context|keep_alive)=([^:]+)$|:(pin)$")
+_OPTION = re.compile(r":(rows|kv|keep_alive)=([^:]+)$|:(pin)$")
+# The default KV budget's positions per row: what most chat turns need; one sequence may still
+# take the whole budget, up to its window.
+POOL_KV_ROW_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ class EntrySpec:
 
     model: str
     rows: int | None = None
-    context: int | None = None
+    kv: int | None = None  # KV positions its sequences share
     keep_alive_s: float | None = None
     pinned: bool = False
 
@@ -154,20 +160,22 @@ def model_cost(settings: Settings, spec: EntrySpec, folder: Path, kind: ModelKin
             weight_bytes=weights,
             kv_bytes_per_token=0,
             rows=rows,
-            context=0,
+            kv_tokens=0,
             prefix_cache_bytes=0,
             headroom_bytes=headroom,
         )
     config = read_config(folder)
-    context = min(spec.context or settings.pool_context, context_window(config))
+    rows = spec.rows or settings.pool_rows
+    window = context_window(config)
+    kv = spec.kv or settings.pool_kv_tokens or max(window, rows * min(window, POOL_KV_ROW_TOKENS))
     prefix = settings.prefix_cache_mb * MIB if settings.prefix_cache_entries else 0
     return ModelCost(
         weight_bytes=weights,
         kv_bytes_per_token=kv_bytes_per_token(
             config, activation_bytes(folder), _quantization(settings)
         ),
-        rows=spec.rows or settings.pool_rows,
-        context=context,
+        rows=rows,
+        kv_tokens=kv,
         prefix_cache_bytes=prefix,
         headroom_bytes=headroom,
     )

@@ -7,7 +7,6 @@ Processes are started with the harness every mlxq process starts with (worker/op
 
 from __future__ import annotations
 
-import math
 import signal
 import time
 from dataclasses import dataclass
@@ -72,8 +71,8 @@ class Held:
 
 
 def worker_env(settings: Settings, found: Found) -> dict[str, str]:
-    """A worker's settings for one catalog entry: its model, and its rows, KV and prefix cache
-    as the entry's cost counted them (the catalog's option fixes them for every request)."""
+    """A worker's settings for one catalog entry: its model, and its rows, KV budget and prefix
+    cache as the entry's cost counted them (the catalog's option fixes them for every request)."""
     cost = found.entry.cost
     env = {"MLXQ_MODEL": found.source, "MLXQ_MODELS_DIR": str(settings.models_dir)}
     if found.entry.kind == "embedding":
@@ -82,7 +81,7 @@ def worker_env(settings: Settings, found: Found) -> dict[str, str]:
         **env,
         "MLXQ_BATCH_SIZE": str(cost.rows),
         "MLXQ_INTERACTIVE_SLOTS": str(min(settings.interactive_slots, cost.rows - 1)),
-        "MLXQ_KV_MEMORY": str(max(1, math.ceil(cost.kv_bytes / MIB))),
+        "MLXQ_KV_TOKENS": str(cost.kv_tokens),
         "MLXQ_PREFIX_CACHE_MB": str(max(1, cost.prefix_cache_bytes // MIB)),
     }
 

@@ -134,7 +134,7 @@ def build_engine(
         settings.prefill_tokens,
         prefixes,
         batch=settings.batch,
-        kv_memory=settings.kv_memory,
+        kv_tokens=settings.kv_tokens,
         kv_quantization=kv,
         prefill_tokens_decoding=settings.prefill_tokens_decoding,
         prefill_seconds_decoding=settings.prefill_seconds_decoding,

@@ -166,7 +166,7 @@ def start_pool_cluster(
         "MLXQ_MODELS_DIR": str(models_dir),
         "MLXQ_POOL_BUDGET_MB": str(budget_mb),
         "MLXQ_POOL_ROWS": str(ROWS),
-        "MLXQ_POOL_CONTEXT": str(CONTEXT),
+        "MLXQ_POOL_KV_TOKENS": str(ROWS * CONTEXT),
         "MLXQ_PREFIX_CACHE_MB": str(PREFIX_MB),
         "MLXQ_POOL_HEADROOM_MB": str(HEADROOM_MB),
         "MLXQ_POOL_COOLDOWN_S": "0",

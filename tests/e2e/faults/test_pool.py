@@ -6,8 +6,9 @@ third model evicts the least recently used idle one, whose memory comes back; ke
 unloads after the request; cancelling the request that started a load does not abort it; a
 pinned model is never evicted; a corrupt model and a worker killed while loading fail their
 waiting jobs naming the model (a corrupt model's background responses and batch lines too),
-and the next request loads it again; a busy model gets a second worker that shares its queue;
-a second machine's pool takes the next load where it has the more free budget.
+and the next request loads it again; a busy model gets no second process on its machine but a
+replica on another's; a second machine's pool takes the next load where it has the more free
+budget.
 """
 
 from __future__ import annotations
@@ -209,10 +210,17 @@ def test_a_worker_killed_while_loading_fails_its_job_and_the_next_request_loads_
     assert ask(client, "alpha")
 
 
-def test_a_busy_model_gets_a_second_worker_that_shares_its_queue(
+def test_a_busy_model_grows_no_second_process_here_and_gets_one_on_another_machine(
     cluster: Cluster, client: openai.OpenAI
 ) -> None:
+    """One engine per model per machine: a queue that outruns the model's rows for longer than
+    MLXQ_POOL_STABLE_S starts no second process beside the first (it would share the cores and
+    hold the weights twice), but a second machine's pool, which holds none of it, loads a
+    replica that shares its queue."""
     done = threading.Event()
+    assert ask(client, "alpha")
+    first = pool_report(cluster)
+    assert first is not None
 
     def long(_: int) -> None:
         """A long stream, read until the test has seen what it waits for (then cancelled)."""
@@ -228,20 +236,40 @@ def test_a_busy_model_gets_a_second_worker_that_shares_its_queue(
                 if done.is_set():
                     break
 
-    def serving() -> int:
-        """How many live workers of alpha run its jobs."""
+    def serving() -> set[str]:
+        """The live workers of alpha running its jobs."""
         snapshot = read_snapshot(cluster.redis(), cluster.keys, cluster.heartbeat_s, recent=0)
-        return len([w for w in snapshot.workers if w.model == "alpha" and w.slots_used])
+        return {w.worker_id for w in snapshot.workers if w.model == "alpha" and w.slots_used}
 
+    second = None
     with ThreadPoolExecutor(6) as clients:  # 3 x its 2 rows: its queue outruns it
         streams = [clients.submit(long, i) for i in range(6)]
         try:
-            wait_until(lambda: serving() == 2, LOAD_S, "two workers of alpha running its jobs")
+            wait_until(lambda: len(serving()) == 1, LOAD_S, "alpha running its jobs")
+            time.sleep(5)  # five stable windows of a queue that outruns the rows
+            assert [h.model for h in pool_report_of(cluster, first.machine).held].count(
+                "alpha"
+            ) == 1
+            second = cluster.start_pool(MLXQ_MACHINE="replica-mac")
+            wait_until(lambda: len(serving()) == 2, LOAD_S, "a replica of alpha on replica-mac")
+            held = [h.model for h in pool_report_of(cluster, "replica-mac").held]
+            assert held == ["alpha"]
         finally:
             done.set()
         for stream in streams:
             stream.result(timeout=120)
-    assert loaded(cluster)["alpha"] == 2
+    if second is not None:
+        second.terminate()  # its worker drains; the next test's second machine starts afresh
+        second.wait(timeout=60)
+        cluster.pools.remove(second)
+        wait_until(
+            lambda: all(
+                r.machine != "replica-mac"
+                for r in pools.read_reports(cluster.redis(), cluster.keys, cluster.heartbeat_s)
+            ),
+            30,
+            "replica-mac's report to lapse",
+        )
 
 
 def pool_report_of(cluster: Cluster, machine: str) -> PoolReport:

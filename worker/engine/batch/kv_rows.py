@@ -1,7 +1,8 @@
 """KV storage by slot: one preallocated buffer per layer, each running sequence a row of it.
 
 Each layer keeps keys and values of shape `[rows, kv_heads, capacity, head_dim]`, rows and
-capacity grown with the load and dropped when the batch empties (`SlotKV`). A sequence
+capacity grown with the load and dropped when the batch empties (`SlotKV`), and kept within the
+batch's KV budget (rows x capacity positions, MLXQ_KV_TOKENS) where one is set. A sequence
 owns one row from the step it is admitted until it ends; its positions are written in place at
 its own offset, so admitting a sequence costs its own prompt and nothing of the other rows, and
 a sequence that ends gives its row to the last one (one row copied, `SlotKV.move`).
@@ -39,9 +40,10 @@ class SlotKV:
     leave every row at a later long prompt's capacity.
     """
 
-    def __init__(self, slots: int, limit: int):
+    def __init__(self, slots: int, limit: int, budget: int | None = None):
         self.slots = slots  # rows at most
         self.limit = limit  # positions per row at most
+        self.budget = budget  # rows x capacity at most (None: no bound)
         self.rows = 0
         self.capacity = 0
         self.keys: mx.array | None = None
@@ -49,7 +51,9 @@ class SlotKV:
 
     def reserve(self, rows: int, positions: int) -> None:
         """Make room for `rows` rows of `positions` positions (copies the buffer when it grows:
-        rows double, positions grow by half, each in steps)."""
+        rows double, positions grow by half, each in steps, as far as the budget allows; rows
+        past `rows` and positions past `positions` may be dropped then, so `positions` must
+        cover every row's KV)."""
         if rows <= self.rows and positions <= self.capacity:
             return
         grown_rows = self.rows
@@ -59,14 +63,18 @@ class SlotKV:
         if positions > self.capacity:
             grown = -(-max(positions, self.capacity * 3 // 2) // GROWTH) * GROWTH
             grown = max(positions, min(grown, self.limit))
+        if self.budget is not None and grown_rows * grown > self.budget:
+            # The headroom of doubling is given up first, then rows nobody holds.
+            grown = max(positions, min(grown, self.budget // max(grown_rows, 1)))
+            grown_rows = max(rows, min(grown_rows, self.budget // grown))
         if self.keys is not None and self.values is not None:
             self._grow(grown_rows, grown)
         self.rows, self.capacity = grown_rows, grown
 
     def _grow(self, rows: int, capacity: int) -> None:
         assert self.keys is not None and self.values is not None
-        self.keys = _widened(self.keys, rows, capacity)
-        self.values = _widened(self.values, rows, capacity)
+        self.keys = _resized(self.keys, rows, capacity)
+        self.values = _resized(self.values, rows, capacity)
 
     def release(self) -> None:
         """Drop the buffers (the batch holds no row any more): the next rows start small. A
@@ -115,12 +123,13 @@ class SlotKV:
         return cache
 
 
-def _widened(buffer: mx.array, rows: int, capacity: int) -> mx.array:
-    """The buffer grown to `rows` rows of `capacity` positions, what it held kept (one copy)."""
+def _resized(buffer: mx.array, rows: int, capacity: int) -> mx.array:
+    """The buffer as `rows` rows of `capacity` positions, what fits of it kept (one copy)."""
     old_rows, heads, old, dim = buffer.shape
-    grown = mx.zeros((rows, heads, capacity, dim), buffer.dtype)
-    grown[:old_rows, :, :old, :] = buffer
-    return grown
+    kept_rows, kept = min(rows, old_rows), min(capacity, old)
+    resized = mx.zeros((rows, heads, capacity, dim), buffer.dtype)
+    resized[:kept_rows, :, :kept, :] = buffer[:kept_rows, :, :kept, :]
+    return resized
 
 
 def extract(layers: list[SlotKV], row: int, positions: int) -> list[Any]:

@@ -78,14 +78,16 @@ class QuantizedSlotKV(SlotKV):
     keys: Triple | None  # type: ignore[assignment]
     values: Triple | None  # type: ignore[assignment]
 
-    def __init__(self, slots: int, limit: int, quantization: KVQuantization):
-        super().__init__(slots, limit)
+    def __init__(
+        self, slots: int, limit: int, quantization: KVQuantization, budget: int | None = None
+    ):
+        super().__init__(slots, limit, budget)
         self.quantization = quantization
 
     def _grow(self, rows: int, capacity: int) -> None:
         assert self.keys is not None and self.values is not None
-        self.keys = _widened(self.keys, rows, capacity)
-        self.values = _widened(self.values, rows, capacity)
+        self.keys = _resized(self.keys, rows, capacity)
+        self.values = _resized(self.values, rows, capacity)
 
     def allocate(self, keys: Any, values: Any) -> None:
         """Allocate from a write's keys and values: float arrays or triples."""
@@ -132,12 +134,13 @@ def _zeros(like: Triple, rows: int, capacity: int) -> Triple:
     return w, s, b
 
 
-def _widened(triple: Triple, rows: int, capacity: int) -> Triple:
-    grown = _zeros(triple, rows, capacity)
+def _resized(triple: Triple, rows: int, capacity: int) -> Triple:
+    resized = _zeros(triple, rows, capacity)
     old_rows, _, old, _ = triple[0].shape
-    for target, source in zip(grown, triple, strict=True):
-        target[:old_rows, :, :old, :] = source
-    return grown
+    kept_rows, kept = min(rows, old_rows), min(capacity, old)
+    for target, source in zip(resized, triple, strict=True):
+        target[:kept_rows, :, :kept, :] = source[:kept_rows, :, :kept, :]
+    return resized
 
 
 def _copied(triple: Triple, row: int, positions: int) -> Triple:

@@ -21,6 +21,13 @@ dropped (its KV, written, goes with the prefix cache's copy). The last tokens ar
 with no overlap, when a sequence's logits processors read its tokens on the host, or a
 sequence's last token is the one being read.
 
+With a KV budget (`kv_tokens`: the positions every row's buffer may take together, rows x
+capacity), a waiting sequence is admitted only while every admitted sequence could still reach
+its last position (prompt plus its token limit) within the budget: so the buffers never grow past
+it, one long sequence may take the whole of it when it runs alone, and a sequence that does not
+fit yet waits for rows to end, first come first served. The engine refuses what could never fit
+(worker/engine/prepare.py).
+
 Rows are kept in slot order, decoding rows first: a decode forward reads rows 0..n-1, with no
 gather. A row promoted from prefill swaps with the first prefilling row; a row that ends takes
 the last decoding row into its slot, and that one's slot the last prefilling row (each a copy of
@@ -70,6 +77,7 @@ class Row:
     tokens: list[int]  # the sequence so far: prompt, then the tokens read back
     todo: list[int]  # prompt tokens whose KV is not in the row yet
     entry: Entry
+    reach: int  # the positions it may hold at its end: its prompt, its token limit, one more
     offset: int = 0  # positions of the row holding KV (or being written by a forward)
     launched: int = 0  # tokens the decode forwards were asked for
     read: int = 0  # tokens read back
@@ -102,23 +110,27 @@ class SlotBatch:
         keep_caches: bool,
         positions: int,
         quantization: KVQuantization | None = None,
+        kv_tokens: int | None = None,
     ):
         """`positions`: what one row may hold at most (the engine refuses longer sequences);
         `quantization`: KV kept quantized (worker/engine/batch/quantized_kv.py), or in the
-        model's dtype."""
+        model's dtype; `kv_tokens`: the budget of positions every row shares (None: none)."""
         self._model = model
         self._slots = slots
         self._stops = stop_ids
         self._chunk = chunk
         self._keep_caches = keep_caches
+        self._kv_tokens = kv_tokens
         self._layers: list[SlotKV]
         # The views' classes, picked once: a batch of float KV runs none of the quantized code.
         self._decode_view: type[DecodeView] = DecodeView
         self._prefill_view: type[PrefillView] = PrefillView
         if quantization is None:
-            self._layers = [SlotKV(slots, positions) for _ in model.layers]
+            self._layers = [SlotKV(slots, positions, kv_tokens) for _ in model.layers]
         else:
-            self._layers = [QuantizedSlotKV(slots, positions, quantization) for _ in model.layers]
+            self._layers = [
+                QuantizedSlotKV(slots, positions, quantization, kv_tokens) for _ in model.layers
+            ]
             self._decode_view, self._prefill_view = QuantizedDecodeView, QuantizedPrefillView
         self._rows: list[Row] = []  # by slot; the first `_decoding` decode, the others prefill
         self._decoding = 0
@@ -147,7 +159,8 @@ class SlotBatch:
         for entry in entries:
             uids.append(self._uid)
             tokens = [*entry.cached, *entry.prompt]
-            self._waiting.append(Row(self._uid, tokens, list(entry.prompt), entry))
+            reach = min(len(tokens) + entry.max_tokens + 1, self._layers[0].limit)
+            self._waiting.append(Row(self._uid, tokens, list(entry.prompt), entry, reach))
             self._uid += 1
         self._admit()
         return uids
@@ -184,8 +197,15 @@ class SlotBatch:
             self._free(slot)
         self._admit()
 
+    def _fits(self, row: Row) -> bool:
+        """Whether every admitted row, and `row`, could reach its end within the budget."""
+        if self._kv_tokens is None:
+            return True
+        reach = max([row.reach, *(r.reach for r in self._rows)])
+        return (len(self._rows) + 1) * reach <= self._kv_tokens
+
     def _admit(self) -> None:
-        while self._waiting and len(self._rows) < self._slots:
+        while self._waiting and len(self._rows) < self._slots and self._fits(self._waiting[0]):
             row = self._waiting.popleft()
             slot = len(self._rows)
             self._rows.append(row)
@@ -201,9 +221,11 @@ class SlotBatch:
                 self._promote(slot)
 
     def _reserve(self, positions: int) -> None:
-        """Room in every layer for the rows in slots and `positions` positions each."""
+        """Room in every layer for the rows in slots and `positions` positions each (at least
+        what every row holds: a buffer kept within the budget may shrink to that)."""
+        held = max((r.offset for r in self._rows), default=0)
         for layer in self._layers:
-            layer.reserve(len(self._rows), positions)
+            layer.reserve(len(self._rows), max(positions, held))
 
     def _prefill(self, budget: PrefillBudget) -> None:
         if budget.tokens > 0 and self._decoding < len(self._rows) and self._unread is not None:
@@ -273,12 +295,20 @@ class SlotBatch:
                 continue
             # The padded forward attends up to the furthest offset plus the widest chunk: that
             # must stay within what a row may hold (the buffer is reserved for it).
-            if group and max(furthest, row.offset) + max(width, n) > self._layers[0].limit:
+            if group and max(furthest, row.offset) + max(width, n) > self._room():
                 continue
             group.append((slot, n))
             useful, width, furthest = useful + n, max(width, n), max(furthest, row.offset)
             chunked += 0 if whole else n
         return group, chunked
+
+    def _room(self) -> int:
+        """The positions a row's buffer may reach: a row's limit, and the budget's share."""
+        limit = self._layers[0].limit
+        if self._kv_tokens is None or not self._rows:
+            return limit
+        # Admission keeps every row's reach within this share.
+        return min(limit, self._kv_tokens // len(self._rows))
 
     def _promote(self, slot: int) -> None:
         """The row's prompt is in its slot but for the last token: the next decode feeds it."""

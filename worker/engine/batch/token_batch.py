@@ -120,23 +120,6 @@ def check_quantizable(model: Any, quantization: KVQuantization) -> None:
     quantization.check(values.shape[-1])
 
 
-def kv_window(
-    model: Any, slots: int, kv_memory_mb: int | None, quantization: KVQuantization | None = None
-) -> int | None:
-    """How many positions each of `slots` rows may hold within MLXQ_KV_MEMORY (None: unset)."""
-    if kv_memory_mb is None:
-        return None
-    per_token = kv_bytes_per_token(model, quantization)
-    positions = (kv_memory_mb << 20) // (slots * per_token)
-    if positions < 1:
-        raise ValueError(
-            f"MLXQ_KV_MEMORY={kv_memory_mb} MiB cannot hold one token for each of {slots} "
-            f"sequences ({per_token} bytes per token)"
-        )
-    log.info("KV memory %d MiB: %d rows of %d positions", kv_memory_mb, slots, positions)
-    return positions
-
-
 def open_batch(
     model: Any,
     slots: int,
@@ -145,19 +128,22 @@ def open_batch(
     keep_caches: bool,
     positions: int,
     quantization: KVQuantization | None = None,
+    kv_tokens: int | None = None,
 ) -> TokenBatch:
     """The batch this model runs in (`kind`: the MLXQ_BATCH setting), logged; `keep_caches`:
     a sequence that ends hands back its KV cache (for the prefix cache); `positions`: the most
-    one sequence holds; `quantization`: the slot batch keeps KV quantized (MLXQ_KV_BITS)."""
+    one sequence holds; `quantization`: the slot batch keeps KV quantized (MLXQ_KV_BITS);
+    `kv_tokens`: the positions the slot batch's sequences share (MLXQ_KV_TOKENS)."""
     other = plain_kv(model)
     if kind == "slots" and other is None:
         kv = "plain KV cache"
         if quantization is not None:
             check_quantizable(model, quantization)
             kv = f"KV quantized to {quantization.bits} bits, groups of {quantization.group_size}"
-        log.info("batch: mlxq slots (%d rows, %s)", slots, kv)
+        budget = "no KV budget" if kv_tokens is None else f"a KV budget of {kv_tokens} tokens"
+        log.info("batch: mlxq slots (up to %d rows, %s, %s)", slots, kv, budget)
         return SlotBatch(
-            model, slots, stop_ids, PREFILL_CHUNK, keep_caches, positions, quantization
+            model, slots, stop_ids, PREFILL_CHUNK, keep_caches, positions, quantization, kv_tokens
         )
     why = f"its cache is {other}" if other else "MLXQ_BATCH=mlx-lm"
     log.info("batch: mlx-lm BatchGenerator (%s)", why)
