@@ -5,6 +5,8 @@ Chat Completions' `reasoning_effort`, the Responses API's `reasoning.effort` and
 on the job. The worker hands it to the chat template in the form the template reads (Qwen3's
 `enable_thinking`, gpt-oss's `reasoning_effort`: `template_kwargs`) and enforces `budget_tokens`
 by forcing the end of reasoning when the budget runs out (worker/engine/sequence/reasoning.py).
+A template that sets its reasoning length by effort (gpt-oss) gets a budget as an effort
+(`budget_effort`) where no effort was given: Claude Code sends a budget whenever thinking is on.
 """
 
 from __future__ import annotations
@@ -28,6 +30,19 @@ TEMPLATE_EFFORT: dict[Effort, str] = {
     "max": "high",
 }
 
+# A token budget as gpt-oss's levels: the most reasoning tokens each level is taken to mean
+# (its analysis runs to a few hundred tokens at low, a few thousand at medium); above the
+# last, `high`.
+BUDGET_EFFORT: tuple[tuple[int, Effort], ...] = ((2048, "low"), (8192, "medium"))
+
+
+def budget_effort(budget_tokens: int) -> Effort:
+    """The effort a budget of reasoning tokens stands for, on a template that reads efforts."""
+    for most, effort in BUDGET_EFFORT:
+        if budget_tokens <= most:
+            return effort
+    return "high"
+
 
 class ReasoningControl(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -50,10 +65,14 @@ class ReasoningControl(BaseModel):
     def template_kwargs(self) -> dict[str, Any]:
         """The chat template variables that carry this control. Each family reads its own name
         (Qwen3 and GLM `enable_thinking`, DeepSeek V3.1 `thinking`, gpt-oss `reasoning_effort`),
-        and a template ignores the names it does not read, so every one is set."""
+        and a template ignores the names it does not read, so every one is set. An effort
+        given wins over the one a budget stands for."""
         kwargs: dict[str, Any] = {}
         if self.enabled is not None:
             kwargs["enable_thinking"] = kwargs["thinking"] = self.enabled
-        if self.effort is not None:
-            kwargs["reasoning_effort"] = TEMPLATE_EFFORT[self.effort]
+        effort = self.effort
+        if effort is None and self.budget_tokens is not None:
+            effort = budget_effort(self.budget_tokens)
+        if effort is not None:
+            kwargs["reasoning_effort"] = TEMPLATE_EFFORT[effort]
         return kwargs

@@ -310,3 +310,21 @@ def test_a_thinking_budget_ends_the_reasoning_when_it_runs_out(
     assert first.thinking and reasoning.startswith(first.thinking)
     assert len(first.thinking) < len(reasoning)
     never_shown(*(getattr(block, "text", "") for block in reply.content))
+
+
+def test_claude_codes_thinking_budget_on_gpt_oss_is_answered_not_refused(
+    claude: anthropic.Anthropic, served: dict[str, str]
+) -> None:
+    """Harmony sets its reasoning length by effort: the budget reaches the template as one
+    (tests/families/test_budget_effort.py), and the analysis is not cut short."""
+    reasoning, content, _ = EXPECTED["gpt-oss-final"]
+    reply = claude.messages.create(
+        model=served["gpt-oss-final"],
+        max_tokens=200,
+        messages=ASK,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    )
+    first, answer = reply.content
+    assert first.type == "thinking" and first.thinking == reasoning
+    assert answer.type == "text" and answer.text == content
+    assert reply.stop_reason == "end_turn"
