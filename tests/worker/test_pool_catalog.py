@@ -45,7 +45,7 @@ def test_the_catalog_is_every_model_folder_with_its_kind(models: Path) -> None:
     }
 
 
-def test_a_models_cost_is_its_weights_its_kv_budget_prefix_cache_and_headroom(
+def test_a_models_cost_is_its_weights_kv_budget_a_prefix_cache_of_a_window_at_least_and_headroom(
     models: Path,
 ) -> None:
     settings = Settings(
@@ -57,7 +57,10 @@ def test_a_models_cost_is_its_weights_its_kv_budget_prefix_cache_and_headroom(
     assert cost.weight_bytes == weights
     assert cost.kv_bytes_per_token == per_token
     assert cost.kv_bytes == per_token * 1024
-    assert cost.total_bytes == weights + per_token * 1024 + 64 * MIB + 100 * MIB
+    assert cost.prefix_cache_bytes == per_token * 8192  # 64 MiB raised to one whole window
+    assert cost.total_bytes == weights + per_token * 1024 + per_token * 8192 + 100 * MIB
+    roomy = read_catalog(settings.model_copy(update={"prefix_cache_mb": 1024}))["alpha"]
+    assert roomy.entry.cost.prefix_cache_bytes == 1024 * MIB
 
 
 def test_by_default_a_model_gets_32_rows_of_4096_positions_shared_or_its_whole_window(

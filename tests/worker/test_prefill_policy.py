@@ -4,15 +4,27 @@ the time while sequences decode, and the burst that passes the time for whole sh
 from __future__ import annotations
 
 from worker.engine.batch.types import PrefillBudget
-from worker.engine.prefill_policy import MIN_PREFILL_TOKENS, PrefillPolicy
+from worker.engine.prefill_policy import (
+    FIRST_CHUNK,
+    IDLE_SECONDS,
+    MIN_PREFILL_TOKENS,
+    PrefillPolicy,
+)
 
 # 4,096 a step with nothing decoding, 256 in chunks while decoding, 0.4 s at the measured rate.
 POLICY = PrefillPolicy(tokens=4096, decoding_cap=256, seconds=0.4, burst=True)
 RATE = 250.0  # prompt tokens a second: 0.4 s is 100 tokens
 
 
-def test_with_nothing_decoding_a_step_takes_the_whole_budget() -> None:
-    assert POLICY.budget(False, RATE, lambda: True) == PrefillBudget.flat(4096)
+def test_with_nothing_decoding_a_step_takes_the_whole_budget_that_its_time_allows() -> None:
+    assert POLICY.budget(False, 1000.0, lambda: True) == PrefillBudget.flat(4096)
+    timed = int(RATE * IDLE_SECONDS)  # 2,500: about 10 s, never a minute on a slow machine
+    assert POLICY.budget(False, RATE, lambda: True) == PrefillBudget.flat(timed)
+
+
+def test_with_nothing_decoding_and_no_rate_yet_long_prompts_go_a_chunk_a_step() -> None:
+    first = POLICY.budget(False, None, lambda: True)
+    assert first == PrefillBudget(4096, FIRST_CHUNK, FIRST_CHUNK)
 
 
 def test_while_decoding_a_step_takes_what_the_time_allows() -> None:

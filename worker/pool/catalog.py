@@ -17,7 +17,8 @@ A model's cost (shared/wire/pool.py ModelCost) is read from its files only:
   MLXQ_POOL_ROWS sequences of POOL_KV_ROW_TOKENS, or for one of its whole window if that is
   more), fixed per entry so that no request option forces a reload. The budget is shared, not
   split: one sequence may use up to the model's whole window while it fits;
-- its prefix cache (MLXQ_PREFIX_CACHE_MB, chat models only) and a process's headroom.
+- its prefix cache (MLXQ_PREFIX_CACHE_MB, raised to hold one conversation of the model's whole
+  window; chat models only) and a process's headroom.
 """
 
 from __future__ import annotations
@@ -168,15 +169,16 @@ def model_cost(settings: Settings, spec: EntrySpec, folder: Path, kind: ModelKin
     rows = spec.rows or settings.pool_rows
     window = context_window(config)
     kv = spec.kv or settings.pool_kv_tokens or max(window, rows * min(window, POOL_KV_ROW_TOKENS))
-    prefix = settings.prefix_cache_mb * MIB if settings.prefix_cache_entries else 0
+    per_token = kv_bytes_per_token(config, activation_bytes(folder), _quantization(settings))
+    # The prefix cache holds at least one conversation of the model's whole window, so that a
+    # long conversation's next turn is a hit.
+    prefix = max(settings.prefix_cache_mb * MIB, per_token * window)
     return ModelCost(
         weight_bytes=weights,
-        kv_bytes_per_token=kv_bytes_per_token(
-            config, activation_bytes(folder), _quantization(settings)
-        ),
+        kv_bytes_per_token=per_token,
         rows=rows,
         kv_tokens=kv,
-        prefix_cache_bytes=prefix,
+        prefix_cache_bytes=prefix if settings.prefix_cache_entries else 0,
         headroom_bytes=headroom,
     )
 

@@ -152,8 +152,9 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def one_cost(models_dir: Path) -> int:
     """What the pool counts for one model of `models_dir` (worker/pool/catalog.py)."""
     weights = (models_dir / "alpha" / "model.safetensors").stat().st_size
-    kv = 30 * 3 * 64 * 2 * 4 * ROWS * CONTEXT
-    return weights + kv + (PREFIX_MB + HEADROOM_MB) * MIB
+    per_token = 30 * 3 * 64 * 2 * 4
+    prefix = max(PREFIX_MB * MIB, per_token * 8192)  # at least one whole window's conversation
+    return weights + per_token * ROWS * CONTEXT + prefix + HEADROOM_MB * MIB
 
 
 def start_pool_cluster(
