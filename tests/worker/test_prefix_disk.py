@@ -66,7 +66,7 @@ def test_a_restored_cache_continues_as_a_fresh_prefill_would(model: Any, tmp_pat
     assert mx.allclose(restored, fresh, atol=1e-4).item()
 
 
-def test_a_cache_evicted_from_memory_is_written_while_the_worker_runs(
+def test_a_cache_evicted_from_memory_is_served_from_its_file_while_the_worker_runs(
     model: Any, tmp_path: Path
 ) -> None:
     tier = _tier(tmp_path, model)
@@ -74,7 +74,8 @@ def test_a_cache_evicted_from_memory_is_written_while_the_worker_runs(
     prefixes.store(HISTORY, _finished(model, HISTORY))
     prefixes.store([60, *HISTORY], _finished(model, [60, *HISTORY]))
     tier.flush()
-    assert [p.name for p in tier.folder.iterdir()] == [file_name(HISTORY)]
+    # written behind as memory took it in (tests/worker/test_prefix_disk_write_behind.py)
+    assert file_name(HISTORY) in [p.name for p in tier.folder.iterdir()]
     # the same cache, now that memory lacks it, serves from the file
     assert prefixes.reuse([*HISTORY, 50], shared=0).hits == len(HISTORY)
 

@@ -14,9 +14,12 @@ heartbeat advertises what the cache holds: worker/runtime/prefix_report.py). One
 reads it: the lending thread (`lend`: worker/runtime/prefix_fetch.py), under a lock that the
 engine takes only around the LRU's own calls, never around a forward.
 
-With a disk tier (worker/engine/prefix_disk.py), what the LRU evicts goes to disk, and so does
-all it holds on `persist_all` (shutdown, or the model unloaded); a prompt that memory holds less
-of than a file does is restored from the file into memory first.
+With a disk tier (worker/engine/prefix_disk.py), each cache the LRU takes in, a finished
+sequence's or a shared history's, is handed to the tier's writer at once (write-behind: written
+soon after, off the engine thread, so that a crash keeps it), what the LRU evicts is handed over
+again (a write dropped while the disk was behind gets another chance), and so is all it holds on
+`persist_all` (shutdown, or the model unloaded); a prompt that memory holds less of than a file
+does is restored from the file into memory first.
 """
 
 from __future__ import annotations
@@ -180,7 +183,7 @@ class PrefixCache:
             # real now, they cost a copy; left lazy, they cost far more when first read
             # (measured: a prefill of 16 prompts on them, 1.1 s instead of 0.45 s).
             mx.eval([c.state for c in cache])
-            self._insert(list(tokens), cache, "assistant")
+            self._keep(list(tokens), cache, "assistant")
 
     def _restore(self, prompt: list[int], reuse: Reuse) -> Reuse:
         """`reuse`, or a longer start read back from the disk tier into memory."""
@@ -204,7 +207,14 @@ class PrefixCache:
 
     def _prefill(self, history: list[int], start: Reuse) -> None:
         done = prefill(self._model, history, start, self._kv)
-        self._insert(list(history), done.cache, "system")
+        assert done.cache is not None  # a prefill always makes one
+        self._keep(list(history), done.cache, "system")
+
+    def _keep(self, tokens: list[int], cache: list[Any], kind: str) -> None:
+        """A cache this worker made, into memory, and behind it to disk."""
+        self._insert(tokens, cache, kind)
+        if self._disk is not None:
+            self._disk.put(tokens, cache)
 
 
 def _longest(found: Any, length: int) -> tuple[list[int], int]:

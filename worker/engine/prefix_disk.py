@@ -1,27 +1,37 @@
 """The prefix cache's disk tier: KV caches kept in files, so a prefix outlives the process.
 
-The memory tier (worker/engine/prefix_cache.py) hands this tier what it evicts, and all it holds
-at shutdown or when its model is unloaded (`PrefixCache.persist_all`); a prompt whose opening
-memory lacks and a file holds is restored from the file. A worker restart then costs a read of
-the cache instead of a prefill (issue 35: on this CPU 50-110x less for 2,000 tokens).
+The memory tier (worker/engine/prefix_cache.py) hands this tier each cache as it takes it in
+(write-behind: a crash, kill -9 included, loses only what still waits for the writer), again
+what it evicts, and all it holds at shutdown or when its model is unloaded
+(`PrefixCache.persist_all`); a prompt whose opening memory lacks and a file holds is restored
+from the file. A worker restart then costs a read of the cache instead of a prefill (issue 35:
+on this CPU 50-110x less for 2,000 tokens).
 
-Layout: `{root}/{identity}/{hash of the tokens}.safetensors`, one file per token sequence. The
-identity (worker/engine/prefix_identity.py) names the weights by their content and the KV layout
-(each layer's cache class, its arrays' shapes apart from the token axis, and their dtypes,
-quantized ones included), so a model whose weights or KV form change gets a folder of its own,
-and a file is never read as another model's cache. Files are mlx-lm's own prompt-cache format
-(`save_prompt_cache`: safetensors, no pickle), with the identity and the tokens in its metadata;
-a file is written under a dot name and renamed, so no reader sees half of one.
+Layout: `{root}/{identity}/{hash of the tokens}.safetensors`, a file per token sequence or
+chain (below). The identity (worker/engine/prefix_identity.py) names the weights by their content
+and the KV layout (each layer's cache class, its arrays' shapes apart from the token axis, and
+their dtypes, quantized ones included), so a model whose weights or KV form change gets a folder
+of its own, and a file is never read as another model's cache. Files are mlx-lm's prompt-cache
+format with the identity and the tokens in its metadata (worker/engine/prefix_file.py); a file
+is written under a dot name and renamed, so no reader sees half of one.
+
+One file per chain: a conversation's caches extend one another, turn by turn. For caches that
+can be cut (mlx-lm's KV caches, quantized or not), a cache that a file already holds the start
+of is not written (that file is touched: a read cuts it, as memory does with a longer entry),
+and a cache that extends files replaces them (its file written, theirs removed), as mlx-lm's
+memory tier drops an entry's prefixes. Caches that cannot be cut get a file each.
 
 A file that cannot be read, or whose metadata or arrays do not match (junk, truncated, another
 model's, another dtype or shape), is removed and counts as a miss. The folder is capped at
 `max_bytes` over every model's files, the least recently used (file modification times, touched
 on each hit) removed first; workers on one machine may share it.
 
-Threads: writes (and the cap) run on this tier's own thread, so the engine's step never waits for
-a disk; the engine thread reads files on a hit. `held` is a snapshot any thread may read. A file
-another worker sent is checked and kept by the slot thread that fetched it (`adopt`), and read
-back by the engine as any other; a file this worker lends is read by its lending thread.
+Threads: writes (and the cap) run on this tier's writer thread
+(worker/engine/prefix_disk_writer.py), bounded in bytes waiting and in bytes a second, so the
+engine's step never waits for a disk; the engine thread reads files on a hit. `held` is a
+snapshot any thread may read. A file another worker sent is checked and kept by the slot thread
+that fetched it (`adopt`), and read back by the engine as any other; a file this worker lends is
+read by its lending thread.
 """
 
 from __future__ import annotations
@@ -30,7 +40,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -40,23 +49,20 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_map
-from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, load_prompt_cache
 
 from worker.engine.prefix_cache import MIN_SHARED_TOKENS
+from worker.engine.prefix_disk_writer import UNBOUNDED, DiskWriter, WriteBounds
+from worker.engine.prefix_file import header, is_ours, save, tokens_of
 from worker.engine.prefix_identity import kv_layout, model_identity, probe, token_bytes
 
 log = logging.getLogger(__name__)
 
-FORMAT = "mlxq-prefix-cache-1"
 MARKS = "weights.json"  # the weight files' hashes, beside the models' folders (prefix_identity)
 SUFFIX = ".safetensors"
 # A file is read whole: worth it while the tokens it saves are at least this share of it.
 # Measured on this CPU, moving a 2,000-token cache beat prefilling it 50-110x (issue 35).
 READ_SHARE = 16
-# Writes waiting for the tier's thread, at most: evicted caches wait in memory, beyond the
-# memory tier's cap, so a disk slower than the evictions drops the oldest rather than grow.
-MAX_PENDING = 8
 # A dot file (a write in progress) older than this was left by a process that died mid-write.
 STALE_S = 600.0
 
@@ -105,8 +111,10 @@ class DiskTier:
         max_bytes: int,
         min_tokens: int,
         token_bytes: int = 0,
+        bounds: WriteBounds = UNBOUNDED,
     ):
-        """`token_bytes`: what a token adds to a file (0: unknown), for a fetch's estimate."""
+        """`token_bytes`: what a token adds to a file (0: unknown), for a fetch's estimate;
+        `bounds`: how far and how fast the writer writes behind the memory tier."""
         self.token_bytes = token_bytes
         self._root = root
         self._dir = root / identity
@@ -118,13 +126,11 @@ class DiskTier:
         self._tidying = threading.Lock()
         self._index: dict[str, Stored] = {}
         self._held: tuple[list[int], ...] = ()
-        self._pending: queue.Queue[tuple[list[int], list[Any]] | None] = queue.Queue()
         self._dir.mkdir(parents=True, exist_ok=True)
         for path in self._dir.iterdir():
             self._admit(path)
         self._refresh_held()
-        self._writer = threading.Thread(target=self._write_all, name="prefix-disk", daemon=True)
-        self._writer.start()
+        self._writer = DiskWriter(self._write_behind, bounds)
 
     @property
     def held(self) -> tuple[list[int], ...]:
@@ -138,6 +144,11 @@ class DiskTier:
     @property
     def identity(self) -> str:
         return self._identity
+
+    @property
+    def waiting_bytes(self) -> int:
+        """Bytes of caches put and not yet written (or found held)."""
+        return self._writer.waiting_bytes
 
     def __len__(self) -> int:
         return len(self._index)
@@ -201,7 +212,7 @@ class DiskTier:
         a thread that needs the file at once: the file, or None if it could not be written."""
         try:
             mx.eval([c.state for c in cache])
-            self._write(tokens, cache)
+            self._write(tokens, cache, chained=False)
         except Exception as err:  # a full disk (MLX's save raises RuntimeError), a gone folder
             log.warning("prefix cache: could not write a cache to %s: %s", self._dir, err)
             return None
@@ -209,26 +220,24 @@ class DiskTier:
         return self.file_of(tokens)
 
     def put(self, tokens: list[int], cache: list[Any], wait: bool = False) -> None:
-        """Write `tokens`' cache on the tier's thread (a copy of it already on disk is only
-        touched). Without `wait`, dropped when MAX_PENDING writes are already waiting."""
+        """Write `tokens`' cache on the writer's thread (one file per chain: see the module).
+        Without `wait`, dropped when it would take the bytes waiting past the writer's bound."""
         if len(tokens) < self._min_tokens:
             return
-        if not wait and self._pending.qsize() >= MAX_PENDING:
-            log.info("prefix cache: disk behind, dropping a write of %d tokens", len(tokens))
-            return
-        # MLX's streams are per thread: the tier's thread can read arrays made real here, not
+        # MLX's streams are per thread: the writer's thread can read arrays made real here, not
         # compute what this thread left lazy (the memory tier's are real already: no cost).
         mx.eval([c.state for c in cache])
-        self._pending.put((tokens, cache))
+        nbytes = sum(c.nbytes for c in cache)
+        if not self._writer.offer(file_name(tokens), tokens, cache, nbytes, wait):
+            log.info("prefix cache: disk behind, dropping a write of %d tokens", len(tokens))
 
     def flush(self) -> None:
         """Wait until every write put so far is done."""
-        self._pending.join()
+        self._writer.flush()
 
     def close(self) -> None:
-        """Finish the writes put so far, then stop the tier's thread."""
-        self._pending.put(None)
-        self._writer.join()
+        """Finish the writes put so far, then stop the writer's thread."""
+        self._writer.close()
 
     def read(self, stored: Stored) -> list[Any] | None:
         """`stored`'s cache, or None (a file that is not this model's is removed)."""
@@ -245,9 +254,9 @@ class DiskTier:
 
     def _mismatch(self, meta: dict[str, str], tokens: list[int], cache: list[Any]) -> str:
         """Why a cache read back is not this model's cache of `tokens` ('' if it is)."""
-        if meta.get("format") != FORMAT or meta.get("identity") != self._identity:
+        if not is_ours(meta, self._identity):
             return "another model's or format's file"
-        if _tokens_of(meta) != tokens:
+        if tokens_of(meta) != tokens:
             return "its tokens differ from its name's"
         if kv_layout(cache) != self._layout:
             return "another KV layout (dtype or shape)"
@@ -255,37 +264,48 @@ class DiskTier:
             return "its cache holds another number of tokens"
         return ""
 
-    # The tier's thread
+    # The writer's thread
 
-    def _write_all(self) -> None:
-        while (write := self._pending.get()) is not None:
-            try:
-                self._write(*write)
-                self._tidy()
-            except Exception:  # a full disk, a folder removed: the next write tries again
-                log.exception("prefix cache: could not write a cache to %s", self._dir)
-            finally:
-                self._pending.task_done()
+    def _write_behind(self, tokens: list[int], cache: list[Any]) -> int:
+        written = self._write(tokens, cache, chained=True)
+        self._tidy()
+        return written
 
-    def _write(self, tokens: list[int], cache: list[Any]) -> None:
+    def _write(self, tokens: list[int], cache: list[Any], chained: bool) -> int:
+        """Write `tokens`' cache, unless a file holds it already (that file is touched): the
+        bytes written. `chained`: one file per chain, as the module says."""
         name = file_name(tokens)
         path = self._dir / name
-        with self._lock:
-            known = name in self._index
-        if known and path.exists():
-            os.utime(path)
-            return
+        chained = chained and can_trim_prompt_cache(cache)
+        holder = self._holder(tokens, chained)
+        if holder is not None:
+            os.utime(holder)
+            return 0
         writer = f"{os.getpid()}.{threading.get_ident()}"
         temporary = self._dir / f".{name[: -len(SUFFIX)]}.{writer}{SUFFIX}"
-        meta = {"format": FORMAT, "identity": self._identity, "tokens": _tokens_text(tokens)}
         try:
-            save_prompt_cache(str(temporary), [_compact(c) for c in cache], meta)
+            save(temporary, self._identity, tokens, cache)
             os.replace(temporary, path)
         except BaseException:
             temporary.unlink(missing_ok=True)
             raise
+        stored = Stored(path, np.asarray(tokens, dtype=np.uint32))
         with self._lock:
-            self._index[name] = Stored(path, np.asarray(tokens, dtype=np.uint32))
+            self._index[name] = stored
+            replaced = [s for s in self._index.values() if chained and _extends(stored, s)]
+        for old in replaced:
+            self._forget(old.path)
+        return path.stat().st_size
+
+    def _holder(self, tokens: list[int], chained: bool) -> Path | None:
+        """The file holding `tokens`' cache: the one of that name, or, `chained`, one whose
+        tokens start with them."""
+        wanted = Stored(self._dir / file_name(tokens), np.asarray(tokens, dtype=np.uint32))
+        with self._lock:
+            exact = self._index.get(wanted.path.name)
+            longer = [s for s in self._index.values() if chained and _extends(s, wanted)]
+        held = [s.path for s in ([exact] if exact is not None else []) + longer]
+        return next((p for p in held if p.exists()), None)
 
     def _tidy(self) -> None:
         """The cap, then `held` anew, one thread at a time (the writer, a fetch, a lend)."""
@@ -336,11 +356,11 @@ class DiskTier:
         """The tokens of a file whose header says it is this model's cache; ValueError, why
         not. (Its arrays are checked when it is read: `_mismatch`.)"""
         try:
-            meta = _header(path)
-            tokens = _tokens_of(_user_metadata(meta))
+            meta = header(path)
+            tokens = tokens_of(meta)
         except Exception as err:
             raise ValueError(f"unreadable ({type(err).__name__}: {err})") from err
-        if meta.get("0.format") != FORMAT or meta.get("0.identity") != self._identity:
+        if not is_ours(meta, self._identity):
             raise ValueError("another model's or format's file")
         if len(tokens) < self._min_tokens:
             raise ValueError("too few tokens to keep")
@@ -350,43 +370,18 @@ class DiskTier:
 
     def _discard(self, path: Path, why: str) -> None:
         log.warning("prefix cache: removing %s: %s", path, why)
+        self._forget(path)
+
+    def _forget(self, path: Path) -> None:
         path.unlink(missing_ok=True)
         with self._lock:
             self._index.pop(path.name, None)
 
 
-def _compact(layer: Any) -> Any:
-    """A layer's cache with its arrays cut to the tokens it holds: mlx-lm's caches grow by
-    steps of 256 positions, and a trimmed one keeps what it trimmed."""
-    offset = getattr(layer, "offset", None)
-    if not isinstance(offset, int) or not layer.is_trimmable():
-        return layer
-
-    def cut(x: Any) -> Any:
-        return x[..., :offset, :] if isinstance(x, mx.array) and x.ndim == 4 else x
-
-    return type(layer).from_state(tree_map(cut, layer.state))
-
-
-def _tokens_text(tokens: list[int]) -> str:
-    return ",".join(map(str, tokens))
-
-
-def _tokens_of(meta: dict[str, str]) -> list[int]:
-    return [int(t) for t in meta["tokens"].split(",")]
-
-
-def _header(path: Path) -> dict[str, str]:
-    """A file's metadata, its arrays left unread (mx.load is lazy)."""
-    _, meta = mx.load(str(path), return_metadata=True)
-    if not isinstance(meta, dict):
-        raise ValueError("no metadata")
-    return {str(k): str(v) for k, v in meta.items()}
-
-
-def _user_metadata(flat: dict[str, str]) -> dict[str, str]:
-    """save_prompt_cache's own metadata, flattened with mlx's tree keys: ours is under '0.'."""
-    return {k[2:]: v for k, v in flat.items() if k.startswith("0.")}
+def _extends(longer: Stored, shorter: Stored) -> bool:
+    """Whether `longer` holds more tokens than `shorter`, its first ones `shorter`'s."""
+    n = len(shorter.tokens)
+    return len(longer.tokens) > n and common_start(longer.tokens[:n], shorter.tokens) == n
 
 
 def _files(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
@@ -405,11 +400,18 @@ def _mtime(path: Path) -> float:
 
 
 def open_tier(
-    root: Path, model_dir: Path, model: Any, max_bytes: int, fresh: list[Any] | None = None
+    root: Path,
+    model_dir: Path,
+    model: Any,
+    max_bytes: int,
+    fresh: list[Any] | None = None,
+    bounds: WriteBounds = UNBOUNDED,
 ) -> DiskTier:
     """The disk tier of `model` (loaded from `model_dir`; `fresh`: see `probe`) under `root`,
-    its files of an earlier run indexed."""
+    its files of an earlier run indexed, its writer within `bounds`."""
     probed = probe(model, fresh)
     layout = kv_layout(probed)
     identity = model_identity(model_dir, layout, root / MARKS)
-    return DiskTier(root, identity, layout, max_bytes, MIN_SHARED_TOKENS, token_bytes(probed))
+    return DiskTier(
+        root, identity, layout, max_bytes, MIN_SHARED_TOKENS, token_bytes(probed), bounds
+    )

@@ -1,0 +1,51 @@
+"""A disk-tier file's format (worker/engine/prefix_disk.py): mlx-lm's prompt-cache safetensors
+(`save_prompt_cache`, no pickle), its arrays cut to the tokens they hold, with mlxq's metadata:
+the format, the model's identity and the tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_map
+from mlx_lm.models.cache import save_prompt_cache
+
+FORMAT = "mlxq-prefix-cache-1"
+
+
+def save(path: Path, identity: str, tokens: list[int], cache: list[Any]) -> None:
+    """Write `tokens`' cache to `path`, each layer cut to its tokens (`compact`)."""
+    meta = {"format": FORMAT, "identity": identity, "tokens": ",".join(map(str, tokens))}
+    save_prompt_cache(str(path), [compact(c) for c in cache], meta)
+
+
+def is_ours(meta: dict[str, str], identity: str) -> bool:
+    """Whether a file's metadata says it is `identity`'s cache, in this format."""
+    return meta.get("format") == FORMAT and meta.get("identity") == identity
+
+
+def tokens_of(meta: dict[str, str]) -> list[int]:
+    return [int(t) for t in meta["tokens"].split(",")]
+
+
+def header(path: Path) -> dict[str, str]:
+    """The metadata `save` wrote, the file's arrays left unread (mx.load is lazy)."""
+    _, flat = mx.load(str(path), return_metadata=True)
+    if not isinstance(flat, dict):
+        raise ValueError("no metadata")
+    # save_prompt_cache's own metadata, flattened with mlx's tree keys: ours is under '0.'.
+    return {str(k)[2:]: str(v) for k, v in flat.items() if str(k).startswith("0.")}
+
+
+def compact(layer: Any) -> Any:
+    """A layer's cache with its arrays cut to the tokens it holds: mlx-lm's caches grow by
+    steps of 256 positions, and a trimmed one keeps what it trimmed."""
+    offset = getattr(layer, "offset", None)
+    if not isinstance(offset, int) or not layer.is_trimmable():
+        return layer
+
+    def cut(x: Any) -> Any:
+        return x[..., :offset, :] if isinstance(x, mx.array) and x.ndim == 4 else x
+
+    return type(layer).from_state(tree_map(cut, layer.state))
