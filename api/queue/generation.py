@@ -41,6 +41,7 @@ from shared.wire.errors import (
     error_from_detail,
 )
 from shared.wire.events import (
+    AliveEvent,
     ChoiceEndEvent,
     DoneEvent,
     EmbeddingEvent,
@@ -107,13 +108,13 @@ class RunningJob:
             if not events:
                 yield [KeepaliveEvent()]
                 continue
-            deadline = time.monotonic() + timeout_s
+            deadline = time.monotonic() + timeout_s  # an AliveEvent counts: the worker spoke
             yield from self._take(events)
 
     def _take(self, events: list[Event]) -> Iterator[list[Relayed]]:
         """`events` as one group. An error among them ends the job: it is raised after the
         group of the events that came before it."""
-        if self.first_token_at is None:
+        if self.first_token_at is None and not isinstance(events[0], AliveEvent):
             self.first_token_at = time.time()
         batch: list[Relayed] = []
         for event in events:
@@ -121,6 +122,8 @@ class RunningJob:
                 batch.append(event)
                 if isinstance(event, DoneEvent):
                     self.finished, self.done = True, event
+            elif isinstance(event, AliveEvent):
+                continue  # the job is still running: it kept the wait's deadline off
             else:
                 self.finished = True
                 err = _as_error(event)
@@ -128,7 +131,7 @@ class RunningJob:
                 if batch:
                     yield batch
                 raise err
-        yield batch
+        yield batch or [KeepaliveEvent()]
 
     def close(self) -> None:
         self.broker.relay.unsubscribe(self.sub)
@@ -193,6 +196,7 @@ def _started(broker: Broker, admitted: Admitted) -> RunningJob:
                 raise ClientClosedError("The client closed its connection while its job waited.")
             events = _next_events(sub, deadline, HANGUP_CHECK_S, late)
         first, *rest = events
+        rest = [e for e in rest if not isinstance(e, AliveEvent)]
     except BaseException:
         broker.relay.unsubscribe(sub)
         _withdraw_quietly(broker, job)

@@ -2,7 +2,9 @@
 
 A job's channel carries, in order: one `StartedEvent` (the prompt is tokenized and admitted),
 `TokenEvent`s (and, for a job with several choices, a `ChoiceEndEvent` as each ends), then
-exactly one final event, `DoneEvent` or `ErrorEvent`. An embedding job carries `EmbeddingEvent`s
+exactly one final event, `DoneEvent` or `ErrorEvent`; between them, on the channel only (never
+in the replay log), an `AliveEvent` whenever the job has been silent a while (a long prompt's
+prefill). An embedding job carries `EmbeddingEvent`s
 (one vector each, any order) where a generation job carries tokens. A job refused before
 it starts sends only an `ErrorEvent`. A bulk job whose worker died is retried from scratch: its
 replay log is reset to one `RequeuedEvent` and the sequence above starts over (readers drop what
@@ -95,6 +97,16 @@ class RequeuedEvent(BaseModel):
     attempt: int
 
 
+class AliveEvent(BaseModel):
+    """The job is still in its worker's batch: sent every ALIVE_S to each running job, so the
+    API's wait between two events (MLXQ_EVENT_TIMEOUT_S) measures a worker's silence, not how
+    long a prompt takes to prefill (minutes, for a 30,000-token prompt on a CPU)."""
+
+    type: Literal["alive"] = "alive"
+
+
+ALIVE_S = 20.0
+
 Event = Annotated[
     StartedEvent
     | TokenEvent
@@ -102,7 +114,8 @@ Event = Annotated[
     | EmbeddingEvent
     | DoneEvent
     | ErrorEvent
-    | RequeuedEvent,
+    | RequeuedEvent
+    | AliveEvent,
     Field(discriminator="type"),
 ]
 _EVENT = TypeAdapter[Event](Event)

@@ -4,6 +4,8 @@
   when its Redis connection drops;
 - a stream that receives an event it cannot decode ends with an OpenAI error frame, after the
   tokens that came before it;
+- a job whose worker keeps saying it is alive (a long prompt's prefill) waits past the wait
+  between events (MLXQ_EVENT_TIMEOUT_S), and one that says nothing does not;
 - the job watch ends a request whose job can no longer finish: queued when its model's last
   worker dies (404 model_not_found), or started by a worker that dies (worker_lost).
 A stand-in worker (a heartbeat and a presence subscription, tests/support.py) makes the API
@@ -21,10 +23,20 @@ from redis import Redis
 from redis.client import PubSub
 from werkzeug.test import TestResponse
 
+from api import create_app
 from api.queue.relay import EventRelay
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
-from shared.wire.events import StartedEvent, TokenEvent, decode_event, encode_event, encode_frame
+from shared.wire.completions import Usage
+from shared.wire.events import (
+    AliveEvent,
+    DoneEvent,
+    StartedEvent,
+    TokenEvent,
+    decode_event,
+    encode_event,
+    encode_frame,
+)
 from tests.support import CHAT, MODEL, STAND_IN, publish_as_worker, rq_job, rq_queue
 from worker.ops.cluster import wait_until
 
@@ -106,6 +118,39 @@ def test_an_undecodable_event_ends_the_stream_with_an_openai_error_frame(
     assert "Hello" in texts
     error = json.loads(frames[-1])["error"]
     assert set(error) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("alive", [True, False])
+def test_a_job_said_alive_waits_past_the_event_timeout_and_a_silent_one_does_not(
+    app_settings: Settings, redis: Redis, stand_in: tuple[Keys, PubSub], alive: bool
+) -> None:
+    keys, _ = stand_in
+    http = create_app(app_settings.model_copy(update={"event_timeout_s": 1.0})).test_client()
+    queue = rq_queue(redis, keys.queue(MODEL))
+
+    def act_as_the_worker() -> None:
+        wait_until(lambda: queue.count == 1, 10, "the job to be queued")
+        job_id = queue.get_job_ids()[0]
+        publish_as_worker(redis, keys, job_id, encode_event(StartedEvent(prompt_tokens=3)))
+        for _ in range(6):  # 2.4 s of prefill, more than twice the wait between events
+            time.sleep(0.4)
+            if alive:
+                publish_as_worker(redis, keys, job_id, encode_event(AliveEvent()))
+        usage = Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4)
+        done = DoneEvent(finish_reason="stop", usage=usage)
+        publish_as_worker(
+            redis, keys, job_id, encode_event(TokenEvent(text="Paris")), encode_event(done)
+        )
+
+    worker = threading.Thread(target=act_as_the_worker, daemon=True)
+    worker.start()
+    reply = http.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    worker.join(timeout=10)
+    if alive:
+        assert reply.status_code == 200
+        assert reply.get_json()["choices"][0]["message"]["content"] == "Paris"
+    else:
+        assert reply.get_json()["error"]["code"] == "timeout"
 
 
 def _ask_in_the_background(http: FlaskClient) -> tuple[threading.Thread, list[TestResponse]]:

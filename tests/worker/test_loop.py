@@ -19,6 +19,7 @@ from redis import Redis
 from shared.queue.jobs import EmbeddingJob, GenerationJob, JobOutcome
 from shared.queue.keys import Keys
 from shared.wire.events import (
+    AliveEvent,
     ChoiceEndEvent,
     DoneEvent,
     EmbeddingEvent,
@@ -27,6 +28,7 @@ from shared.wire.events import (
     TokenEvent,
     decode_event,
     decode_frame,
+    encode_event,
 )
 from worker.engine.doubles.synthetic import SyntheticEngine
 from worker.engine.doubles.synthetic_embedding import SyntheticEmbeddingEngine
@@ -123,6 +125,25 @@ def test_a_job_publishes_started_then_its_tokens_then_one_done(generation: Gener
     done = seen[-1]
     assert isinstance(done, DoneEvent) and done.finish_reason == "length"
     assert done.usage.completion_tokens == 5 and outcome.completion_tokens == 5
+
+
+def test_a_running_job_is_said_alive_on_its_channel_and_never_in_its_replay_log(
+    redis: Redis, keys: Keys
+) -> None:
+    engine = SyntheticEngine(STEP_S, default_max_tokens=16)
+    running = EngineLoop(engine, GenerationKind(), EventSink(redis, 60), alive_s=0.05)
+    listening = redis.pubsub()
+    listening.subscribe(keys.events("a"))
+    with looping(running):
+        running.submit(engine.prepare(job("a", 40)), Route.of(keys, "a", None, True)).result(5)
+    said = []
+    while (message := listening.get_message(timeout=0.2)) is not None:
+        if message["type"] == "message":
+            said += [event for _, event in decode_frame(message["data"])]
+    listening.close()
+    alive = encode_event(AliveEvent())
+    assert said.count(alive) >= 2  # 40 steps of 10 ms: one every 50 ms
+    assert AliveEvent() not in events(redis, keys, "a")
 
 
 def test_a_job_submitted_while_a_batch_runs_joins_it(generation: Generating) -> None:

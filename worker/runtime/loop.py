@@ -35,7 +35,7 @@ from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from shared.queue.jobs import JobOutcome
 from shared.wire.errors import GenerationError
-from shared.wire.events import ErrorEvent, Event, StartedEvent
+from shared.wire.events import ALIVE_S, AliveEvent, ErrorEvent, Event, StartedEvent
 from worker.runtime.publish import EventSink, Route
 
 log = logging.getLogger(__name__)
@@ -154,6 +154,7 @@ class EngineLoop(Generic[P, O]):
         reader: StepReader[P, O],
         sink: EventSink,
         worker_id: str = "",
+        alive_s: float = ALIVE_S,
     ):
         self._engine = engine
         self._reader = reader
@@ -168,6 +169,8 @@ class EngineLoop(Generic[P, O]):
         self.steps = 0
         self.stepping_since: float | None = None
         self.generated = 0
+        self._alive_s = alive_s
+        self._alive_at = time.monotonic()
 
     def submit(self, prepared: P, route: Route) -> Future[JobOutcome]:
         admission = Admission(prepared, route)
@@ -192,6 +195,7 @@ class EngineLoop(Generic[P, O]):
             outputs = self._step()
             self.generated += self._reader.worked(outputs, self._running)
             self._publish(outputs)
+            self._tell_alive()
             self._apply_cancellations()
             self._retire(outputs)
 
@@ -240,6 +244,14 @@ class EngineLoop(Generic[P, O]):
 
     def _publish(self, outputs: list[O]) -> None:
         self._sink.send(self._reader.events(outputs, self._running))
+
+    def _tell_alive(self) -> None:
+        """Every `alive_s`, an AliveEvent to each running job (shared/wire/events.py)."""
+        now = time.monotonic()
+        if now - self._alive_at < self._alive_s:
+            return
+        self._alive_at = now
+        self._sink.send([(a.route, AliveEvent()) for a in self._running.values()])
 
     def _apply_cancellations(self) -> None:
         while True:

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from shared.queue.keys import Keys
 from shared.wire.events import (
+    AliveEvent,
     DoneEvent,
     ErrorEvent,
     Event,
@@ -72,7 +73,7 @@ class EventSink:
         frames: dict[str, list[tuple[str, bytes]]] = {}
         for route, event in events:
             data = encode_event(event)
-            if route.replay is not None:
+            if route.replay is not None and not isinstance(event, AliveEvent):
                 pipe.rpush(route.replay, data)
                 if isinstance(event, StartedEvent | DoneEvent | ErrorEvent):
                     pipe.expire(route.replay, route.replay_ttl_s or self._replay_ttl_s)
