@@ -216,6 +216,12 @@ class WorkerSettings(BaseModel):
     # files (least recently used removed first), and restored after a restart; 0 MiB: off.
     prefix_cache_dir: Path = Field(default_factory=_default_prefix_cache_dir)
     prefix_cache_disk_mb: int = Field(default=4096, ge=0)
+    # Its writer writes each cache soon after memory takes it in (write-behind: a crash keeps it),
+    # with at most this many MiB of caches waiting (more are dropped, never waited for) and at
+    # most this many MB written a second, so its copies leave the engine the cores it steps on
+    # (worker/engine/prefix_disk_writer.py). A 2,000-token cache of the default model: 92 MB.
+    prefix_cache_disk_queue_mb: int = Field(default=256, ge=0)
+    prefix_cache_disk_write_mb_s: float = Field(default=100.0, gt=0)
     # With a disk tier: a worker fetches a prompt's cache from the worker holding it instead of
     # prefilling it, where the transfer, at this rate until one is measured, is clearly faster
     # (worker/runtime/prefix_fetch.py); and lends what it holds to the others. The rate, end to

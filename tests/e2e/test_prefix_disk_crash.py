@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import secrets
 import signal
-from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
 import pytest
 
 from api import create_app
 from shared.queue.config import Settings
 from tests.support import CHAT, MODEL, REAL_ENGINE
+from worker.engine.prefix_file import held_lengths
 from worker.ops.cluster import Cluster, wait_until
 
 HEARTBEAT_S = 0.5
@@ -44,16 +43,6 @@ def _ask(http: Any, nonce: str) -> dict[str, Any]:
     return answer
 
 
-def _longest_file(root: Path) -> int:
-    """The most tokens a file under `root` holds (0: no file)."""
-    lengths = [0]
-    for path in root.glob("*/[!.]*.safetensors"):
-        _, meta = mx.load(str(path), return_metadata=True)
-        assert isinstance(meta, dict)
-        lengths.append(len(str(meta["0.tokens"]).split(",")))
-    return max(lengths)
-
-
 def test_a_prompt_seen_before_a_kill_9_is_served_from_disk_by_the_next_worker(
     redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -69,7 +58,11 @@ def test_a_prompt_seen_before_a_kill_9_is_served_from_disk_by_the_next_worker(
         first = cluster.start_worker()
         cold = _ask(http, nonce)
         prompt = cold["usage"]["prompt_tokens"]
-        wait_until(lambda: _longest_file(root) >= prompt, WRITTEN_WITHIN_S, "the write-behind")
+        wait_until(
+            lambda: max(held_lengths(root), default=0) >= prompt,
+            WRITTEN_WITHIN_S,
+            "the write-behind",
+        )
         cluster.kill_worker(first, signal.SIGKILL)  # no shutdown: nothing written as it dies
         cluster.start_worker()
         again = _ask(http, nonce)

@@ -4,6 +4,7 @@ the format, the model's identity and the tokens."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +50,13 @@ def compact(layer: Any) -> Any:
         return x[..., :offset, :] if isinstance(x, mx.array) and x.ndim == 4 else x
 
     return type(layer).from_state(tree_map(cut, layer.state))
+
+
+def held_lengths(root: Path) -> list[int]:
+    """How many tokens each finished file under a disk tier's root (one folder per model)
+    holds: for tests and benchmarks that wait for a write."""
+    lengths = []
+    for path in root.glob("*/[!.]*.safetensors"):
+        with contextlib.suppress(OSError, RuntimeError, ValueError):  # replaced as it was read
+            lengths.append(len(tokens_of(header(path))))
+    return lengths

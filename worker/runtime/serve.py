@@ -50,6 +50,7 @@ from worker.engine.hub import cached_folder
 from worker.engine.model import Routes, load_model, load_tokenizer_only, native_folder
 from worker.engine.prefix_cache import PrefixCache
 from worker.engine.prefix_disk import DiskTier, open_tier
+from worker.engine.prefix_disk_writer import WriteBounds
 from worker.engine.prefix_identity import model_folder
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.runtime.cancellations import listen_for_cancels
@@ -157,6 +158,9 @@ def disk_tier(
         model,
         settings.prefix_cache_disk_mb << 20,
         prompt_cache(model, kv),
+        WriteBounds(
+            settings.prefix_cache_disk_queue_mb << 20, settings.prefix_cache_disk_write_mb_s * 1e6
+        ),
     )
     log.info("prefix cache on disk: %s (%d files)", tier.folder, len(tier))
     return tier
