@@ -297,7 +297,11 @@ def test_a_second_machines_pool_loads_the_model_the_first_has_no_room_for(
     model = next(m for m in ("beta", "gamma") if m not in held_first)
     free = {m: pool_report_of(cluster, m).free_bytes for m in (first.machine, "second-mac")}
     assert free["second-mac"] > free[first.machine]
+    before = pool_report_of(cluster, first.machine)
     assert ask(client, model)
     after = reports()
     assert after["second-mac"] == [model]
-    assert after[first.machine] == held_first
+    assert model not in after[first.machine]
+    # Counted, not read off its held models: one may unload meanwhile, idle past its keep-alive.
+    now = pool_report_of(cluster, first.machine)
+    assert (now.loads, now.evictions) == (before.loads, before.evictions)
