@@ -35,7 +35,9 @@ except ModuleNotFoundError as missing:
 
 WORKLOADS_HELP = (
     "short (~40 prompt tokens), medium (~600), long (~2,000), multiturn, restart (a ~2,000-token "
-    "conversation's next turn after a worker restart: the prefix cache's disk tier)"
+    "conversation's next turn after a worker restart: the prefix cache's disk tier); and on a "
+    "32k-window copy of the model: long16k and long30k (a document of that many tokens, then "
+    "a short next turn), mixed (14 short requests alone, then with 2 long16k conversations)"
 )
 
 
@@ -49,6 +51,7 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--concurrency", default="1,4,8,16", help="for the one-shot workloads")
     s.add_argument("--multiturn-concurrency", default="4")
+    s.add_argument("--long-concurrency", default="1,4", help="for long16k and long30k")
     s.add_argument("--skip", default="", help="cells to leave out, e.g. long@16,medium@1")
     s.add_argument("--systems", default="mlxq,mlx_lm.server,vllm-mlx,forward,engine,mlxq-kv8")
     s.add_argument("--repeats", type=int, default=1, help="each in another order of systems")

@@ -53,6 +53,10 @@ class LoadResult:
     gap_p99_ms: float | None
     prompt_tokens: float | None = None  # mean, as the server counted them (usage)
     error_samples: list[str] = field(default_factory=list)  # the first few, to tell why
+    # Conversations: TTFT p50 of the first turns, and of the next turns' p50s (a next turn's
+    # prefix is the conversation so far: its prefill is what the prefix cache leaves).
+    ttft_first_ms: float | None = None
+    ttft_next_ms: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,13 +115,47 @@ async def _client(port: int, model: str, traffic: Traffic, client: int) -> list[
     return records
 
 
-def run_load(system: str, port: int, model: str, concurrency: int, traffic: Traffic) -> LoadResult:
-    """`concurrency` clients at once, each sending its requests one after another."""
+@dataclass(frozen=True)
+class Clients:
+    """`count` clients sending `traffic` to `model`: one group of a run that mixes several."""
 
-    async def main() -> list[list[StreamRecord]]:
-        clients = (_client(port, model, traffic, c) for c in range(concurrency))
-        return await asyncio.gather(*clients)
+    model: str
+    count: int
+    traffic: Traffic
+
+
+def run_clients(port: int, groups: list[Clients]) -> tuple[list[list[list[StreamRecord]]], float]:
+    """Every group's clients at once; each group's records per client, in turn order, and the
+    run's wall time."""
+
+    async def main() -> list[list[list[StreamRecord]]]:
+        runs = [
+            asyncio.gather(*(_client(port, g.model, g.traffic, c) for c in range(g.count)))
+            for g in groups
+        ]
+        return list(await asyncio.gather(*runs))
 
     started = time.perf_counter()
-    records = [r for client in asyncio.run(main()) for r in client]
-    return summarise(system, concurrency, records, time.perf_counter() - started)
+    records = asyncio.run(main())
+    return records, time.perf_counter() - started
+
+
+def ttft_by_turn_ms(clients: list[list[StreamRecord]]) -> list[float | None]:
+    """TTFT p50 of each turn over the clients (a conversation's next turns reuse its prefix)."""
+    turns = max((len(c) for c in clients), default=0)
+    return [
+        percentile(
+            [t * 1e3 for c in clients if len(c) > turn and (t := c[turn].ttft) is not None], 50
+        )
+        for turn in range(turns)
+    ]
+
+
+def run_load(system: str, port: int, model: str, concurrency: int, traffic: Traffic) -> LoadResult:
+    """`concurrency` clients at once, each sending its requests one after another."""
+    (clients,), wall_s = run_clients(port, [Clients(model, concurrency, traffic)])
+    result = summarise(system, concurrency, [r for c in clients for r in c], wall_s)
+    if traffic.workload.conversational:
+        result.ttft_first_ms, *nexts = ttft_by_turn_ms(clients) or [None]
+        result.ttft_next_ms = percentile([t for t in nexts if t is not None], 50)
+    return result

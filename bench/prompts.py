@@ -82,11 +82,15 @@ def _words(rng: random.Random, count: int) -> str:
 @dataclass(frozen=True)
 class Workload:
     """One-shot requests of `first_tokens` (next_tokens None), or conversations whose first
-    message carries `first_tokens` and whose next turns add `next_tokens` each."""
+    message carries `first_tokens` and whose next turns add `next_tokens` each. `turns` fixes a
+    conversation's length (else `bench serve --turns`); `long_window`: sent to the copy of the
+    model whose window is raised to 32k (bench/readme_stack.py `window_copy`)."""
 
     name: str
     first_tokens: int
     next_tokens: int | None = None
+    turns: int | None = None
+    long_window: bool = False
 
     @property
     def conversational(self) -> bool:
@@ -107,4 +111,8 @@ WORKLOADS = {
     "medium": Workload("medium", 600),
     "long": Workload("long", 2000),
     "multiturn": Workload("multiturn", 600, 40),
+    # A long document, then one short question on it: the first turn's TTFT is the prefill of
+    # the whole prompt, the next one's what the prefix cache leaves of it.
+    "long16k": Workload("long16k", 16_000, 40, turns=2, long_window=True),
+    "long30k": Workload("long30k", 30_000, 40, turns=2, long_window=True),
 }

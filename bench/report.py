@@ -25,12 +25,29 @@ COLUMNS = (
     ("prompt tokens", "prompt_tokens", 0),
     ("errors", "errors", 0),
 )
+# Columns of the workloads whose rows have them: conversations' turns, the mixed cell's.
+TURN_COLUMNS = (
+    ("TTFT first turn ms", "ttft_first_ms", 0),
+    ("TTFT next turn ms", "ttft_next_ms", 0),
+)
+MIXED_COLUMNS = (
+    ("short TTFT p95 alone ms", "short_ttft_p95_alone_ms", 0),
+    ("short TTFT p95 mixed ms", "short_ttft_p95_mixed_ms", 0),
+)
+LONG_WINDOW = (
+    "on a copy of the model with max_position_embeddings raised to 32,768 in its config.json "
+    "(rope as it is: for timing only)"
+)
 WORKLOAD_TEXT = {
     "short": "about 40 tokens of text each (plus the chat template)",
     "medium": "about 600 tokens of text each",
     "long": "about 2,000 tokens of text each",
     "multiturn": "conversations: a 600-token document, then turns of 40 new tokens, each turn "
     "resending the history",
+    "long16k": "a 16,000-token document, then a next turn of 40 new tokens, " + LONG_WINDOW,
+    "long30k": "a 30,000-token document, then a next turn of 40 new tokens, " + LONG_WINDOW,
+    "mixed": "14 clients of short requests alone, then the same with 2 long16k conversations "
+    "at once (TTFT turn columns: the conversations'), " + LONG_WINDOW,
 }
 
 
@@ -59,11 +76,22 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _columns(rows: list[dict[str, Any]], workload: str) -> tuple[tuple[str, str, int], ...]:
+    mine = [r for r in rows if r["workload"] == workload]
+    extra = [
+        column
+        for column in (*TURN_COLUMNS, *MIXED_COLUMNS)
+        if any(r.get(column[1]) is not None for r in mine)
+    ]
+    return (*COLUMNS, *extra)
+
+
 def _table(rows: list[dict[str, Any]], workload: str) -> list[str]:
-    head = ["c", "system", *(h for h, _, _ in COLUMNS), "machine busy %"]
+    columns = _columns(rows, workload)
+    head = ["c", "system", *(h for h, _, _ in columns), "machine busy %"]
     lines = []
     for (c, system), mine in _groups(rows, workload).items():
-        cells = [str(c), system, *(_joined(mine, key, d) for _, key, d in COLUMNS)]
+        cells = [str(c), system, *(_joined(mine, key, d) for _, key, d in columns)]
         busy = [r.get("machine_busy") for r in mine]
         cells.append(" / ".join(_fmt(b * 100 if b is not None else None, 0) for b in busy))
         lines.append(cells)
@@ -87,6 +115,7 @@ def _ratio_lines(rows: list[dict[str, Any]], workload: str) -> list[str]:
             if mine["ttft_p50_ms"] is not None and best["ttft_p50_ms"] is not None:
                 ours, theirs = mine["ttft_p50_ms"] / 1e3, best["ttft_p50_ms"] / 1e3
                 parts.append(f"TTFT p50 {ours:.2f} s vs {theirs:.2f} s")
+        parts += _own_ratios(mine)
         forward = by.get((c, repeat, FORWARD))
         if forward:
             parts.append(
@@ -94,6 +123,19 @@ def _ratio_lines(rows: list[dict[str, Any]], workload: str) -> list[str]:
             )
         lines.append("- " + ", ".join(parts))
     return lines
+
+
+def _own_ratios(row: dict[str, Any]) -> list[str]:
+    """A row's targets against itself: next turn / first turn, short TTFT mixed / alone."""
+    pairs = [
+        ("next turn / first turn TTFT", "ttft_next_ms", "ttft_first_ms"),
+        ("short TTFT p95 mixed / alone", "short_ttft_p95_mixed_ms", "short_ttft_p95_alone_ms"),
+    ]
+    return [
+        f"{label} = {row[top] / row[bottom]:.2f}"
+        for label, top, bottom in pairs
+        if row.get(top) is not None and row.get(bottom)
+    ]
 
 
 def serve_markdown(result: dict[str, Any]) -> str:
@@ -109,8 +151,9 @@ def serve_markdown(result: dict[str, Any]) -> str:
         + (f"; load average {min(load):.1f}-{max(load):.1f}" if load else "")
         + ". Streamed chat, temperature 0, "
         f"{settings.get('max_tokens')} new tokens a request; values of several repeats "
-        "are given in repeat order, separated by /. Peak MB: resident-set high-water mark of the "
-        "process holding the model (mlxq: its worker) during that run.",
+        "are given in repeat order, separated by /. Peak MB: the sum of the resident-set "
+        "high-water marks of the system's processes during that run (mlxq: every process "
+        "`mlxq run` started, its pool's workers included; pages they share count in each).",
     ]
     if result.get("not_installed"):
         out += ["", "Not installed (skipped): " + ", ".join(result["not_installed"])]

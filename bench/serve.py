@@ -1,8 +1,14 @@
 """The side-by-side benchmark: mlxq, mlx_lm.server, vllm-mlx and the baselines, in one run.
 
+mlxq is `mlxq run` as the README starts it, with its shipped defaults (bench/readme_stack.py);
+a labelled row (`--mlxq-tuned`, mlxq-kv8) is the same stack with settings on top. The peers run
+with their shipped defaults too.
+
 A cell is a workload (bench/prompts.py: short, medium or long prompts, each request with its own
-text, or multi-turn conversations) at a concurrency. Every system is started once, warmed up by
-a real completion, and stays up (idle while the others run). For each repeat and cell, the
+text, multi-turn conversations, 16k- and 30k-token documents on a 32k-window copy of the model)
+at a concurrency, or the mixed cell (bench/mixed.py). Every system is started once (a peer a
+second time on the 32k-window copy, when a cell needs it), warmed up by a real completion, and
+stays up (idle while the others run). For each repeat and cell, the
 systems take turns on the same requests, in an order rotated from cell to cell and repeat to
 repeat, so that none always runs first or last on a machine whose load drifts. The baselines
 (mlx-lm alone, the bare forward step at the cell's batch size and context) run in their own
@@ -19,18 +25,21 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass, replace
 from pathlib import Path
+from tempfile import TemporaryDirectory
 from typing import Any
 
 from tqdm import tqdm
 
-from bench import restart, systems
+from bench import mixed, restart, systems
 from bench.baseline import Baseline, baseline
 from bench.load import Traffic, run_load
 from bench.machine import describe
+from bench.mixed import MixedCell
 from bench.prompts import WORKLOADS, TextMaker, Workload
+from bench.readme_stack import readme_stack, window_copy
 from bench.report import serve_chart, serve_markdown, write
 from worker.gguf.default_model import ensure_default_model
 
@@ -40,7 +49,11 @@ SERVERS = ("mlxq", "mlx_lm.server", "vllm-mlx", "mlxq-kv8")
 # mlxq with its KV quantized to 8 bits (MLXQ_KV_BITS=8): measured in the long-prompt cells only,
 # where KV is what fills a worker's memory.
 KV8 = "mlxq-kv8"
+PEER_SYSTEMS = ("mlx_lm.server", "vllm-mlx")
 TEMPLATE_TOKENS = 30  # the default model's chat template around one user message
+# A request of the long cells may wait behind three 30k-token prefills of a peer that runs one
+# prompt at a time: on 2 busy cores one of them took over 20 minutes.
+LONG_TIMEOUT_S = 4 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,10 @@ class Cell:
     concurrency: int
     requests: int  # per client: one-shot requests, or turns of one conversation
     max_tokens: int
+
+    @property
+    def name(self) -> str:
+        return self.workload.name
 
     def context(self) -> int:
         """Tokens in a sequence's KV cache halfway through its answer, on average."""
@@ -63,14 +80,19 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
-def cells(args: Any) -> list[Cell]:
+def cells(args: Any) -> list[Cell | MixedCell]:
     skip = set(args.skip.split(",")) if args.skip else set()
-    found = []
+    found: list[Cell | MixedCell] = []
     for name in args.workloads.split(","):
         if name == restart.WORKLOAD.name:  # a cell of its own: `run`
             continue
+        if name == mixed.NAME:
+            found.append(MixedCell(args.per_client, args.max_tokens, LONG_TIMEOUT_S))
+            continue
         workload = WORKLOADS[name]
-        if workload.conversational:
+        if workload.long_window:
+            levels, requests = _ints(args.long_concurrency), workload.turns or args.turns
+        elif workload.conversational:
             levels, requests = _ints(args.multiturn_concurrency), args.turns
         else:
             levels, requests = _ints(args.concurrency), args.per_client
@@ -94,11 +116,14 @@ def _machine_share(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def _server_row(name: str, running: systems.Running, cell: Cell, traffic: Traffic) -> Any:
+def _server_row(running: systems.Running, load: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`load` run against `running`, with the peak memory of its processes meanwhile (those of
+    its tree alive at the end: a pool's worker started by the load counts too)."""
+
     def measure() -> dict[str, Any]:
-        systems.reset_peak_memory(running.memory_pids)
-        row = run_load(name, running.port, running.model, cell.concurrency, traffic).as_dict()
-        row["peak_mb"] = systems.peak_memory_mb(running.memory_pids)
+        systems.reset_peak_memory(systems.memory_pids(running))
+        row = load()
+        row["peak_mb"] = systems.peak_memory_mb(systems.memory_pids(running))
         return row
 
     return _machine_share(measure)
@@ -130,57 +155,102 @@ def _forward_row(base: Baseline, cell: Cell) -> dict[str, Any]:
     return _machine_share(measure)
 
 
-class Systems:
-    """The systems of this run, started once; names of those not installed are kept apart."""
+def _peer(name: str, model: Path, vllm_mlx: Path | None) -> AbstractContextManager[systems.Running]:
+    if name == "vllm-mlx":
+        assert vllm_mlx is not None
+        return systems.vllm_mlx(model, vllm_mlx)
+    return systems.peer(model)
 
-    def __init__(self, stack: ExitStack, model: Path, args: Any) -> None:
+
+def _long_window(cell: Cell | MixedCell) -> bool:
+    return isinstance(cell, MixedCell) or cell.workload.long_window
+
+
+class Systems:
+    """The systems of this run, started once; names of those not installed are kept apart. A
+    peer serves the 32k-window copy from a second process of its own (`window_servers`); the
+    mlxq stack serves it beside the model, as a user's would, from its models folder."""
+
+    def __init__(
+        self, stack: ExitStack, model: Path, args: Any, grid: list[Cell | MixedCell]
+    ) -> None:
         self.servers: dict[str, systems.Running] = {}
+        self.window_servers: dict[str, systems.Running] = {}
         self.base: Baseline | None = None
         self.not_installed: list[str] = []
         self.order: list[str] = []
+        window = None
+        if any(map(_long_window, grid)):
+            window = window_copy(model, Path(stack.enter_context(TemporaryDirectory())))
         for name in args.systems.split(","):
-            self._start(stack, name, model, args)
+            self._start(stack, name, model, window, args)
         for setting in args.mlxq_tuned or []:
             env = dict(pair.split("=", 1) for pair in setting.split(","))
             label = f"mlxq [{setting}]"
-            self.servers[label] = stack.enter_context(systems.mlxq(model, settings=env))
+            self.servers[label] = stack.enter_context(readme_stack(model, args.models_dir, env))
             self.order.append(label)
 
-    def _start(self, stack: ExitStack, name: str, model: Path, args: Any) -> None:
+    def _start(
+        self, stack: ExitStack, name: str, model: Path, window: Path | None, args: Any
+    ) -> None:
         if name in ("engine", "forward"):
             self.base = self.base or stack.enter_context(baseline(model))
             self.order.append(ENGINE if name == "engine" else FORWARD)
             return
-        if name == "mlxq":
-            running = stack.enter_context(systems.mlxq(model))
-        elif name == KV8:
-            running = stack.enter_context(systems.mlxq(model, settings={"MLXQ_KV_BITS": "8"}))
-        elif name == "mlx_lm.server":
-            running = stack.enter_context(systems.peer(model))
-        elif name == "vllm-mlx":
+        if name in ("mlxq", KV8):
+            env = {"MLXQ_KV_BITS": "8"} if name == KV8 else {}
+            self.servers[name] = stack.enter_context(readme_stack(model, args.models_dir, env))
+        elif name in PEER_SYSTEMS:
             executable = systems.vllm_mlx_executable(args.vllm_mlx)
-            if executable is None:
+            if name == "vllm-mlx" and executable is None:
                 self.not_installed.append(name)
                 return
-            running = stack.enter_context(systems.vllm_mlx(model, executable))
+            self.servers[name] = stack.enter_context(_peer(name, model, executable))
+            if window is not None:
+                self.window_servers[name] = stack.enter_context(_peer(name, window, executable))
         else:
             raise SystemExit(
                 f"unknown system {name!r}: one of {', '.join(SERVERS)}, engine, forward"
             )
-        self.servers[name] = running
         self.order.append(name)
 
-    def measure(self, name: str, cell: Cell, traffic: Traffic) -> dict[str, Any] | None:
-        if name == KV8 and cell.workload.name != "long":
+    def server(self, name: str, cell: Cell | MixedCell) -> systems.Running:
+        """Where `name` serves `cell`'s model: the 32k-window copy for the long cells."""
+        running = self.servers[name]
+        if not _long_window(cell):
+            return running
+        if running.window_model is not None:
+            return replace(running, model=running.window_model)
+        return self.window_servers[name]
+
+    def measure(
+        self, name: str, cell: Cell | MixedCell, texts: TextMaker, seed: str
+    ) -> dict[str, Any] | None:
+        if name == KV8 and not (_long_window(cell) or cell.name == "long"):
             return None
         if name in self.servers:
-            row: dict[str, Any] = _server_row(name, self.servers[name], cell, traffic)
-            return row
+            running = self.server(name, cell)
+            systems.warm(running)
+            if isinstance(cell, MixedCell):
+                return _server_row(
+                    running, lambda: mixed.measure(running.port, running.model, cell, texts, seed)
+                )
+            timeout_s = LONG_TIMEOUT_S if _long_window(cell) else Traffic.timeout_s
+            traffic = Traffic(cell.workload, texts, seed, cell.requests, cell.max_tokens, timeout_s)
+            return _server_row(
+                running,
+                lambda: run_load(
+                    name, running.port, running.model, cell.concurrency, traffic
+                ).as_dict(),
+            )
         assert self.base is not None
+        if isinstance(cell, MixedCell):
+            return None  # the baselines have no scheduler to mix requests in
         if name == FORWARD:
             return _forward_row(self.base, cell)
         if cell.workload.conversational:
             return None  # mlx-lm alone keeps no conversation: no engine row for multi-turn
+        traffic = Traffic(cell.workload, texts, seed, cell.requests, cell.max_tokens)
         return _engine_row(self.base, cell, traffic)
 
 
@@ -224,22 +294,21 @@ def run(args: Any, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     if not grid:
         return _result(args, machine, started, [], [], restarts)
     with ExitStack() as stack:
-        running = Systems(stack, model, args)
+        running = Systems(stack, model, args, grid)
         names = running.order
         total = args.repeats * len(grid) * len(names)
         with tqdm(total=total, desc="serve", unit="run") as bar:
             for repeat in range(args.repeats):
                 for i, cell in enumerate(grid):
-                    seed = f"{cell.workload.name}/c{cell.concurrency}/r{repeat}"
-                    traffic = Traffic(cell.workload, texts, seed, cell.requests, cell.max_tokens)
+                    seed = f"{cell.name}/c{cell.concurrency}/r{repeat}"
                     shift = (repeat + i) % len(names)
                     for position, name in enumerate(names[shift:] + names[:shift]):
-                        bar.set_postfix_str(f"{cell.workload.name} c={cell.concurrency} {name}")
-                        row = running.measure(name, cell, traffic)
+                        bar.set_postfix_str(f"{cell.name} c={cell.concurrency} {name}")
+                        row = running.measure(name, cell, texts, seed)
                         if row is not None:
                             row |= {
                                 "system": name,
-                                "workload": cell.workload.name,
+                                "workload": cell.name,
                                 "concurrency": cell.concurrency,
                                 "repeat": repeat,
                                 "position": position,

@@ -1,6 +1,9 @@
 """The systems under test, each started by the benchmark and stopped after its runs.
 
-- mlxq: a private redis-server, worker process(es) and the API under gunicorn.
+- mlxq: `mlxq run` as the README starts it, kept private (bench/readme_stack.py), for `bench
+  serve`; `mlxq()` below, a cluster of the benchmark's own (a private redis-server, worker
+  process(es) with chosen settings, the API under gunicorn), for the benchmarks that measure a
+  part of it.
 - the peers: `mlx_lm.server` (from mlx-lm, in this venv) and `vllm-mlx serve --continuous-batching`
   (installed apart, in its own venv, since its dependencies differ: `--vllm-mlx PATH` or
   MLXQ_BENCH_VLLM_MLX names its executable), on the same model directory.
@@ -9,7 +12,9 @@ counts as started only once it has answered a real completion (mlx_lm.server ans
 /v1/models before its model is loaded), which is also every system's warm-up.
 
 Peak memory is the resident-set high-water mark (VmHWM) of the processes that hold the model,
-reset before each measured run by writing 5 to /proc/PID/clear_refs (Linux; None elsewhere).
+reset before each measured run by writing 5 to /proc/PID/clear_refs (Linux; None elsewhere);
+for a system started as a process tree (`Running.tree`: `mlxq run`, a peer server), the sum
+over every process of the tree, its pool's workers included.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class Running:
     namespace: str = ""
     memory_pids: list[int] = field(default_factory=list)  # the processes holding the model
     cluster: Cluster | None = None  # mlxq's processes, for a cell that restarts its worker
+    tree: int | None = None  # the root of its processes, whose memory counts together
+    window_model: str | None = None  # the name it serves the 32k-window copy under, if it does
 
 
 HEARTBEAT_S = 2.0  # the worker's default
@@ -83,6 +90,12 @@ def answers_completion(port: int, model: str) -> bool:
         return False
 
 
+def warm(running: Running) -> None:
+    """Wait for a real completion of `running.model`: a pool that evicted the model for another
+    one loads it again here, not in the cell measured next."""
+    wait_until(lambda: answers_completion(running.port, running.model), READY_S, running.model)
+
+
 def reset_peak_memory(pids: list[int]) -> None:
     for pid in pids:
         clear_refs = Path(f"/proc/{pid}/clear_refs")
@@ -101,6 +114,28 @@ def peak_memory_mb(pids: list[int]) -> float | None:
             return None
         total += int(found[0].split()[1])
     return total / 1024
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants, alive now (Linux /proc; [pid] elsewhere)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it exited meanwhile
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo += parents.get(current, [])
+    return found
+
+
+def memory_pids(running: Running) -> list[int]:
+    """The processes whose peak memory is the system's: its whole tree where it has one."""
+    return process_tree(running.tree) if running.tree is not None else running.memory_pids
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -186,7 +221,7 @@ def _server(args: list[str], model: str, what: str, **env_extra: str) -> Iterato
             return answers_completion(port, model)
 
         wait_until(ready, READY_S, what)
-        yield Running(port, model, [proc.pid], memory_pids=[proc.pid])
+        yield Running(port, model, [proc.pid], memory_pids=[proc.pid], tree=proc.pid)
     finally:
         stop(proc)
 
