@@ -28,6 +28,7 @@ from shared.wire.sampling import SamplingParams
 from tests.worker.tiny_models import TINY_LLAMA, VOCAB, tiny_model
 from worker.engine.batch.quantized_kv import KVQuantization, prompt_cache
 from worker.engine.batch.slot_batch import SlotBatch
+from worker.engine.batch.split_batch import SplitBatch
 from worker.engine.batch.token_batch import MlxLmBatch, TokenBatch, open_batch, plain_kv
 from worker.engine.batch.types import Entry, PrefillBudget
 from worker.engine.cpu import exponentials as cpu_exp
@@ -221,6 +222,50 @@ def test_under_a_kv_budget_sequences_wait_for_room_and_get_what_they_get_alone(
         tiny(family), slots, STOP, 16, keep_caches=True, positions=512, kv_tokens=kv_tokens
     )
     check(family, plan, run(family, batch, plan, budget))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@settings(max_examples=12, deadline=None)
+@given(
+    plan=st.lists(arrivals, min_size=1, max_size=7),
+    slots=st.integers(2, 5),
+    budget=st.none() | budgets,
+    kv_tokens=st.integers(106, 300),  # twice the longest arrival's reach: each batch fits one
+)
+def test_long_prompts_in_their_own_batch_get_what_they_get_alone(
+    family: str, plan: list[Arrival], slots: int, budget: PrefillBudget | None, kv_tokens: int
+) -> None:
+    batch = open_batch(
+        tiny(family), slots, STOP, "slots", keep_caches=True, positions=512, kv_tokens=kv_tokens
+    )
+    assert isinstance(batch, SplitBatch)
+    check(family, plan, run(family, batch, plan, budget))
+
+
+def test_short_sequences_do_not_wait_for_a_long_one_and_both_stay_within_the_budget() -> None:
+    """A prompt of 400 tokens takes most of a budget of 600; in one rectangle four short chats
+    beside it would each count as 409 positions and wait for it, in their own batch they start
+    at once."""
+    batch = open_batch(
+        tiny("llama"), 8, STOP, "slots", keep_caches=False, positions=512, kv_tokens=600
+    )
+    assert isinstance(batch, SplitBatch)
+    long = list(range(1, 41)) * 10
+    shorts = [[7 + i] * 10 for i in range(4)]
+    (long_uid,) = batch.insert([Entry(long, [], None, 8, greedy, [])])
+    batch.next(PrefillBudget.flat(64))  # the long prompt's first chunk
+    uids = batch.insert([Entry(p, [], None, 8, greedy, []) for p in shorts])
+    got: dict[int, list[int]] = {u: [] for u in [long_uid, *uids]}
+    first: dict[int, int] = {}
+    for step in range(60):
+        for token in batch.next(PrefillBudget.flat(64)):
+            got[token.uid].append(token.token)
+            first.setdefault(token.uid, step)
+        assert batch._short.kv_held + batch._long.kv_held <= 600
+    assert all(first[u] <= 2 for u in uids)  # not after the long one's 400 tokens of prefill
+    assert first[long_uid] > 2
+    assert [got[u] for u in uids] == [alone("llama", p, 8) for p in shorts]
+    assert got[long_uid] == alone("llama", long, 8)
 
 
 def test_the_kv_buffers_stay_within_the_budget_and_one_sequence_may_take_all_of_it() -> None:

@@ -40,10 +40,11 @@ class SlotKV:
     leave every row at a later long prompt's capacity.
     """
 
-    def __init__(self, slots: int, limit: int, budget: int | None = None):
+    def __init__(self, slots: int, limit: int, budget: int | None = None, doubling: bool = True):
         self.slots = slots  # rows at most
         self.limit = limit  # positions per row at most
         self.budget = budget  # rows x capacity at most (None: no bound)
+        self.doubling = doubling  # rows grow by doubling (else one at a time: long rows)
         self.rows = 0
         self.capacity = 0
         self.keys: mx.array | None = None
@@ -58,7 +59,9 @@ class SlotKV:
             return
         grown_rows = self.rows
         if rows > self.rows:
-            grown_rows = min(max(rows, 2 * self.rows, ROW_GROWTH), self.slots)
+            grown_rows = rows
+            if self.doubling:
+                grown_rows = min(max(rows, 2 * self.rows, ROW_GROWTH), self.slots)
         grown = self.capacity
         if positions > self.capacity:
             grown = -(-max(positions, self.capacity * 3 // 2) // GROWTH) * GROWTH

@@ -79,9 +79,14 @@ class QuantizedSlotKV(SlotKV):
     values: Triple | None  # type: ignore[assignment]
 
     def __init__(
-        self, slots: int, limit: int, quantization: KVQuantization, budget: int | None = None
+        self,
+        slots: int,
+        limit: int,
+        quantization: KVQuantization,
+        budget: int | None = None,
+        doubling: bool = True,
     ):
-        super().__init__(slots, limit, budget)
+        super().__init__(slots, limit, budget, doubling)
         self.quantization = quantization
 
     def _grow(self, rows: int, capacity: int) -> None:

@@ -111,10 +111,14 @@ class SlotBatch:
         positions: int,
         quantization: KVQuantization | None = None,
         kv_tokens: int | None = None,
+        long_rows: bool = False,
+        first_uid: int = 0,
     ):
         """`positions`: what one row may hold at most (the engine refuses longer sequences);
         `quantization`: KV kept quantized (worker/engine/batch/quantized_kv.py), or in the
-        model's dtype; `kv_tokens`: the budget of positions every row shares (None: none)."""
+        model's dtype; `kv_tokens`: the budget of positions every row shares (None: none);
+        `long_rows`: the buffers grow a row at a time, not by doubling (rows of long prompts,
+        worker/engine/batch/split_batch.py); `first_uid`: its first sequence's id."""
         self._model = model
         self._slots = slots
         self._stops = stop_ids
@@ -126,23 +130,32 @@ class SlotBatch:
         self._decode_view: type[DecodeView] = DecodeView
         self._prefill_view: type[PrefillView] = PrefillView
         if quantization is None:
-            self._layers = [SlotKV(slots, positions, kv_tokens) for _ in model.layers]
+            self._layers = [
+                SlotKV(slots, positions, kv_tokens, not long_rows) for _ in model.layers
+            ]
         else:
             self._layers = [
-                QuantizedSlotKV(slots, positions, quantization, kv_tokens) for _ in model.layers
+                QuantizedSlotKV(slots, positions, quantization, kv_tokens, not long_rows)
+                for _ in model.layers
             ]
             self._decode_view, self._prefill_view = QuantizedDecodeView, QuantizedPrefillView
         self._rows: list[Row] = []  # by slot; the first `_decoding` decode, the others prefill
         self._decoding = 0
         self._waiting: deque[Row] = deque()
         self._unread: Launch | None = None  # the last decode forward, its tokens not read yet
-        self._uid = 0
+        self._uid = first_uid
         self._prefill_rate: float | None = None
+        self._prefilled = 0
 
     @property
     def prefill_rate(self) -> float | None:
         """Prompt tokens a second in the last steps' prefill forwards (None before any)."""
         return self._prefill_rate
+
+    @property
+    def prefilled(self) -> int:
+        """Prompt tokens the last step prefilled: what it took of its budget."""
+        return self._prefilled
 
     @property
     def decoding(self) -> bool:
@@ -153,6 +166,20 @@ class SlotBatch:
     def kv_size(self) -> tuple[int, int]:
         """The KV buffers' rows and positions per row ((0, 0): none allocated)."""
         return self._layers[0].rows, self._layers[0].capacity
+
+    @property
+    def kv_held(self) -> int:
+        """The KV positions this batch takes of a budget: what its buffers hold, or what its
+        rows may reach (rows x the furthest reach), whichever is more."""
+        rows, capacity = self.kv_size
+        promised = len(self._rows) * max((r.reach for r in self._rows), default=0)
+        return max(rows * capacity, promised)
+
+    def limit_kv(self, tokens: int) -> None:
+        """The budget from now on (another batch shares it: worker/engine/batch/split_batch.py)."""
+        self._kv_tokens = tokens
+        for layer in self._layers:
+            layer.budget = tokens
 
     def insert(self, entries: list[Entry]) -> list[int]:
         uids = []
@@ -260,6 +287,7 @@ class SlotBatch:
                 if len(row.todo) == 1:
                     self._promote(self._rows.index(row))
             done += sum(lengths)
+        self._prefilled = done
         if done:
             # Half the last step's rate, half the earlier ones': a chunk costs more as its
             # context grows, and one step may be slow by chance on a shared machine. Every

@@ -25,6 +25,7 @@ from worker.engine.batch.mlx_lm_decode import use_decode_batch
 from worker.engine.batch.mlx_lm_prefill import size_prefill_group
 from worker.engine.batch.quantized_kv import KVQuantization, prompt_cache
 from worker.engine.batch.slot_batch import SlotBatch
+from worker.engine.batch.split_batch import LONG_UIDS, SplitBatch
 from worker.engine.batch.types import Entry, PrefillBudget, Token
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ class TokenBatch(Protocol):
     def decoding(self) -> bool: ...
     @property
     def prefill_rate(self) -> float | None: ...
+    @property
+    def prefilled(self) -> int: ...
 
     def insert(self, entries: list[Entry]) -> list[int]: ...
     def next(self, prefill_budget: PrefillBudget | None) -> list[Token]: ...
@@ -66,6 +69,12 @@ class MlxLmBatch:
     def prefill_rate(self) -> None:
         """Not measured: BatchGenerator prefills inside its own step."""
         return None
+
+    @property
+    def prefilled(self) -> int:
+        """Not known (BatchGenerator prefills inside its own step): counted as none, so work
+        outside the batch may take a step's whole budget beside it."""
+        return 0
 
     def insert(self, entries: list[Entry]) -> list[int]:
         uids: list[int] = self._batch.insert(
@@ -140,11 +149,34 @@ def open_batch(
         if quantization is not None:
             check_quantizable(model, quantization)
             kv = f"KV quantized to {quantization.bits} bits, groups of {quantization.group_size}"
-        budget = "no KV budget" if kv_tokens is None else f"a KV budget of {kv_tokens} tokens"
-        log.info("batch: mlxq slots (up to %d rows, %s, %s)", slots, kv, budget)
-        return SlotBatch(
-            model, slots, stop_ids, PREFILL_CHUNK, keep_caches, positions, quantization, kv_tokens
+
+        def batch(long_rows: bool = False) -> SlotBatch:
+            return SlotBatch(
+                model,
+                slots,
+                stop_ids,
+                PREFILL_CHUNK,
+                keep_caches,
+                positions,
+                quantization,
+                kv_tokens,
+                long_rows,
+                LONG_UIDS if long_rows else 0,
+            )
+
+        if kv_tokens is None or slots == 1:
+            log.info("batch: mlxq slots (up to %d rows, %s)", slots, kv)
+            return batch()
+        threshold = kv_tokens // slots
+        log.info(
+            "batch: mlxq slots (up to %d rows, %s, a KV budget of %d positions; prompts over %d "
+            "tokens in a batch of their own)",
+            slots,
+            kv,
+            kv_tokens,
+            threshold,
         )
+        return SplitBatch(batch(), batch(long_rows=True), kv_tokens, threshold)
     why = f"its cache is {other}" if other else "MLXQ_BATCH=mlx-lm"
     log.info("batch: mlx-lm BatchGenerator (%s)", why)
     if quantization is not None:
