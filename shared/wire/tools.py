@@ -4,9 +4,10 @@ template knows no tools.
 Two ways a model sees tools, decided per model by the worker and published in its
 `TokenizerSpec` (`tools_in_template`), so that the API counts prompts the way the worker renders
 them (shared/queue/prompt_tokens.py):
-- The chat template knows tools and mlx-lm has a parser for the model family (Qwen, Llama 3.x
-  with JSON tools, Mistral, Gemma, GLM, Kimi, ...): tools go to the template and calls are parsed
-  with the family's mlx-lm parser.
+- The chat template knows tools and mlx-lm has a parser for the model family (Qwen, Mistral,
+  Gemma, GLM, Kimi, ...): tools go to the template and calls are parsed with the family's mlx-lm
+  parser. Llama 3.x, whose calls are its whole answer in bare JSON and which mlx-lm cannot read,
+  gets its template too and mlxq's own reader (worker/engine/sequence/answer_calls.py).
 - Otherwise (the default SmolLM2 and every ChatML model without a tool template): the fallback
   below. The tools are described in a system message, and the model calls one by writing
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the JSON-tools format of Hermes and
@@ -18,6 +19,7 @@ grammar whose arguments follow each function's `parameters` schema (JSON-tools f
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from llguidance import LLMatcher
@@ -37,6 +39,22 @@ CALL_START = "<tool_call>"
 CALL_END = "</tool_call>"
 FunctionName = Annotated[str, Field(pattern=FUNCTION_NAME_PATTERN)]
 _CALL_JSON = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
+
+
+@dataclass(frozen=True)
+class CallFrame:
+    """How a format writes a call's JSON: the markers around it (none: the call is the whole
+    answer), the key of its arguments, and what stands between two calls."""
+
+    start: str
+    end: str
+    arguments: str
+    between: str = ""
+
+
+JSON_TOOLS_FRAME = CallFrame(CALL_START, CALL_END, "arguments")
+# Llama 3.x: `{"name": ..., "parameters": {...}}` as the whole answer, calls joined by "; ".
+ANSWER_FRAME = CallFrame("", "", "parameters", between="; ")
 
 
 class FunctionDefinition(BaseModel):
@@ -116,8 +134,8 @@ class ToolUse(BaseModel):
     def parses_calls(self) -> bool:
         return self.choice != "none"
 
-    def call_grammar(self) -> str:
-        """The Lark grammar (llguidance) of the calls `choice` allows, in the JSON-tools format."""
+    def call_grammar(self, frame: CallFrame = JSON_TOOLS_FRAME) -> str:
+        """The Lark grammar (llguidance) of the calls `choice` allows, written in `frame`."""
         allowed = [
             t.function
             for t in self.tools
@@ -126,24 +144,30 @@ class ToolUse(BaseModel):
         ]
         # Whitespace is fixed to json.dumps' separators: a sampled model left free to write
         # whitespace between tokens can spend its whole max_tokens on it, mid-call.
-        schema = {"anyOf": [_call_schema(f) for f in allowed], "x-guidance": _CALL_JSON}
-        repeat = "+" if self.parallel and not isinstance(self.choice, NamedToolChoice) else ""
+        calls = [_call_schema(f, frame.arguments) for f in allowed]
+        schema = {"anyOf": calls, "x-guidance": _CALL_JSON}
+        several = self.parallel and not isinstance(self.choice, NamedToolChoice)
+        between = f"{json.dumps(frame.between)} " if frame.between else ""
+        framed = " ".join(
+            [*([json.dumps(frame.start)] if frame.start else []), "body"]
+            + ([json.dumps(frame.end)] if frame.end else [])
+        )
         lark = (
-            f"start: call{repeat}\n"
-            f"call: {json.dumps(CALL_START)} body {json.dumps(CALL_END)}\n"
+            f"start: call{f' ({between}call)*' if several else ''}\n"
+            f"call: {framed}\n"
             f"body: %json {json.dumps(schema)}\n"
         )
         return str(LLMatcher.grammar_from_lark(lark))
 
 
-def _call_schema(function: FunctionDefinition) -> dict[str, Any]:
+def _call_schema(function: FunctionDefinition, arguments: str) -> dict[str, Any]:
     return {
         "type": "object",
         "properties": {
             "name": {"const": function.name},
-            "arguments": function.parameters or {"type": "object"},
+            arguments: function.parameters or {"type": "object"},
         },
-        "required": ["name", "arguments"],
+        "required": ["name", arguments],
         "additionalProperties": False,
     }
 

@@ -43,6 +43,10 @@ REPLIES: dict[tuple[str, str], str] = {
     ("llama3", "builtin-tool-call"): (
         '<|python_tag|>brave_search.call(query="weather in Paris")<|eom_id|>'
     ),
+    # Llama 3.1-3.3: a custom tool's call is the whole answer, bare JSON with "parameters".
+    ("llama3", "tool-call"): (
+        '{"name": "get_weather", "parameters": ' + TOOL_ARGUMENTS + "}<|eot_id|>"
+    ),
     ("phi4-mini", "answer"): "Hello! How can I help?<|end|>",
     ("gemma", "answer"): "Hello! How can I help? Ça va? 😀<end_of_turn>",
     ("mistral", "answer"): "Hello! How can I help?</s>",

@@ -33,6 +33,7 @@ SCENARIOS = {
     "deepseek-r1": ("deepseek-r1", "inside-think-then-answer"),
     "llama3-eot": ("llama3", "answer"),
     "llama3-eom": ("llama3", "builtin-tool-call"),
+    "llama3-tool": ("llama3", "tool-call"),
     "gemma": ("gemma", "answer"),
     "mistral": ("mistral", "answer"),
 }
@@ -48,6 +49,7 @@ EXPECTED: dict[str, tuple[str | None, str | None, str]] = {
     "deepseek-r1": ("The user greets me in two languages.", "Hello! 你好 😀", "stop"),
     "llama3-eot": (None, "Hello! How can I help you today?", "stop"),
     "llama3-eom": (None, '<|python_tag|>brave_search.call(query="weather in Paris")', "stop"),
+    "llama3-tool": (None, None, "tool_calls"),
     "gemma": (None, "Hello! How can I help? Ça va? 😀", "stop"),
     "mistral": (None, "Hello! How can I help?", "stop"),
 }

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from shared.wire.tools import CALL_END, CALL_START
 from worker.engine.sequence.call_readers import CallReader, JsonCallReader, ParsedCallReader
-from worker.engine.sequence.tool_calls import Scanned, ToolCallScanner
+from worker.engine.sequence.tool_calls import MarkedCallScanner, Scanned
 
 CALL = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
 
@@ -22,7 +22,7 @@ def json_reader() -> CallReader:
 
 def scan_all(pieces: list[str], reader: Callable[[], CallReader] = json_reader) -> Scanned:
     """Every piece through one scanner, then its finish: all it gave, joined."""
-    scanning = ToolCallScanner(CALL_START, CALL_END, reader)
+    scanning = MarkedCallScanner(CALL_START, CALL_END, reader)
     got = Scanned()
     for part in [*(scanning.feed(p) for p in pieces), scanning.finish()]:
         got.text += part.text

@@ -177,13 +177,14 @@ class Preparer:
         found = processors_for(job.sampling)
         grammar = job.grammar
         if job.tools is not None and job.tools.constrained():
-            if not self._tool_format.constrainable():
+            frame = self._tool_format.call_frame()
+            if frame is None:
                 raise InvalidRequestError(
                     "This model writes tool calls in a format that cannot be forced; "
                     "use tool_choice 'auto'.",
                     param="tool_choice",
                 )
-            grammar = job.tools.call_grammar()
+            grammar = job.tools.call_grammar(frame)
         constraint = self._grammars.constraint(grammar) if grammar is not None else None
         return tuple(found), constraint
 

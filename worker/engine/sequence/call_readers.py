@@ -5,8 +5,9 @@ streams, and the reader says what may be sent of the call so far (`CallPiece`s: 
 then its arguments text) and, at the call's end marker, the call itself:
 
 - `JsonCallReader`, for the JSON-tools format (`{"name": ..., "arguments": {...}}`, the fallback's
-  and Hermes/Qwen 2.5's): the name once its string is written, then the arguments object's raw
-  text as it is written, up to its closing brace. The call's `arguments` is exactly what was
+  and Hermes/Qwen 2.5's; Llama 3.x names the arguments `parameters`, and either key is read):
+  the name once its string is written, then the arguments object's raw text as it is written,
+  up to its closing brace. The call's `arguments` is exactly what was
   sent, so the pieces a client joins are the arguments (and parse as JSON once the object
   closes).
 - `ParsedCallReader`, for every other family: mlx-lm's parser reads the whole text at the end
@@ -25,6 +26,8 @@ from typing import Any, Protocol
 
 Parser = Callable[..., Any]  # mlx-lm's parse_tool_call(text, tools) -> {"name", "arguments"}
 _SPACE = " \t\r\n"
+# The key of a call's arguments: the JSON-tools format's, and Llama 3.x's.
+ARGUMENT_KEYS = ("arguments", "parameters")
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,15 @@ class JsonCallReader:
             self._read(self._text[self._at])
             self._at += 1
         return self._pieces()
+
+    @property
+    def ended(self) -> bool:
+        """Whether the call's object has closed (or the text turned out to be no object)."""
+        return self._closed
+
+    def rest(self) -> str:
+        """The text fed after the point where reading ended (after the object's last brace)."""
+        return self._text[self._at :]
 
     def close(self) -> tuple[list[CallPiece], ReadCall | None]:
         if self._name is None:
@@ -194,7 +206,9 @@ class JsonCallReader:
             return
         self._expect = "in value"
         self._value_start = self._at
-        self._streaming = self._key == "arguments" and self._text[self._at] in "{["
+        self._streaming = (
+            self._key in ARGUMENT_KEYS and self._arguments is None and self._text[self._at] in "{["
+        )
 
     def _scalar_ended(self) -> None:
         if self._expect == "in value":
@@ -208,7 +222,7 @@ class JsonCallReader:
         if self._key == "name" and self._name is None:
             name = _decoded(raw)
             self._name = name if name in self._names else None
-        elif self._key == "arguments" and self._arguments is None:
+        elif self._key in ARGUMENT_KEYS and self._arguments is None:
             self._streaming = False
             decoded = _decoded(raw) if raw.startswith('"') else raw
             self._arguments = decoded if isinstance(decoded, str) else "{}"

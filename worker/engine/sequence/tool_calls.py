@@ -1,6 +1,7 @@
 """Tool calls read back from a sequence's text as it streams.
 
-A `ToolCallScanner` sits after the stop-string matcher: text outside a call passes through,
+A `ToolCallScanner` sits after the stop-string matcher. Most families mark their calls, and a
+`MarkedCallScanner` reads them: text outside a call passes through,
 text from the call's start marker to its end marker goes to a reader for the model's format
 (worker/engine/sequence/call_readers.py; shared/wire/tools.py says which format a model gets),
 which says
@@ -8,48 +9,60 @@ what may be sent of the call as it is written. The scanner numbers the calls of 
 turns them into OpenAI's stream pieces (`ToolCallDelta`: the first with the call's id and name,
 then its arguments) and, at each end marker, the whole `ToolCall`. A suffix that could still
 become a marker is held back, so a client never sees part of one. Text between markers that is
-no call is shown as it was written.
+no call is shown as it was written. Llama 3.x writes a call as its whole answer, with no
+markers: an `AnswerCallScanner` reads those (worker/engine/sequence/answer_calls.py).
+`ToolFormat` says which a model gets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from mlx_lm.tool_parsers import json_tools
 
-from shared.wire.ids import new_id
 from shared.wire.tools import (
+    ANSWER_FRAME,
     CALL_END,
     CALL_START,
-    FunctionCall,
-    FunctionCallDelta,
-    ToolCall,
-    ToolCallDelta,
+    JSON_TOOLS_FRAME,
+    CallFrame,
     ToolUse,
 )
+from worker.engine.sequence.answer_calls import AnswerCallScanner, writes_answer_calls
 from worker.engine.sequence.call_readers import (
-    CallPiece,
     CallReader,
     JsonCallReader,
     ParsedCallReader,
     Parser,
-    ReadCall,
 )
 from worker.engine.sequence.harmony import HarmonyTokens
+from worker.engine.sequence.scanned_calls import CallNumbering, Scanned
+
+__all__ = ["MarkedCallScanner", "Scanned", "ToolCallScanner", "ToolFormat"]
 
 
-@dataclass
-class Scanned:
-    """What a piece of text gave: text to show, pieces of calls to send, calls completed."""
+class ToolCallScanner(Protocol):
+    """A sequence's text read for calls as it streams."""
 
-    text: str = ""
-    deltas: list[ToolCallDelta] = field(default_factory=list)
-    calls: list[ToolCall] = field(default_factory=list)
+    @property
+    def made(self) -> int:
+        """How many calls the sequence has made so far."""
+        ...
+
+    def feed(self, text: str) -> Scanned:
+        """What `text` gives: the text that may be shown now, call pieces, completed calls."""
+        ...
+
+    def finish(self) -> Scanned:
+        """At the end of the sequence: what is still held back."""
+        ...
 
 
-class ToolCallScanner:
+class MarkedCallScanner:
+    """Calls between a start and an end marker, read by a reader of the family's format."""
+
     def __init__(self, start: str, end: str, reader: Callable[[], CallReader]):
         self._start = start
         self._end = end
@@ -57,8 +70,11 @@ class ToolCallScanner:
         self._buffer = ""
         self._reader: CallReader | None = None  # set while inside a call
         self._body: list[str] = []  # the call's text, shown as written if it is no call
-        self._call_id: str | None = None  # the id of the call being sent
-        self.made = 0
+        self._numbering = CallNumbering()
+
+    @property
+    def made(self) -> int:
+        return self._numbering.made
 
     def feed(self, text: str) -> Scanned:
         """What `text` gives: the text that may be shown now, call pieces, completed calls."""
@@ -101,7 +117,7 @@ class ToolCallScanner:
     def _inside(self, text: str, got: Scanned) -> None:
         assert self._reader is not None
         self._body.append(text)
-        got.deltas += [self._delta(piece) for piece in self._reader.feed(text)]
+        got.deltas += [self._numbering.delta(piece) for piece in self._reader.feed(text)]
 
     def _close(self, got: Scanned, ended: bool) -> str:
         """The call's end (at its end marker, or the sequence's): the call is complete, or it
@@ -109,28 +125,11 @@ class ToolCallScanner:
         assert self._reader is not None
         pieces, call = self._reader.close()
         self._reader = None
-        got.deltas += [self._delta(piece) for piece in pieces]
+        got.deltas += [self._numbering.delta(piece) for piece in pieces]
         if call is None:
             return self._start + "".join(self._body) + (self._end if ended else "")
-        got.calls.append(self._call(call))
+        got.calls.append(self._numbering.call(call))
         return ""
-
-    def _delta(self, piece: CallPiece) -> ToolCallDelta:
-        if piece.name is None:
-            return ToolCallDelta(
-                index=self.made - 1, function=FunctionCallDelta(arguments=piece.arguments)
-            )
-        self._call_id = new_id("call_")
-        self.made += 1
-        function = FunctionCallDelta(name=piece.name, arguments=piece.arguments)
-        return ToolCallDelta(
-            index=self.made - 1, id=self._call_id, type="function", function=function
-        )
-
-    def _call(self, call: ReadCall) -> ToolCall:
-        assert self._call_id is not None  # a reader sends a call's name before the call
-        function = FunctionCall(name=call.name, arguments=call.arguments)
-        return ToolCall(id=self._call_id, function=function)
 
 
 def _partial_suffix(text: str, marker: str) -> int:
@@ -143,12 +142,14 @@ def _partial_suffix(text: str, marker: str) -> int:
 
 @dataclass(frozen=True)
 class ToolFormat:
-    """How one model writes tool calls (shared/wire/tools.py explains the two cases)."""
+    """How one model writes tool calls (shared/wire/tools.py explains the cases)."""
 
     in_template: bool
     start: str
     end: str
     parse: Parser
+    # The call is the whole answer, with no markers (Llama 3.x: sequence/answer_calls.py).
+    whole_answer: bool = False
 
     @classmethod
     def of(cls, tokenizer: Any) -> ToolFormat:
@@ -159,19 +160,32 @@ class ToolFormat:
         if tokenizer.has_tool_calling:
             start, end = tokenizer.tool_call_start, tokenizer.tool_call_end
             return cls(True, start, end, tokenizer.tool_parser)
+        template = getattr(tokenizer, "chat_template", None)
+        if writes_answer_calls(tokenizer, template if isinstance(template, str) else None):
+            return cls(True, "", "", json_tools.parse_tool_call, whole_answer=True)
         return cls(False, CALL_START, CALL_END, json_tools.parse_tool_call)
 
-    def constrainable(self) -> bool:
-        """Whether a forced call can be written by the grammar (the JSON-tools format)."""
+    def call_frame(self) -> CallFrame | None:
+        """How the grammar writes a forced call in this format; None: it cannot (a family's
+        own syntax other than JSON)."""
+        if self.whole_answer:
+            return ANSWER_FRAME
+        if self._json_tools():
+            return JSON_TOOLS_FRAME
+        return None
+
+    def _json_tools(self) -> bool:
         return (self.start, self.end) == (CALL_START, CALL_END) and (
             self.parse is json_tools.parse_tool_call
         )
 
     def scanner(self, tools: ToolUse) -> ToolCallScanner:
-        if self.constrainable():  # the JSON-tools format: arguments stream as written
-            names = frozenset(t.function.name for t in tools.tools)
-            return ToolCallScanner(self.start, self.end, lambda: JsonCallReader(names))
+        names = frozenset(t.function.name for t in tools.tools)
+        if self.whole_answer:
+            return AnswerCallScanner(names)
+        if self._json_tools():  # arguments stream as written
+            return MarkedCallScanner(self.start, self.end, lambda: JsonCallReader(names))
         described = [t.model_dump(exclude_none=True) for t in tools.tools]
-        return ToolCallScanner(
+        return MarkedCallScanner(
             self.start, self.end, lambda: ParsedCallReader(self.parse, described)
         )
