@@ -21,11 +21,11 @@ from worker.engine.prefix_file import held_lengths
 from worker.ops.cluster import Cluster, wait_until
 
 HEARTBEAT_S = 0.5
-# About 700 tokens of the default model: a document the user asks about.
+# About 640 tokens of the default model: a document the user asks about.
 DOCUMENT = (
     "The harbour master keeps a ledger of every ship that enters the bay, the tide it came in "
     "on, the cargo it declared and the berth it was given. "
-) * 22
+) * 18
 WRITTEN_WITHIN_S = 30.0  # the write-behind of a ~30 MB cache, on a loaded machine
 
 
@@ -59,7 +59,7 @@ def test_a_prompt_seen_before_a_kill_9_is_served_from_disk_by_the_next_worker(
         cold = _ask(http, nonce)
         prompt = cold["usage"]["prompt_tokens"]
         wait_until(
-            lambda: max(held_lengths(root), default=0) >= prompt,
+            lambda: max(held_lengths(root).values(), default=0) >= prompt,
             WRITTEN_WITHIN_S,
             "the write-behind",
         )

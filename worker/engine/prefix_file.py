@@ -52,11 +52,11 @@ def compact(layer: Any) -> Any:
     return type(layer).from_state(tree_map(cut, layer.state))
 
 
-def held_lengths(root: Path) -> list[int]:
+def held_lengths(root: Path) -> dict[Path, int]:
     """How many tokens each finished file under a disk tier's root (one folder per model)
     holds: for tests and benchmarks that wait for a write."""
-    lengths = []
+    lengths = {}
     for path in root.glob("*/[!.]*.safetensors"):
         with contextlib.suppress(OSError, RuntimeError, ValueError):  # replaced as it was read
-            lengths.append(len(tokens_of(header(path))))
+            lengths[path] = len(tokens_of(header(path)))
     return lengths
