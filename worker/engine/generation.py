@@ -8,13 +8,17 @@ one token, returning what each may show now, `remove` drops jobs (cancellation).
 A job runs as one sequence per choice (`n`), each a `Sequence` dataclass; the choices of a job
 share one prefill of the prompt and each ends on its own, the job when the last one does. A
 prompt whose opening the prefix cache holds (worker/engine/prefix_cache.py) enters the batch with a
-copy of that KV cache and only its remaining tokens to prefill.
+copy of that KV cache and only its remaining tokens to prefill. A prompt that is scored (echo with
+logprobs) or that several choices share is computed first, outside the batch
+(worker/engine/staged_prompt.py), with what the step's prefill budget leaves after the batch's own
+prefill; its choices enter when it is done.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -26,13 +30,14 @@ from worker.engine.batch.token_batch import kv_form, open_batch, plain_kv
 from worker.engine.batch.types import Entry, PrefillBudget
 from worker.engine.model import LoadedModel
 from worker.engine.prefill_policy import PrefillPolicy
-from worker.engine.prefix_cache import PrefixCache, Reuse, level, prefill
+from worker.engine.prefix_cache import PrefixCache, Reuse, level
 from worker.engine.prepare import PreparedJob, Preparer
 from worker.engine.sequence.detokenize import TextDecoder
-from worker.engine.sequence.logprobs import LogprobRecorder, prompt_logprobs
+from worker.engine.sequence.logprobs import LogprobRecorder, PromptScorer
 from worker.engine.sequence.reasoning import Split
 from worker.engine.sequence.stop import StopStringMatcher
 from worker.engine.sequence.tool_calls import Scanned, ToolCallScanner
+from worker.engine.staged_prompt import StagedPrompt
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +64,8 @@ class JobInBatch:
     prompt_tokens: int
     cached_tokens: int
     uids: list[int] = field(default_factory=list)
+    # Choices whose prompt is still staged (a job that only scores: its prompts still staged).
+    staged: int = 0
     completion_tokens: int = 0  # all choices together
     reasoning_tokens: int = 0  # of those, the ones spent reasoning
 
@@ -160,12 +167,15 @@ class Engine:
         self._by_uid: dict[int, Sequence] = {}
         self._jobs: dict[str, JobInBatch] = {}
         self._ready: list[StepOutput] = []  # outputs made at admission (prompts only scored)
+        self._rows = batch_size
+        self._staging: deque[StagedPrompt] = deque()  # oldest first
+        self._scores: dict[tuple[str, int], list[TokenLogprob] | None] = {}  # scored-only jobs'
         self._interactive: set[int] = set()  # uids of interactive sequences, waiting or running
         self.prefilled_tokens = 0  # prompt tokens computed, for the benchmark
 
     @property
     def active(self) -> int:
-        return len(self._by_uid) + len(self._pending)
+        return len(self._by_uid) + len(self._pending) + len(self._staging)
 
     def prepare(self, job: GenerationJob) -> PreparedJob:
         return self._preparer.prepare(job)
@@ -175,22 +185,88 @@ class Engine:
         self._pending.append(prepared)
 
     def _enter_pending(self) -> None:
+        """The jobs inserted since the last step: each prompt enters the batch now, or is
+        staged first (its choices enter when it is done)."""
         pending, self._pending = self._pending, []
-        if not pending:
-            return
-        groups = [(p, k) for p in pending for k in range(len(p.prompts))]
-        starts = level(
-            [p.prompts[k] for p, k in groups], [self._shared_start(p, k) for p, k in groups]
-        )
-        start_of = {(p.job_id, k): r for (p, k), r in zip(groups, starts, strict=True)}
-        scored = {(p.job_id, k): self._score(p, k) for p, k in groups}
+        now: list[tuple[PreparedJob, int]] = []
+        starts: list[Reuse] = []
         for p in pending:
-            hits = sum(start_of[(p.job_id, k)].hits for k in range(len(p.prompts)))
-            self._jobs[p.job_id] = JobInBatch(p.prompt_tokens, hits)
-        self._ready = [o for p in pending if p.max_tokens == 0 for o in self._scored(p, scored)]
-        rows = [(p, i) for p in pending if p.max_tokens > 0 for i in range(len(p.choices))]
+            job = self._jobs[p.job_id] = JobInBatch(p.prompt_tokens, 0)
+            for k in range(len(p.prompts)):
+                start = self._start(p, k)
+                job.cached_tokens += start.hits
+                staged = self._staged(p, k, start)
+                if staged is None:
+                    now.append((p, k))
+                    starts.append(start)
+                    continue
+                self._staging.append(staged)
+                job.staged += self._choices_of(p, k) if p.max_tokens > 0 else 1
+        levelled = level([p.prompts[k] for p, k in now], starts)
+        start_of = {(p.job_id, k): r for (p, k), r in zip(now, levelled, strict=True)}
+        for p in pending:
+            if p.max_tokens == 0 and not self._jobs[p.job_id].staged:  # nothing to score
+                self._ready += self._scored(p, {})
+        rows = [
+            (p, i)
+            for p in pending
+            if p.max_tokens > 0
+            for i, c in enumerate(p.choices)
+            if (p.job_id, c.prompt) in start_of
+        ]
         if rows:
-            self._insert(rows, start_of, scored)
+            self._insert(rows, start_of, {})
+
+    def _start(self, prepared: PreparedJob, k: int) -> Reuse:
+        """What the prefix cache holds of the job's prompt k (nothing for a scored prompt:
+        the logits of every position are needed)."""
+        if self._prefixes is None or prepared.prompt_logprobs is not None:
+            return Reuse(None, 0, 0)
+        return self._prefixes.reuse(prepared.prompts[k], prepared.shared_tokens if k == 0 else 0)
+
+    def _staged(self, prepared: PreparedJob, k: int, start: Reuse) -> StagedPrompt | None:
+        """The job's prompt k as staged work, or None where it enters the batch at once. Staged:
+        a prompt that is scored, or that several choices continue (all but its last token is
+        computed once, and each choice computes only that)."""
+        prompt = prepared.prompts[k]
+        if prepared.prompt_logprobs is not None:
+            scorer = PromptScorer(prompt, prepared.prompt_logprobs, self._loaded.token_piece)
+            return StagedPrompt(prepared, k, start, scorer)
+        sharing = self._choices_of(prepared, k) > 1 and prepared.max_tokens > 0
+        if sharing and start.tokens < len(prompt) - 1:
+            return StagedPrompt(prepared, k, start)
+        return None
+
+    @staticmethod
+    def _choices_of(prepared: PreparedJob, k: int) -> int:
+        return sum(1 for c in prepared.choices if c.prompt == k)
+
+    def _stage(self, tokens: int) -> None:
+        """Spend up to `tokens` of the step's prefill on staged prompts, oldest first, while
+        the batch has a row for their choices (no more staged KV waits than can enter); the
+        choices of a prompt that is done enter the batch."""
+        spent = 0
+        while self._staging and spent < tokens and len(self._by_uid) < self._rows:
+            staged = self._staging[0]
+            spent += staged.advance(self._loaded.model, self._kv_quantization, tokens - spent)
+            if staged.left == 0:
+                self._staging.popleft()
+                self._staged_done(staged)
+        self.prefilled_tokens += spent
+
+    def _staged_done(self, staged: StagedPrompt) -> None:
+        p, key = staged.job, (staged.job.job_id, staged.k)
+        job = self._jobs[p.job_id]
+        if p.max_tokens == 0:  # only scored: the job ends with its last prompt
+            job.staged -= 1
+            self._scores[key] = staged.logprobs
+            if not job.staged:
+                keys = [(p.job_id, k) for k in range(len(p.prompts))]
+                self._ready += self._scored(p, {k: self._scores.pop(k, None) for k in keys})
+            return
+        rows = [(p, i) for i, c in enumerate(p.choices) if c.prompt == staged.k]
+        job.staged -= len(rows)
+        self._insert(rows, {key: staged.done}, {key: staged.logprobs})
 
     def _insert(
         self,
@@ -230,19 +306,11 @@ class Engine:
                 recorder=choice.recorder,
                 calls=choice.calls,
                 split=choice.split,
-                opening=scored[key],
+                opening=scored.get(key),
             )
             self._jobs[prepared.job_id].uids.append(uid)
             if prepared.interactive:
                 self._interactive.add(uid)
-
-    def _score(self, prepared: PreparedJob, k: int) -> list[TokenLogprob] | None:
-        if prepared.prompt_logprobs is None:
-            return None
-        prompt = prepared.prompts[k]
-        return prompt_logprobs(
-            self._loaded.model, prompt, prepared.prompt_logprobs, self._loaded.token_piece
-        )
 
     def _scored(
         self, prepared: PreparedJob, scored: dict[tuple[str, int], list[TokenLogprob] | None]
@@ -257,7 +325,7 @@ class Engine:
                 prompt_tokens=job.prompt_tokens,
                 completion_tokens=0,
                 cached_tokens=job.cached_tokens,
-                logprobs=scored[(prepared.job_id, choice.prompt)],
+                logprobs=scored.get((prepared.job_id, choice.prompt)),
                 index=i,
                 choices_left=len(prepared.choices) - 1 - i,
             )
@@ -267,26 +335,15 @@ class Engine:
     def _new_decoder(self, prepared: PreparedJob) -> TextDecoder:
         return self._loaded.new_decoder()
 
-    def _shared_start(self, prepared: PreparedJob, k: int) -> Reuse:
-        """Where the prefill of the job's prompt k starts; when several choices continue it,
-        all but its last token is prefilled here once, and each choice computes only that."""
-        prompt = prepared.prompts[k]
-        start = Reuse(None, 0, 0)
-        if self._prefixes is not None:
-            start = self._prefixes.reuse(prompt, prepared.shared_tokens if k == 0 else 0)
-        sharing = sum(1 for c in prepared.choices if c.prompt == k) > 1
-        if sharing and prepared.max_tokens > 0 and start.tokens < len(prompt) - 1:
-            self.prefilled_tokens += len(prompt) - 1 - start.tokens
-            start = prefill(self._loaded.model, prompt[:-1], start, self._kv_quantization)
-        return start
-
     def step(self) -> list[StepOutput]:
-        """Advance every sequence by one token (prompts by one chunk)."""
+        """Advance every sequence by one token (prompts by one chunk, staged prompts by what the
+        step's budget leaves)."""
         self._enter_pending()
-        outputs, self._ready = self._ready, []
+        outputs: list[StepOutput] = []
         # Bulk work alone is prefilled in groups as large as the batch allows: nobody waits on
         # a first token, and each group's fixed cost is paid once (measured: commit 54a7b4d).
-        generated = self._batch.next(self._budget())
+        budget = self._budget()
+        generated = self._batch.next(budget)
         for r in generated:
             if r.uid not in self._by_uid:  # its job ended earlier in this step
                 continue
@@ -296,6 +353,8 @@ class Engine:
                 self.remove([out.job_id])
             elif out.finish_reason is not None:
                 self._drop([r.uid])
+        self._stage(self._staging_tokens(budget))  # after the ends above: rows they freed
+        outputs, self._ready = self._ready + outputs, []
         if self._prefixes is not None:
             for r in generated:
                 if r.prompt_cache is not None and r.all_tokens is not None:
@@ -304,9 +363,19 @@ class Engine:
 
     def _budget(self) -> PrefillBudget | None:
         """What this step may prefill (worker/engine/prefill_policy.py); None: all it can."""
-        if not self._interactive:
+        if not self._interactive and not any(s.job.interactive for s in self._staging):
             return None
         return self._prefill.budget(self._batch.decoding, self._batch.prefill_rate, self._bursting)
+
+    def _staging_tokens(self, budget: PrefillBudget | None) -> int:
+        """What the step's budget leaves staged prompts after the batch's own prefill: they are
+        chunks of long prompts, under the cap on those. Bulk work alone (no budget: the batch
+        prefills all it holds) stages what the policy gives a step with no one waiting, so that
+        no step holds the engine for all of it."""
+        if budget is None:
+            idle = self._prefill.budget(self._batch.decoding, self._batch.prefill_rate, _never)
+            return min(idle.tokens, idle.partial)
+        return max(0, min(budget.tokens, budget.partial) - self._batch.prefilled)
 
     def _bursting(self) -> bool:
         """More interactive sequences wait for their first token than stream their next."""
@@ -369,7 +438,7 @@ class Engine:
             text, deltas, calls = scanned.text, scanned.deltas or None, scanned.calls or None
             if seq.calls.made and finish_reason == "stop":
                 finish_reason = "tool_calls"
-        left = len(job.uids) - (finish_reason is not None)
+        left = len(job.uids) + job.staged - (finish_reason is not None)
         return StepOutput(
             job_id=seq.job_id,
             text=text,
@@ -407,6 +476,8 @@ class Engine:
 
     def remove(self, job_ids: list[str]) -> None:
         self._pending = [p for p in self._pending if p.job_id not in job_ids]
+        self._staging = deque(s for s in self._staging if s.job.job_id not in job_ids)
+        self._scores = {k: v for k, v in self._scores.items() if k[0] not in job_ids}
         for job_id in job_ids:
             job = self._jobs.pop(job_id, None)
             if job is not None:
@@ -424,3 +495,7 @@ class Engine:
             job = self._jobs.get(seq.job_id)
             if job is not None and uid in job.uids:
                 job.uids.remove(uid)
+
+
+def _never() -> bool:
+    return False

@@ -6,7 +6,7 @@ sampler was given: after penalties, logit bias and a grammar's mask, before temp
 "processed logprobs"). The decode step runs one token ahead (worker/engine/batch/mlx_lm_decode.py),
 so draws are
 queued and `take` hands them out in order as the engine reads each token. Tokens are reported as
-their decoded text and UTF-8 bytes, never as raw vocabulary symbols. `prompt_logprobs` scores
+their decoded text and UTF-8 bytes, never as raw vocabulary symbols. `PromptScorer` scores
 a prompt's own tokens (an echoed text completion with logprobs: what eval harnesses ask for).
 """
 
@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
 
 from shared.wire.logprobs import TokenLogprob, TopLogprob
 from worker.engine.sequence.sampling import Sampler
@@ -26,7 +25,6 @@ from worker.engine.sequence.sampling import Sampler
 T = TypeVar("T", bound=TopLogprob)
 # The log probability reported for a token that could not be drawn (OpenAI reports -9999.0).
 FLOOR = -9999.0
-CHUNK = 256  # prompt positions scored at a time
 
 
 @dataclass(frozen=True)
@@ -70,36 +68,38 @@ class LogprobRecorder:
         return entry
 
 
-def prompt_logprobs(
-    model: Any, prompt: list[int], alternatives: int, piece: Callable[[int], bytes]
-) -> list[TokenLogprob]:
-    """Each prompt token's log probability given the tokens before it (the first has none),
-    computed in chunks so that only CHUNK rows of vocabulary-wide logits exist at a time."""
-    entries = [
-        TokenLogprob(
-            token=piece(prompt[0]).decode("utf-8", "replace"),
-            logprob=None,
-            bytes=list(piece(prompt[0])),
-        )
-    ]
-    cache = make_prompt_cache(model)
-    for start in range(0, len(prompt) - 1, CHUNK):
-        inputs = prompt[start : start + CHUNK]
-        targets = prompt[start + 1 : start + 1 + CHUNK]
-        logits = model(mx.array([inputs]), cache=cache)[0][: len(targets)]
+class PromptScorer:
+    """A prompt's own logprobs: each token's log probability given the tokens before it (the
+    first has none), taken from the logits of the positions before it as the prompt's forwards
+    compute them, a chunk at a time (worker/engine/staged_prompt.py), so that only a chunk's
+    rows of vocabulary-wide logits exist at a time."""
+
+    def __init__(self, prompt: list[int], alternatives: int, piece: Callable[[int], bytes]):
+        self._prompt = prompt
+        self._alternatives = alternatives
+        self._piece = piece
+        first = piece(prompt[0])
+        self.entries = [
+            TokenLogprob(token=first.decode("utf-8", "replace"), logprob=None, bytes=list(first))
+        ]
+
+    def add(self, logits: mx.array) -> None:
+        """Score the tokens that the next `len(logits)` positions' logits predict."""
+        start = len(self.entries) - 1
+        targets = self._prompt[start + 1 : start + 1 + logits.shape[0]]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         chosen = mx.take_along_axis(logprobs, mx.array(targets)[:, None], axis=-1)[:, 0]
+        alternatives = self._alternatives
         top_ids = mx.argpartition(-logprobs, kth=max(alternatives - 1, 0), axis=-1)
         top_ids = top_ids[:, :alternatives]
         top_values = mx.take_along_axis(logprobs, top_ids, axis=-1)
         mx.eval(chosen, top_ids, top_values)
         values = cast(list[float], chosen.tolist())
         for row, (token, value) in enumerate(zip(targets, values, strict=True)):
-            entry = _describe(piece, token, value, TokenLogprob)
+            entry = _describe(self._piece, token, value, TokenLogprob)
             if alternatives:
-                entry.top_logprobs = _alternatives(piece, top_ids[row], top_values[row])
-            entries.append(entry)
-    return entries
+                entry.top_logprobs = _alternatives(self._piece, top_ids[row], top_values[row])
+            self.entries.append(entry)
 
 
 def _alternatives(
