@@ -3,8 +3,10 @@
 `admit` takes a job as its route built it (shared/queue/jobs.py `job_for`) and makes each check
 once, in the order a client sees their refusals:
 0. the job's model must be of the job's kind (400 naming `model`: a chat on an embedding model,
-   embeddings on a chat model; shared/queue/model_kinds.py), before its prompt is counted with
-   a tokenizer that was never meant for it or its key is charged for it;
+   embeddings on a chat model; shared/queue/model_kinds.py), and its keep_alive one its key may
+   ask (400 naming `keep_alive`: only operators unload or pin a shared model; other keys' values
+   are capped at MLXQ_KEEP_ALIVE_MAX: shared/wire/keep_alive.py), before its prompt is counted
+   with a tokenizer that was never meant for it or its key is charged for it;
 1. it counts the prompt, rendered and tokenized once (api/queue/context_window.py), for the
    next two checks and placement;
 2. the caller's per-key rate limits take their share (api/queue/rate_limits.py: 429);
@@ -27,12 +29,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from api.http.auth import is_operator
 from api.queue.broker import Broker
 from api.queue.context_window import PromptCount
 from api.queue.placement import Outcome
 from api.queue.rate_limits import counts_tokens, take_share
 from api.queue.relay import Subscription
 from shared.queue.jobs import GenerationJob, QueuedJob
+from shared.wire.keep_alive import asked
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ def admit(broker: Broker, job: QueuedJob, trace: str | None) -> Admitted:
     """Check the job once each way (the module docstring's order) and return it admitted, or
     raise the first refusal. `trace`: the request span's traceparent, carried to the worker."""
     broker.require_kind(job)
+    keep_alive = asked(job.keep_alive_s, is_operator(), broker.settings.keep_alive_max)
     prompt = broker.windows.measure(job)
     limits = broker.interactive_limits()
     held = take_share(job, prompt, limits, broker.settings.queue_timeout_s)
@@ -64,7 +69,13 @@ def admit(broker: Broker, job: QueuedJob, trace: str | None) -> Admitted:
         broker.release(job.job_id, job.model)
         raise
     stamped = limits.model_copy(update={"queue_deadline": broker.queue_deadline()})
-    update = {"limits": stamped, "reply_to": broker.api_id, "queued_tokens": held, "trace": trace}
+    update = {
+        "limits": stamped,
+        "reply_to": broker.api_id,
+        "queued_tokens": held,
+        "trace": trace,
+        "keep_alive_s": keep_alive,
+    }
     return Admitted(job.model_copy(update=update), prompt, workers, placed, sub)
 
 
@@ -73,7 +84,8 @@ def admit_background(broker: Broker, job: GenerationJob) -> GenerationJob:
     does not generate, a 404 unless a live worker serves it, then its key's share, held while
     it is kept (it has no queue deadline)."""
     broker.require_kind(job)
+    keep_alive = asked(job.keep_alive_s, is_operator(), broker.settings.keep_alive_max)
     broker.require_model(job.model)
     prompt = broker.windows.measure(job) if counts_tokens() else None  # only where it counts
     held = take_share(job, prompt, job.limits, broker.settings.response_ttl_s)
-    return job.model_copy(update={"queued_tokens": held})
+    return job.model_copy(update={"queued_tokens": held, "keep_alive_s": keep_alive})

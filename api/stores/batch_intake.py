@@ -202,6 +202,12 @@ def _take_request(
                 param="model",
             )
         refuse_wrong_kind(job, kind)
+        if job.keep_alive_s is not None:
+            raise InvalidRequestError(
+                "keep_alive is not taken in batch lines: a batch does not decide how long a model "
+                "every key shares stays loaded",
+                param="keep_alive",
+            )
     except ValidationError as err:
         error = ErrorBody(error=validation_detail(err))
         intake.chunk.refused[index] = LineResult.failed(line.custom_id, 400, error)

@@ -275,6 +275,9 @@ class PoolSettings(BaseModel):
     pool_headroom_mb: int = Field(default=512, ge=0)
     # How long an idle model stays loaded (Ollama's keep_alive: "5m", seconds, 0, -1 forever).
     keep_alive: KeepAlive = 300.0
+    # The longest a request's keep_alive may keep a model (a key that is not an operator's;
+    # shared/wire/keep_alive.py `asked`).
+    keep_alive_max: KeepAlive = 3600.0
     # A model's queue must outrun its workers this long before another replica loads, and a
     # model loaded less than `pool_cooldown_s` ago is not evicted for another.
     pool_stable_s: float = Field(default=5.0, ge=0)

@@ -122,3 +122,19 @@ def test_a_message_batch_body_its_intake_refuses_is_the_creates_400_and_leaves_n
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
     assert "same" in error["error"]["message"]
     assert http.get("/v1/messages/batches").get_json()["data"] == []
+
+
+def test_a_line_that_asks_a_keep_alive_fails_alone_naming_it(
+    http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
+) -> None:
+    """A batch does not decide how long a model every key shares stays loaded."""
+    keys, _ = stand_in
+    lines = [chat_line("plain", "Hi", max_tokens=1), chat_line("pinning", "Hi", max_tokens=1)]
+    lines[1]["body"]["keep_alive"] = -1
+    reply = post_file(http, "\n".join(json.dumps(line) for line in lines).encode())
+    file_id = reply.get_json()["id"]
+    created = http.post("/v1/batches", json={**batch_body(file_id), "endpoint": CHAT}).get_json()
+    taken_in(redis, keys, created["id"])
+    batch = http.get(f"/v1/batches/{created['id']}").get_json()
+    assert batch["request_counts"] == {"total": 2, "completed": 0, "failed": 1}
+    assert _lane(redis, keys) == 1  # the plain line is queued

@@ -49,7 +49,7 @@ from shared.queue.config import Settings
 from shared.queue.connection import connect
 from shared.queue.keys import Keys
 from shared.queue.liveness import live_workers
-from shared.wire.keep_alive import FOREVER
+from shared.wire.keep_alive import FOREVER, stay_s
 from shared.wire.pool import MIB, LoadFailure, PoolEvent, PoolOrder, PoolReport
 from worker.ops.cluster import reap
 from worker.pool import held as processes
@@ -271,9 +271,8 @@ class PoolAgent:
                 self._stop(h, now, evicted=False)
 
     def _expired(self, h: Held, stats: WorkerStats | None, now: float) -> bool:
-        keep = stats.keep_alive_s if stats is not None else None
-        if keep is None:
-            keep = self.catalog[h.model].entry.keep_alive_s if h.model in self.catalog else 0
+        own = self.catalog[h.model].entry.keep_alive_s if h.model in self.catalog else 0
+        keep = stay_s(stats.keep_alive_s if stats is not None else None, own)
         return keep != FOREVER and now - h.last_used >= keep
 
     def _stop(self, h: Held, now: float, evicted: bool) -> None:

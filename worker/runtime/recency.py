@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.wire.keep_alive import FOREVER
+
 
 @dataclass
 class Recency:
@@ -14,5 +16,14 @@ class Recency:
     keep_alive_s: float | None = None  # None: the model's own keep-alive
 
     def note(self, at: float, keep_alive_s: float | None) -> None:
-        """A job ended at `at`; Ollama's rule: the last request's keep_alive is the model's."""
+        """A job ended at `at`, having asked `keep_alive_s`: the model stays at least as long as
+        an earlier request asked (no key shortens another's: shared/wire/keep_alive.py), but
+        an operator's 0 or FOREVER is its order, as it is."""
+        earlier = self.keep_alive_s
+        if keep_alive_s in (0, FOREVER):
+            pass
+        elif earlier == FOREVER:
+            keep_alive_s = FOREVER
+        elif earlier and self.at is not None and (left := self.at + earlier - at) > 0:
+            keep_alive_s = left if keep_alive_s is None else max(keep_alive_s, left)
         self.at, self.keep_alive_s = at, keep_alive_s
