@@ -56,3 +56,68 @@ def test_a_turn_that_differs_only_by_its_billing_nonce_reads_the_last_turn_from_
     first_prompt = first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0)
     # The whole of the first turn's prompt (with the nonce left in, only the tokens before it).
     assert (second.usage.cache_read_input_tokens or 0) >= first_prompt
+
+
+TOOLS: list[Any] = [
+    {
+        "name": name,
+        "description": description,
+        "input_schema": {
+            "type": "object",
+            "properties": {field: {"type": "string"}},
+            "required": [field],
+        },
+    }
+    for name, description, field in [
+        ("Read", "Read a file from the local filesystem.", "file_path"),
+        ("Edit", "Replace a string in a file.", "new_string"),
+        ("Bash", "Run a shell command and return its output.", "command"),
+    ]
+]
+
+
+def _long_prompt() -> str:
+    """A system prompt of about 500 tokens, standing for Claude Code's 15-20k (kept short for
+    a CPU's prefill: with a 3,500-token one each turn from the second read 98% from the cache)."""
+    rules = [
+        f"Rule {i}: before you change file number {i}, read it, keep its style, run its tests "
+        "and say in one line what you changed and why."
+        for i in range(12)
+    ]
+    return f"You are coding assistant {secrets.token_hex(4)}.\n" + "\n".join(rules)
+
+
+def _turn(step: int) -> list[Any]:
+    """One agent step as Claude Code replays it: the assistant's thinking, text and tool call,
+    then the user's tool result."""
+    use_id = f"toolu_{step:02d}"
+    assistant = [
+        {"type": "thinking", "thinking": f"Step {step}: read the file.", "signature": "sig"},
+        {"type": "text", "text": f"I will look at file {step}."},
+        {"type": "tool_use", "id": use_id, "name": "Read", "input": {"file_path": f"f{step}.py"}},
+    ]
+    result = {"type": "tool_result", "tool_use_id": use_id, "content": f"def f{step}(): pass"}
+    return [{"role": "assistant", "content": assistant}, {"role": "user", "content": [result]}]
+
+
+def test_each_turn_of_a_claude_code_shaped_session_reads_the_whole_last_turn_from_the_cache(
+    claude: anthropic.Anthropic,
+) -> None:
+    """Tools, thinking blocks replayed, tool results, and a new billing nonce every turn."""
+    prompt = _long_prompt()
+    messages: list[Any] = [{"role": "user", "content": "Fix the failing test."}]
+    prompts, cached = [], []
+    for step in range(5):
+        reply = claude.messages.create(
+            model=MODEL,
+            max_tokens=2,
+            system=_system(prompt),
+            tools=TOOLS,
+            messages=messages,
+            extra_body=GREEDY,
+        )
+        cached.append(reply.usage.cache_read_input_tokens or 0)
+        prompts.append(reply.usage.input_tokens + cached[-1])
+        messages += _turn(step)
+    assert cached[0] < prompts[0] / 2  # the session's system prompt is new
+    assert all(cached[n] >= prompts[n - 1] for n in range(1, len(prompts))), (prompts, cached)
