@@ -83,6 +83,9 @@ def test_scored_prompts_take_at_most_the_step_budget_a_step_and_score_as_one_for
         assert out.logprobs[0].logprob is None
         pairs = zip(got, want, strict=True)
         assert all(g is not None and math.isclose(g, w, abs_tol=2e-3) for g, w in pairs)
+        for entry in out.logprobs[1 : len(prompt)]:  # its one alternative: the likeliest token
+            (top,) = entry.top_logprobs
+            assert entry.logprob is not None and top.logprob >= entry.logprob - 1e-4
     assert compared == 2  # each prompt's echo, with its first token
 
 

@@ -61,7 +61,8 @@ class LogprobRecorder:
         draw = self._draws.popleft()
         top: list[TopLogprob] = []
         if draw.top_ids is not None and draw.top_logprobs is not None:
-            top = _alternatives(self._piece, draw.top_ids[0], draw.top_logprobs[0])
+            ids = cast(list[int], draw.top_ids[0].tolist())
+            top = _alternatives(self._piece, ids, cast(list[float], draw.top_logprobs[0].tolist()))
         token = cast(int, draw.token.item())
         entry = _describe(self._piece, token, cast(float, draw.logprob.item()), TokenLogprob)
         entry.top_logprobs = top
@@ -87,26 +88,35 @@ class PromptScorer:
         """Score the tokens that the next `len(logits)` positions' logits predict."""
         start = len(self.entries) - 1
         targets = self._prompt[start + 1 : start + 1 + logits.shape[0]]
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        chosen = mx.take_along_axis(logprobs, mx.array(targets)[:, None], axis=-1)[:, 0]
+        # Read from the logits, less each row's normaliser: no normalised copy of a chunk's
+        # vocabulary-wide rows is made, and one alternative is an argmax, not a partition.
+        norm = mx.logsumexp(logits, axis=-1, keepdims=True)
+        chosen = mx.take_along_axis(logits, mx.array(targets)[:, None], axis=-1) - norm
+        top_ids = top_values = None
         alternatives = self._alternatives
-        top_ids = mx.argpartition(-logprobs, kth=max(alternatives - 1, 0), axis=-1)
-        top_ids = top_ids[:, :alternatives]
-        top_values = mx.take_along_axis(logprobs, top_ids, axis=-1)
-        mx.eval(chosen, top_ids, top_values)
-        values = cast(list[float], chosen.tolist())
+        if alternatives == 1:
+            top_ids = mx.argmax(logits, axis=-1, keepdims=True)
+        elif alternatives:
+            top_ids = mx.argpartition(-logits, kth=alternatives - 1, axis=-1)[:, :alternatives]
+        if top_ids is not None:
+            top_values = mx.take_along_axis(logits, top_ids, axis=-1) - norm
+            mx.eval(chosen, top_ids, top_values)
+        else:
+            mx.eval(chosen)
+        values = cast(list[float], chosen[:, 0].tolist())
+        ids = [] if top_ids is None else cast(list[list[int]], top_ids.tolist())
+        tops = [] if top_values is None else cast(list[list[float]], top_values.tolist())
         for row, (token, value) in enumerate(zip(targets, values, strict=True)):
             entry = _describe(self._piece, token, value, TokenLogprob)
-            if alternatives:
-                entry.top_logprobs = _alternatives(self._piece, top_ids[row], top_values[row])
+            if ids:
+                entry.top_logprobs = _alternatives(self._piece, ids[row], tops[row])
             self.entries.append(entry)
 
 
 def _alternatives(
-    piece: Callable[[int], bytes], ids: mx.array, values: mx.array
+    piece: Callable[[int], bytes], ids: list[int], values: list[float]
 ) -> list[TopLogprob]:
-    pairs = zip(cast(list[int], ids.tolist()), cast(list[float], values.tolist()), strict=True)
-    ranked = sorted(pairs, key=lambda pair: -pair[1])
+    ranked = sorted(zip(ids, values, strict=True), key=lambda pair: -pair[1])
     return [_describe(piece, i, v, TopLogprob) for i, v in ranked]
 
 
