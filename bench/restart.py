@@ -61,13 +61,17 @@ def stream_turn(
     return record
 
 
-def _written(folder: Path, before: set[Path], tokens: int) -> float:
-    """Seconds until a file in the tier's folder, not one of `before`, holds at least `tokens`
-    tokens."""
+def _written(folder: Path, before: set[Path], record: StreamRecord, max_tokens: int) -> float:
+    """Seconds until a file in the tier's folder, not one of `before`, holds the turn of
+    `record`: its prompt, and at most `max_tokens` of answer (an earlier turn's write may still
+    land meanwhile, longer)."""
+    assert record.prompt_tokens is not None
+    least, most = record.prompt_tokens, record.prompt_tokens + max_tokens
     started = time.perf_counter()
 
     def held() -> bool:
-        return any(n >= tokens for p, n in held_lengths(folder).items() if p not in before)
+        lengths = held_lengths(folder)
+        return any(least <= n <= most for p, n in lengths.items() if p not in before)
 
     wait_until(held, WRITTEN_WITHIN_S, "the first turn's cache on disk")
     return time.perf_counter() - started
@@ -99,8 +103,7 @@ def _repeat(
 ) -> dict[str, Any]:
     before = set(held_lengths(folder))  # the earlier repeats' files
     cold, restored_turn = turns(running, texts, f"restart/{repeat}/a", max_tokens)
-    assert cold.prompt_tokens is not None
-    written_s = _written(folder, before, cold.prompt_tokens)
+    written_s = _written(folder, before, cold, max_tokens)
     restart_s = _restart(running)
     systems.reset_peak_memory(running.memory_pids)
     restored = stream_turn(running, restored_turn, max_tokens)
