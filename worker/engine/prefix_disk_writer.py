@@ -9,7 +9,7 @@ would take the bytes waiting past `queued_bytes` is dropped, never waited for: t
 does not wait for a disk. Between writes the thread waits as long as `bytes_per_s` asks, so a
 burst of long conversations does not take the machine's cores and memory bandwidth from the
 engine; while a thread waits for the writes (a flush: shutdown, a model unloaded) or the writer
-closes, it does not wait between them.
+closes, the writer does not wait between them.
 """
 
 from __future__ import annotations
