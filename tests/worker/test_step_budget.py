@@ -18,7 +18,7 @@ from worker.engine.batch.slot_batch import SlotBatch
 from worker.engine.batch.token_batch import PREFILL_CHUNK
 from worker.engine.generation import Engine
 from worker.engine.model import LoadedModel, load_model
-from worker.engine.prefill_policy import MIN_PREFILL_TOKENS
+from worker.engine.prefill_policy import FIRST_CHUNK, MIN_PREFILL_TOKENS
 
 WHILE_DECODING = 48
 LONG = "Tell me about the sea. " * 14  # about 100 prompt tokens
@@ -204,3 +204,18 @@ def test_without_the_burst_rule_a_burst_waits_for_the_time_allowed(loaded: Loade
 BURST = {"prefill_tokens_decoding": WHILE_DECODING, "prefill_seconds_decoding": 60.0}
 # The cap, and no time to speak of: the floor.
 NO_TIME = {"prefill_tokens_decoding": WHILE_DECODING, "prefill_seconds_decoding": 1e-6}
+
+
+def test_bulk_work_alone_is_prefilled_no_more_a_step_than_with_nothing_decoding(
+    loaded: LoadedModel,
+) -> None:
+    engine = _engine(loaded)
+    req = ChatCompletionRequest.model_validate(
+        {"model": MODEL, "messages": [{"role": "user", "content": LONG * 6}], "max_tokens": 4}
+    )
+    bulk = job_for("bulk", req).model_copy(update={"lane": "batch"})
+    prepared = engine.prepare(bulk)
+    assert not prepared.interactive and prepared.prompt_tokens > FIRST_CHUNK + 1
+    engine.insert(prepared)
+    engine.step()  # no rate measured yet: one chunk of a long prompt
+    assert _prefilled(engine, "bulk") == FIRST_CHUNK

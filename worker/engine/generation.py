@@ -340,8 +340,6 @@ class Engine:
         step's budget leaves)."""
         self._enter_pending()
         outputs: list[StepOutput] = []
-        # Bulk work alone is prefilled in groups as large as the batch allows: nobody waits on
-        # a first token, and each group's fixed cost is paid once (measured: commit 54a7b4d).
         budget = self._budget()
         generated = self._batch.next(budget)
         for r in generated:
@@ -361,20 +359,20 @@ class Engine:
                     self._prefixes.store(r.all_tokens, r.prompt_cache)
         return outputs
 
-    def _budget(self) -> PrefillBudget | None:
-        """What this step may prefill (worker/engine/prefill_policy.py); None: all it can."""
+    def _budget(self) -> PrefillBudget:
+        """What this step may prefill (worker/engine/prefill_policy.py). Bulk work alone is
+        prefilled as if nothing decoded: in groups as large as the batch allows, since nobody
+        waits on a first token and each group's fixed cost is paid once (measured: commit
+        54a7b4d), but no more a step than a step with nothing decoding takes, so that no step
+        holds the engine for all of it (the watchdog reads a long step as a wedged worker)."""
+        decoding = self._batch.decoding
         if not self._interactive and not any(s.job.interactive for s in self._staging):
-            return None
-        return self._prefill.budget(self._batch.decoding, self._batch.prefill_rate, self._bursting)
+            decoding = False
+        return self._prefill.budget(decoding, self._batch.prefill_rate, self._bursting)
 
-    def _staging_tokens(self, budget: PrefillBudget | None) -> int:
+    def _staging_tokens(self, budget: PrefillBudget) -> int:
         """What the step's budget leaves staged prompts after the batch's own prefill: they are
-        chunks of long prompts, under the cap on those. Bulk work alone (no budget: the batch
-        prefills all it holds) stages what the policy gives a step with no one waiting, so that
-        no step holds the engine for all of it."""
-        if budget is None:
-            idle = self._prefill.budget(self._batch.decoding, self._batch.prefill_rate, _never)
-            return min(idle.tokens, idle.partial)
+        chunks of long prompts, under the cap on those."""
         return max(0, min(budget.tokens, budget.partial) - self._batch.prefilled)
 
     def _bursting(self) -> bool:
@@ -495,7 +493,3 @@ class Engine:
             job = self._jobs.get(seq.job_id)
             if job is not None and uid in job.uids:
                 job.uids.remove(uid)
-
-
-def _never() -> bool:
-    return False
