@@ -90,7 +90,7 @@ class Broker:
             lambda: self.redis.zrangebyscore(self.keys.models(), oldest, "+inf", withscores=True)
         )
         seen = {bytes(name).decode(): float(score) for name, score in rows}
-        live = self._live_workers(list(seen))
+        live = self.live_workers(list(seen))
         return [(name, score) for name, score in seen.items() if live[name]]
 
     def require_model(self, model: str) -> None:
@@ -110,7 +110,7 @@ class Broker:
         """The live workers serving `model`, read once for a job's admission. None while a
         live pool may load it (it waits in its queue: shared/queue/pool.py); a 404 if neither,
         a 400 naming the budget if it fits no pool."""
-        workers = self._live_workers([model])[model]
+        workers = self.live_workers([model])[model]
         if not workers and not self.catalog().admits(model):
             raise ModelNotFoundError(
                 f"The model '{model}' does not exist or no live worker serves it.", param="model"
@@ -124,9 +124,6 @@ class Broker:
 
     def live_workers(self, models: list[str]) -> dict[str, set[str]]:
         """The live workers of each of `models` (shared/queue/liveness.py)."""
-        return self._live_workers(models)
-
-    def _live_workers(self, models: list[str]) -> dict[str, set[str]]:
         heartbeat_s = self.settings.heartbeat_s
         return self._call(lambda: live_workers(self.redis, self.keys, models, heartbeat_s))
 

@@ -156,11 +156,6 @@ def read_failures(redis: Redis, keys: Keys, models: list[str]) -> dict[str, Load
 # Operators: pins and orders (`mlxq pin|load|unload`).
 
 
-def read_pins(redis: Redis, keys: Keys) -> set[str]:
-    members: Any = redis.smembers(keys.pins())
-    return {bytes(m).decode() for m in members}
-
-
 def pin(redis: Redis, keys: Keys, model: str, pinned: bool) -> None:
     if pinned:
         redis.sadd(keys.pins(), model)

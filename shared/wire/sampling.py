@@ -18,11 +18,3 @@ class SamplingParams(BaseModel):
     repetition_penalty: Annotated[float, Field(gt=0)] = 1.0  # 1: off
     logit_bias: dict[int, float] = {}
 
-    def needs_processors(self) -> bool:
-        """Whether the logits need work before sampling (a sequence without pays nothing)."""
-        return bool(
-            self.presence_penalty
-            or self.frequency_penalty
-            or self.repetition_penalty != 1.0
-            or self.logit_bias
-        )
