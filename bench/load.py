@@ -52,6 +52,8 @@ class LoadResult:
     gap_p50_ms: float | None
     gap_p99_ms: float | None
     prompt_tokens: float | None = None  # mean, as the server counted them (usage)
+    # Answered without an error but without a token either (a run limit that ended a prefill).
+    empty: int = 0
     error_samples: list[str] = field(default_factory=list)  # the first few, to tell why
     # Conversations: TTFT p50 of the first turns, and of the next turns' p50s (a next turn's
     # prefix is the conversation so far: its prefill is what the prefix cache leaves).
@@ -83,6 +85,7 @@ def summarise(
         gap_p50_ms=statistics.median(gaps) if gaps else None,
         gap_p99_ms=percentile(gaps, 99),
         prompt_tokens=statistics.mean(prompts) if prompts else None,
+        empty=sum(r.tokens() == 0 for r in ok),
         error_samples=list(dict.fromkeys(r.error for r in records if r.error))[:3],
     )
 

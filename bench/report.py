@@ -34,6 +34,7 @@ MIXED_COLUMNS = (
     ("short TTFT p95 alone ms", "short_ttft_p95_alone_ms", 0),
     ("short TTFT p95 mixed ms", "short_ttft_p95_mixed_ms", 0),
 )
+EMPTY_COLUMN = ("answers without a token", "empty", 0)
 LONG_WINDOW = (
     "on a copy of the model with max_position_embeddings raised to 32,768 in its config.json "
     "(rope as it is: for timing only)"
@@ -80,8 +81,8 @@ def _columns(rows: list[dict[str, Any]], workload: str) -> tuple[tuple[str, str,
     mine = [r for r in rows if r["workload"] == workload]
     extra = [
         column
-        for column in (*TURN_COLUMNS, *MIXED_COLUMNS)
-        if any(r.get(column[1]) is not None for r in mine)
+        for column in (*TURN_COLUMNS, *MIXED_COLUMNS, EMPTY_COLUMN)
+        if any(r.get(column[1]) for r in mine)
     ]
     return (*COLUMNS, *extra)
 
