@@ -16,7 +16,7 @@ import pytest
 
 from api.queue.broker import Broker
 from shared.queue.jobs import GenerationJob
-from shared.wire.events import DoneEvent, RequeuedEvent, decode_event
+from shared.wire.events import DoneEvent, ErrorEvent, RequeuedEvent, decode_event
 from shared.wire.sampling import SamplingParams
 from tests.e2e.faults.conftest import HEARTBEAT_S, exactly_workers
 from tests.support import MODEL, Stream, chat_body, post, rq_job
@@ -88,3 +88,29 @@ def test_a_wedged_loop_is_caught_by_the_watchdog_its_jobs_handed_on_and_the_work
     events = [decode_event(e) for e in redis.lrange(cluster.keys.replay(bulk.job_id), 0, -1)]
     assert events[0] == RequeuedEvent(attempt=2)
     assert sum(isinstance(e, DoneEvent) for e in events) == 1
+
+
+def test_a_bulk_job_that_wedges_each_worker_it_runs_on_is_failed_after_its_second(
+    cluster: Cluster,
+) -> None:
+    (first,) = exactly_workers(cluster, 1, **FAULTY)
+    redis = cluster.redis()
+    poison = GenerationJob(
+        job_id="resp_poison",
+        model=MODEL,
+        prompt=f"Once {WEDGE}",
+        max_tokens=6,
+        sampling=SamplingParams(temperature=0, logit_bias={2: -100, 0: -100}),  # reaches token 3
+        replay_ttl_s=600,
+    )
+    Broker(cluster.settings()).submit_bulk([poison], retries=5)  # retries are not what ends it
+    assert first.proc.wait(timeout=WATCHDOG_S + 60) == EXIT_WEDGED
+    job = rq_job(redis, poison.job_id)
+    assert job.get_status() == "queued" and job.meta["deaths"] == 1
+
+    second = cluster.start_worker(**FAULTY)  # its supervisor's restart: the job wedges it too
+    assert second.proc.wait(timeout=WATCHDOG_S + 90) == EXIT_WEDGED
+    assert rq_job(redis, poison.job_id).get_status() == "failed"
+    last = decode_event(redis.lrange(cluster.keys.replay(poison.job_id), -1, -1)[0])
+    assert isinstance(last, ErrorEvent) and last.error.code == "worker_lost"
+    assert "2 workers died running it" in last.error.message
