@@ -14,7 +14,9 @@ for one that still arrives.
 Everything a client must see goes out on the job's channel; the return value is RQ's record.
 The job's limits are kept here: a job taken after its queue deadline is failed without being
 run (`queue_timeout`), and one that runs past its run limit is ended by the slot thread, which
-waits on it anyway (`JobKind.on_run_limit`: "length", a normal end, or "error"). One that runs
+waits on it anyway (`JobKind.on_run_limit`: "length", a normal end, or "error"). The run limit
+counts from the job's first token: a prompt's prefill (minutes, for a 30,000-token prompt on a
+CPU) is not running past it, and is bounded by the step budget and RQ's timeout. One that runs
 past RQ's job timeout (`MLXQ_JOB_TIMEOUT_S`) is cancelled in the engine the same way before RQ
 hears of it, so a retry never runs beside its first copy. Once a job has ended, however it
 ended, its figures go to the fleet's metrics and recent jobs in one pipeline
@@ -27,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -294,7 +297,7 @@ def _start_and_wait(rt: Runtime[J, P, O], job: J, route: Route) -> JobOutcome:
     future = rt.loop.submit(prepared, route)
     limit_s = job.limits.run_limit_s
     try:
-        return future.result(timeout=min(limit_s or rt.job_timeout_s, rt.job_timeout_s))
+        return _awaited(rt, future, job.job_id, limit_s)
     except (TimeoutError, JobTimeoutException):  # RQ raises its job timeout in this thread
         # Out of the engine first, at its own limit or RQ's: a retry never runs beside it.
         rt.loop.cancel(job.job_id)
@@ -304,6 +307,25 @@ def _start_and_wait(rt: Runtime[J, P, O], job: J, route: Route) -> JobOutcome:
         if limit_s is None or limit_s >= rt.job_timeout_s:
             raise  # past RQ's job timeout: RQ fails it, and retries it if it has retries left
         return _end_at_limit(rt, route, job, outcome, limit_s)
+
+
+def _awaited(
+    rt: Runtime[J, P, O], future: Future[JobOutcome], job_id: str, limit_s: float | None
+) -> JobOutcome:
+    """The job's outcome; TimeoutError once it has run `limit_s` past its first token (RQ's
+    own timeout, raised in this thread, bounds the whole job)."""
+    if limit_s is None or limit_s >= rt.job_timeout_s:
+        return future.result(timeout=rt.job_timeout_s)
+    wait = limit_s  # no sooner can it have run `limit_s` past its first token
+    while True:
+        try:
+            return future.result(timeout=wait)
+        except TimeoutError:
+            first = rt.loop.first_token_at(job_id)
+            if first is not None and (wait := first + limit_s - time.time()) <= 0:
+                raise
+            if first is None:  # still prefilling
+                wait = limit_s
 
 
 def _taken(rt: Runtime[J, P, O], job: J) -> bool:

@@ -186,6 +186,12 @@ class EngineLoop(Generic[P, O]):
     def busy(self) -> bool:
         return bool(self._running) or bool(self._waiting)
 
+    def first_token_at(self, job_id: str) -> float | None:
+        """When the running job's first output was published (unix s); None before, or once
+        it has ended. Read by its slot thread: one dictionary read, under the GIL."""
+        admission = self._running.get(job_id)
+        return admission.first_token_at if admission is not None else None
+
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             self.turns += 1

@@ -101,3 +101,16 @@ def test_a_run_limit_can_end_the_generation_with_an_error_instead(cluster: Clust
     assert events[-1].status == 504
     assert events[-1].error.code == "generation_timeout"
     assert not any(isinstance(e, DoneEvent) for e in events)
+
+
+def test_the_run_limit_counts_from_the_first_token_so_a_long_prefill_is_not_cut(
+    cluster: Cluster,
+) -> None:
+    """A prompt whose prefill alone takes longer than the run limit is answered: the limit
+    bounds generation, and a 30,000-token prompt prefills for many minutes on a CPU."""
+    words = " ".join(f"word{i}" for i in range(600))  # about 2,300 tokens: seconds of prefill
+    body = {**chat_body(max_tokens=3), "messages": [{"role": "user", "content": words}]}
+    reply = post(cluster.api_url, CHAT, body)
+    assert reply.status == 200, reply.body
+    assert reply.seconds > RUN_LIMIT_S  # the prefill outlasted the limit...
+    assert reply.body["usage"]["completion_tokens"] == 3  # ...and the answer was not cut
