@@ -69,11 +69,13 @@ def test_scoring_long_prompts_keeps_the_worker_up_and_another_keys_chat_answered
         chat = _post(cluster, KEYS[1], "/v1/chat/completions", chat_body(max_tokens=8))
         chat_s = time.monotonic() - sent
         reply = big.result(timeout=300)
+        big_ended = time.monotonic()
 
     assert chat.status_code == 200, chat.text
     assert chat.json()["usage"]["completion_tokens"] >= 1
     assert reply.status_code == 200, reply.text
     assert chat_s < CHAT_S
+    assert sent + chat_s < big_ended - 2.0, "the chat waited for the scoring to end"
     choices = reply.json()["choices"]
     assert len(choices) == PROMPTS
     prompt_tokens = reply.json()["usage"]["prompt_tokens"]
