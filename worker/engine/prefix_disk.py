@@ -65,6 +65,9 @@ SUFFIX = ".safetensors"
 READ_SHARE = 16
 # A dot file (a write in progress) older than this was left by a process that died mid-write.
 STALE_S = 600.0
+# A file written to be lent (`write_now`) is not replaced by a longer cache for this long: the
+# lending thread reads it right after, and a taker in tests may read it later.
+LENT_S = 60.0
 
 
 def file_name(tokens: list[int]) -> str:
@@ -125,6 +128,7 @@ class DiskTier:
         self._lock = threading.Lock()  # the index, between the threads
         self._tidying = threading.Lock()
         self._index: dict[str, Stored] = {}
+        self._lent: dict[str, float] = {}  # files written to be lent, by name: when
         self._held: tuple[list[int], ...] = ()
         self._dir.mkdir(parents=True, exist_ok=True)
         for path in self._dir.iterdir():
@@ -213,6 +217,8 @@ class DiskTier:
         try:
             mx.eval([c.state for c in cache])
             self._write(tokens, cache, chained=False)
+            with self._lock:
+                self._lent[file_name(tokens)] = time.monotonic()
         except Exception as err:  # a full disk (MLX's save raises RuntimeError), a gone folder
             log.warning("prefix cache: could not write a cache to %s: %s", self._dir, err)
             return None
@@ -292,7 +298,13 @@ class DiskTier:
         stored = Stored(path, np.asarray(tokens, dtype=np.uint32))
         with self._lock:
             self._index[name] = stored
-            replaced = [s for s in self._index.values() if chained and _extends(stored, s)]
+            now = time.monotonic()
+            self._lent = {n: at for n, at in self._lent.items() if now - at < LENT_S}
+            replaced = [
+                s
+                for s in self._index.values()
+                if chained and _extends(stored, s) and s.path.name not in self._lent
+            ]
         for old in replaced:
             self._forget(old.path)
         return path.stat().st_size
