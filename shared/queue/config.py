@@ -255,7 +255,7 @@ class PoolSettings(BaseModel):
 
     # The catalog: every model folder under models_dir (`catalog_scan`), and these (names under
     # models_dir or folders), each maybe with options after it:
-    # `name:rows=32:kv=131072:keep_alive=10m:pin` (worker/pool/catalog.py).
+    # `name:rows=32:kv=65536:keep_alive=10m:pin` (worker/pool/catalog.py).
     catalog: Annotated[tuple[str, ...], NoDecode] = ()
     catalog_scan: bool = True
     # MiB the pool's workers may take together (weights, KV, prefix caches, headroom); None: a
@@ -265,9 +265,9 @@ class PoolSettings(BaseModel):
     pool_budget_share: float = Field(default=0.75, gt=0, le=1)
     # Each loaded chat model's most sequences at once, and the KV positions they share, unless
     # its catalog entry says otherwise (`rows=`, `kv=`): fixed per entry, so that no request
-    # option forces a reload. Every model serves its own context window; None: room for
-    # `pool_rows` sequences of POOL_KV_ROW_TOKENS, or for one of its whole window if that is
-    # more (worker/pool/catalog.py). 32 rows: docs/benchmarks.md, "Short bursts".
+    # option forces a reload. Every model serves its own context window; None: a fifth of the
+    # pool's budget, at least 4,096 positions (worker/pool/catalog.py `default_kv_tokens`).
+    # 32 rows: docs/benchmarks.md, "Short bursts".
     pool_rows: int = Field(default=32, ge=1, le=1024)
     pool_kv_tokens: int | None = Field(default=None, ge=16)
     # MiB per worker process besides weights, KV and prefix cache (Python, MLX, the tokenizer,

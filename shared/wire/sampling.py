@@ -17,4 +17,3 @@ class SamplingParams(BaseModel):
     frequency_penalty: float = 0.0
     repetition_penalty: Annotated[float, Field(gt=0)] = 1.0  # 1: off
     logit_bias: dict[int, float] = {}
-

@@ -63,13 +63,17 @@ def test_a_models_cost_is_its_weights_kv_budget_a_prefix_cache_of_a_window_at_le
     assert roomy.entry.cost.prefix_cache_bytes == 1024 * MIB
 
 
-def test_by_default_a_model_gets_32_rows_of_4096_positions_shared_or_its_whole_window(
+def test_by_default_a_model_gets_32_rows_and_a_fifth_of_the_budget_as_kv_positions(
     models: Path,
 ) -> None:
-    cost = read_catalog(Settings(models_dir=models))["alpha"].entry.cost
-    assert (cost.rows, cost.kv_tokens) == (32, 32 * 4096)
-    one = read_catalog(Settings(models_dir=models, pool_rows=1))["alpha"].entry.cost
-    assert one.kv_tokens == 8192  # SmolLM2's window: one sequence may always fill it
+    settings = Settings(models_dir=models, pool_budget_mb=10_000)
+    cost = read_catalog(settings)["alpha"].entry.cost
+    assert cost.rows == 32
+    assert cost.kv_tokens == (2_000 * MIB) // cost.kv_bytes_per_token  # a fifth of 10,000 MiB
+    one = read_catalog(settings.model_copy(update={"pool_rows": 1}))["alpha"].entry.cost
+    assert one.kv_tokens == 8192  # at most its window for each row: SmolLM2's 8,192
+    small = read_catalog(settings.model_copy(update={"pool_budget_mb": 100}))["alpha"].entry.cost
+    assert small.kv_tokens == 4096  # at least 4,096 positions, however small the machine
 
 
 def test_catalog_options_fix_rows_kv_keep_alive_and_pins_per_model(models: Path) -> None:

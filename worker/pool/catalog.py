@@ -3,7 +3,7 @@
 The catalog is every model folder under MLXQ_MODELS_DIR (`catalog_scan`) plus MLXQ_CATALOG's
 and MLXQ_POOL_PRELOAD's entries (names under the folder, folders anywhere, or hub ids that the
 hub cache holds: worker/engine/hub.py), each maybe with options:
-`name:rows=32:kv=131072:keep_alive=10m:pin`. A folder is a chat model when it holds a
+`name:rows=32:kv=65536:keep_alive=10m:pin`. A folder is a chat model when it holds a
 config.json and safetensors weights, an embedding model when it holds a sentence-transformers
 layout (worker/engine/embedding/download.py). It is read again every few seconds, so a model
 dropped into the folder is served on its first request, with no restart.
@@ -13,10 +13,11 @@ A model's cost (shared/wire/pool.py ModelCost) is read from its files only:
 - KV per token: layers x KV heads x 2 (keys and values) x one head's vector, in its activations'
   dtype or quantized as MLXQ_KV_BITS stores it, from config.json and the safetensors header
   (worker/engine/model_config.py `kv_bytes_per_token`);
-  times its KV budget: the positions its sequences share (MLXQ_POOL_KV_TOKENS, else room for
-  MLXQ_POOL_ROWS sequences of POOL_KV_ROW_TOKENS, or for one of its whole window if that is
-  more), fixed per entry so that no request option forces a reload. The budget is shared, not
-  split: one sequence may use up to the model's whole window while it fits;
+  times its KV budget: the positions its sequences share (MLXQ_POOL_KV_TOKENS, else
+  `default_kv_tokens`: KV_SHARE of the machine's pool budget, at least MIN_KV_TOKENS or its
+  window if shorter, at most a window for each of MLXQ_POOL_ROWS), fixed per entry so that no
+  request option forces a reload. The budget is shared, not split: one sequence may use up to
+  the model's whole window while it fits;
 - its prefix cache (MLXQ_PREFIX_CACHE_MB, raised to hold one conversation of the model's whole
   window; chat models only) and a process's headroom.
 """
@@ -43,13 +44,17 @@ from worker.engine.model_config import (
     kv_bytes_per_token,
     read_config,
 )
+from worker.pool.budget import budget_bytes
 
 log = logging.getLogger(__name__)
 
 _OPTION = re.compile(r":(rows|kv|keep_alive)=([^:]+)$|:(pin)$")
-# The default KV budget's positions per row: what most chat turns need; one sequence may still
-# take the whole budget, up to its window.
-POOL_KV_ROW_TOKENS = 4096
+# The default KV budget: this share of the machine's pool budget, so that a few models fit beside
+# each other on any machine (a fifth: three chat models and an embedder in the default 0.75 of
+# 24 GiB here; 3.6 GB, 78,000 positions of the default model's float32 KV), but no less than
+# MIN_KV_TOKENS (or the window, if shorter).
+KV_SHARE = 0.2
+MIN_KV_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -168,8 +173,8 @@ def model_cost(settings: Settings, spec: EntrySpec, folder: Path, kind: ModelKin
     config = read_config(folder)
     rows = spec.rows or settings.pool_rows
     window = context_window(config)
-    kv = spec.kv or settings.pool_kv_tokens or max(window, rows * min(window, POOL_KV_ROW_TOKENS))
     per_token = kv_bytes_per_token(config, activation_bytes(folder), _quantization(settings))
+    kv = spec.kv or settings.pool_kv_tokens or default_kv_tokens(settings, per_token, window, rows)
     # The prefix cache holds at least one conversation of the model's whole window, so that a
     # long conversation's next turn is a hit.
     prefix = max(settings.prefix_cache_mb * MIB, per_token * window)
@@ -181,6 +186,12 @@ def model_cost(settings: Settings, spec: EntrySpec, folder: Path, kind: ModelKin
         prefix_cache_bytes=prefix if settings.prefix_cache_entries else 0,
         headroom_bytes=headroom,
     )
+
+
+def default_kv_tokens(settings: Settings, per_token: int, window: int, rows: int) -> int:
+    """A chat model's KV budget when nothing sets it (KV_SHARE, MIN_KV_TOKENS)."""
+    share = int(KV_SHARE * budget_bytes(settings)) // max(per_token, 1)
+    return max(min(window, MIN_KV_TOKENS), min(share, rows * window))
 
 
 def _quantization(settings: Settings) -> VectorBytes | None:

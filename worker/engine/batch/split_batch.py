@@ -5,7 +5,7 @@ A slot batch keeps one rectangle of KV per layer: rows x the longest row's posit
 would make every short row as long as it, in memory (a KV budget then admits four rows, and the
 short chats wait minutes for the long one to end) and in time (each decode step attends over
 the whole rectangle). So a sequence whose prompt is longer than its share of the budget (the
-budget over the rows: 4,096 positions by default) runs in a second slot batch, and the short
+budget over the rows) runs in a second slot batch, and the short
 ones never share its rectangle. Each step runs both batches: two decode forwards while both
 hold sequences (each reads the weights; the short batch's step is no longer than it was), and
 the long batch prefills what the short one left of the step's prefill budget, so short prompts
