@@ -123,7 +123,13 @@ def read_catalog(redis: Redis, keys: Keys, heartbeat_s: float) -> Catalog:
 
 
 def claim_load(redis: Redis, keys: Keys, model: str, machine: str, ttl_s: float) -> bool:
-    return bool(redis.set(keys.loading(model), machine, nx=True, px=int(ttl_s * 1000)))
+    """Whether `machine` holds the model's one load of the fleet: claimed now, or by it
+    already (it waits for memory it evicted: worker/pool/agent.py)."""
+    key = keys.loading(model)
+    if redis.set(key, machine, nx=True, px=int(ttl_s * 1000)):
+        return True
+    held: Any = redis.get(key)
+    return held is not None and bytes(held).decode() == machine
 
 
 def end_load(redis: Redis, keys: Keys, model: str) -> None:

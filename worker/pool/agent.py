@@ -37,7 +37,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from redis import Redis
 from redis.exceptions import RedisError
@@ -101,6 +101,7 @@ class PoolAgent:
         self._catalog_at = 0.0
         self._failures: dict[str, tuple[int, float]] = {}  # model -> (in a row, retry after)
         self._busy_since: dict[str, float] = {}  # model -> when its queue began to outrun it
+        self._claimed: set[str] = set()  # loads claimed while evicted models give memory back
         self._preload = set(settings.pool_preload)
         self._order_done: dict[str, float] = {}
         self.spares = SpareKeeper(settings.pool_spare)
@@ -289,13 +290,26 @@ class PoolAgent:
     def _load(self, demand: Demand, now: float) -> None:
         for model in sorted(self.catalog):
             if not self._wanted(model, demand, now) or not self._chosen(model, demand):
+                if model in self._claimed:  # claimed while memory came back, no longer wanted
+                    self._claimed.discard(model)
+                    pools.end_load(self.redis, self.keys, model)
                 continue
             found = self.catalog[model]
-            if not self._make_room(found.entry.cost.total_bytes, demand, now):
-                continue
             ttl = self.settings.pool_load_timeout_s
+            # The load is claimed before anything is evicted for it: a pool that thinks it is
+            # chosen on a report not yet complete (another pool just started) evicts nothing
+            # for a load another pool makes. The claim is kept while the evicted give their
+            # memory back, given up where no eviction can make room.
             if not pools.claim_load(self.redis, self.keys, model, self.machine, ttl):
                 continue
+            room = self._make_room(found.entry.cost.total_bytes, demand, now)
+            if room == "never":
+                pools.end_load(self.redis, self.keys, model)
+            if room == "soon":
+                self._claimed.add(model)
+            if room != "now":
+                continue
+            self._claimed.discard(model)
             log.info("pool: loading %s", model)
             self.held.append(processes.start(self.settings, found, now, self.spares.take()))
             self._preload.discard(model)
@@ -352,10 +366,11 @@ class PoolAgent:
         ]
         return min([mine, *others], key=lambda o: (-o[0], o[1])) == mine
 
-    def _make_room(self, need: int, demand: Demand, now: float) -> bool:
-        """Whether `need` bytes fit now; evicts idle models to make room if that is enough."""
+    def _make_room(self, need: int, demand: Demand, now: float) -> Literal["now", "soon", "never"]:
+        """Whether `need` bytes fit now, soon (idle models evicted to make room give their
+        memory back first), or not for now."""
         if any(h.state == "unloading" for h in self.held) and need > self.budget - self._used():
-            return False  # memory still on its way back
+            return "soon"  # memory still on its way back
         candidates = [
             Candidate(
                 key=h.worker.worker_id,
@@ -373,11 +388,11 @@ class PoolAgent:
         cooldown = self.settings.pool_cooldown_s
         chosen = to_evict(candidates, need, self.budget - self._used(), now, cooldown)
         if chosen is None:
-            return False
+            return "never"
         for c in chosen:
             h = next(h for h in self.held if h.worker.worker_id == c.key)
             self._stop(h, now, evicted=True)
-        return not chosen  # the evicted give their memory back before the load starts
+        return "soon" if chosen else "now"
 
     def _used(self) -> int:
         """What the models held take. A load's room is counted against this alone: the load
