@@ -27,8 +27,8 @@ from tests.support import MODEL
 from worker.ops.cluster import ROOT, free_port, stop, wait_until
 
 BURST = 16
-# Distinct words, so the long prompt is no cache hit: about 4,700 tokens.
-LONG_PROMPT = " ".join(f"item{i}" for i in range(1200))
+# Distinct words, so the long prompt is no cache hit: about 4,300 tokens.
+LONG_PROMPT = " ".join(f"item{i}" for i in range(1080))
 
 
 @dataclass

@@ -88,6 +88,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         MLXQ_API_BIND=f"127.0.0.1:{api_port}",
         MLXQ_HEARTBEAT_S="0.5",
         MLXQ_BATCH_SIZE="2",
+        # Four chat models held at once (one dropped in): each a window's KV, not a fifth of
+        # the machine's budget, so that none is evicted for another.
+        MLXQ_POOL_KV_TOKENS="8192",
     )
     log = folder / "run.log"
     with log.open("wb") as out:
