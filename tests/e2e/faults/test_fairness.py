@@ -89,6 +89,8 @@ def test_a_key_flooding_the_queue_at_the_most_urgent_priority_does_not_starve_an
         f" {waiting / 2 * one_generation:.0f} s"
     )
     assert waiting >= FLOOD - 10
-    # A slot turnover or two, and an API busy with A's open requests: a few generations at
-    # most, against the ~25 that A's queue in arrival order would put ahead of B.
-    assert b_first <= idle_first + 5 * one_generation
+    # A slot turnover or two, and an API busy with A's open requests: well under half of what
+    # A's queue in arrival order would put ahead of B (~25 generations). Measured at idle, a
+    # generation is shorter than during the flood on a machine the other tests share (0.4 s
+    # alone, 10 s beside the rest of the suite, against 26 s in arrival order).
+    assert b_first <= idle_first + waiting / 2 * one_generation / 2
