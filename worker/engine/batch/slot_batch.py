@@ -248,11 +248,12 @@ class SlotBatch:
                 self._promote(slot)
 
     def _reserve(self, positions: int) -> None:
-        """Room in every layer for the rows in slots and `positions` positions each (at least
-        what every row holds: a buffer kept within the budget may shrink to that)."""
-        held = max((r.offset for r in self._rows), default=0)
+        """Room in every layer for the rows in slots and `positions` positions each (under a
+        budget, at least what every row holds: a buffer kept within it may shrink to that)."""
+        if self._kv_tokens is not None:
+            positions = max([positions, *(r.offset for r in self._rows)])
         for layer in self._layers:
-            layer.reserve(len(self._rows), max(positions, held))
+            layer.reserve(len(self._rows), positions)
 
     def _prefill(self, budget: PrefillBudget) -> None:
         if budget.tokens > 0 and self._decoding < len(self._rows) and self._unread is not None:
