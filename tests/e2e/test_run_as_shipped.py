@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,7 @@ from redis import Redis
 from shared.queue.keys import Keys
 from shared.queue.liveness import live_workers
 from tests.support import MODEL
-from worker.ops.cluster import ROOT, free_port, stop, wait_until
+from worker.ops.cluster import RUN, free_port, spawn, stop, wait_until
 
 BURST = 16
 # Distinct words, so the long prompt is no cache hit: about 4,300 tokens.
@@ -63,14 +62,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         MLXQ_PREFIX_CACHE_DIR=str(folder / "prefix-cache"),
     )
     log = folder / "run.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.ops.cli", "run"],
-            env=env,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = spawn(RUN, env, log)
     running = Stack(proc, f"http://127.0.0.1:{api_port}", Redis(port=redis_port, socket_timeout=5))
 
     def answers() -> bool:

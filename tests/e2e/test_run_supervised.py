@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from redis import Redis
 
 from shared.queue.keys import Keys
 from tests.support import MODEL
-from worker.ops.cluster import ROOT, free_port, stop, wait_until
+from worker.ops.cluster import RUN, free_port, spawn, stop, wait_until
 
 SECOND = "smol-second-name"
 DROPPED = "smol-dropped-in"
@@ -93,14 +92,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         MLXQ_POOL_KV_TOKENS="8192",
     )
     log = folder / "run.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.ops.cli", "run"],
-            env=env,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = spawn(RUN, env, log)
     redis = Redis.from_url(env["REDIS_URL"], socket_timeout=2)
     running = Stack(proc, log, models, f"http://127.0.0.1:{api_port}", redis, Keys("mlxqrun"))
     try:

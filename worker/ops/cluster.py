@@ -36,6 +36,7 @@ from worker.gguf.default_model import DEFAULT_MODEL_NAME
 ROOT = Path(__file__).resolve().parent.parent.parent
 WORKER = [sys.executable, "-m", "worker.ops.cli", "worker"]
 POOL = [sys.executable, "-m", "worker.ops.cli", "pool"]
+RUN = [sys.executable, "-m", "worker.ops.cli", "run"]  # the README's stack (worker/ops/stack.py)
 API = [sys.executable, "-m", "gunicorn", "--config", "api/gunicorn_conf.py", "api:create_app()"]
 # How long the API may take to answer /health: seconds on a quiet machine, far more on a shared
 # 2-core one (measured: over 30 s at a load average of 13).

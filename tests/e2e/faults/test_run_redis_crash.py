@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +23,8 @@ import pytest
 from redis import Redis
 
 from tests.support import MODEL, chat_line, lines_of, start_batch, upload, wait_batch
-from worker.ops.cluster import free_port, redis_answers, spawn, stop, wait_until
+from worker.ops.cluster import RUN, free_port, redis_answers, spawn, stop, wait_until
 
-RUN = [sys.executable, "-m", "worker.ops.cli", "run"]
 LINES = 24
 
 
