@@ -196,7 +196,6 @@ def _started(broker: Broker, admitted: Admitted) -> RunningJob:
                 raise ClientClosedError("The client closed its connection while its job waited.")
             events = _next_events(sub, deadline, HANGUP_CHECK_S, late)
         first, *rest = events
-        rest = [e for e in rest if not isinstance(e, AliveEvent)]
     except BaseException:
         broker.relay.unsubscribe(sub)
         _withdraw_quietly(broker, job)
