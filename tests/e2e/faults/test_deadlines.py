@@ -57,9 +57,12 @@ def _run_directly(cluster: Cluster, job: GenerationJob) -> list[Event]:
 def test_a_generation_past_its_run_limit_ends_with_length_and_a_queued_job_past_its_deadline_fails(
     cluster: Cluster,
 ) -> None:
+    # A job of the warm-up may still read as started: only a job that was not there before
+    # is the long one, and the late one must be posted after it.
+    before = set(started_ids(cluster))
     with ThreadPoolExecutor(1) as pool:
         long = pool.submit(post, cluster.api_url, CHAT, chat_body(max_tokens=2000))
-        wait_until(lambda: len(started_ids(cluster)) == 1, 10, "the long job to hold the slot")
+        wait_until(lambda: len(set(started_ids(cluster)) - before) == 1, 10, "the long job")
         late = post(cluster.api_url, CHAT, chat_body(max_tokens=4))  # behind it, one slot
         reply = long.result(timeout=60)
 
