@@ -25,7 +25,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from bench.systems import rerun_with_openblas
+from shared.queue.cache_scope import UNSCOPED
 from shared.queue.config import Settings
+from shared.queue.prefix_blocks import HeldPrompt
 from worker.engine.model import load_model
 from worker.engine.prefix_disk import DiskTier
 from worker.engine.prefix_identity import probe_layout
@@ -100,7 +102,7 @@ def main() -> None:
             for writing in (r % 2 == 0, r % 2 == 1):
                 if writing:
                     started = time.perf_counter()
-                    tier.put(tokens, cache)
+                    tier.put(HeldPrompt(UNSCOPED, tokens), cache)
                     puts.append(time.perf_counter() - started)
                     busy += _steps(model, batch, started + 0.05)
                     while tier.held == ():  # the write ends with the snapshot of what is held
@@ -110,12 +112,14 @@ def main() -> None:
                     quiet += _steps(
                         model, batch, time.perf_counter() + statistics.mean(writes or [1])
                     )
-            tier.put([r, 0, *tokens[2:]], cache)  # another write, beside the Python loop
+            tier.put(
+                HeldPrompt(UNSCOPED, [r, 0, *tokens[2:]]), cache
+            )  # another write, beside the Python loop
             pauses[True].append(_longest_pause(_holding(tier, 2)))
             until = time.perf_counter() + writes[-1]
             pauses[False].append(_longest_pause(_past(until)))
             started = time.perf_counter()
-            restored = tier.restore([*tokens, 5], 0)
+            restored = tier.restore([*tokens, 5], 0, UNSCOPED)
             reads.append(time.perf_counter() - started)
             assert restored is not None
             tier.close()

@@ -20,6 +20,10 @@ with a public salt could. Stored resources (responses, batches, files) are stamp
 created, listed filtered by it, and read through `require_owner`, which answers another owner's
 resource exactly like a missing one (404). Without keys every caller is the same owner,
 "anonymous".
+
+Each key is also its own prefix cache scope (shared/queue/cache_scope.py): its requests reuse
+only what its own requests left in the workers' caches. Keys an operator lists with the same
+`:cache=NAME` share one scope (a team's keys); without keys, the one local user has one.
 """
 
 from __future__ import annotations
@@ -84,11 +88,21 @@ class OwnerSecret:
 
 @dataclass(frozen=True)
 class Caller:
-    """Who a key is: its owner id, its limits, and whether it is an operator's."""
+    """Who a key is: its owner id, its limits, whether it is an operator's, and its prefix cache
+    scope (shared/queue/cache_scope.py)."""
 
     owner: str
     limits: KeyLimits
     operator: bool
+    cache_scope: str
+
+
+def scope_of_key(owner: str, cache: str | None, secret: bytes) -> str:
+    """A key's cache scope: its owner id, or for keys an operator names together
+    (`:cache=NAME`), one scope derived from the name under `secret` (no key's owner id)."""
+    if cache is None:
+        return owner
+    return hmac.new(secret, f"cache scope\0{cache}".encode(), hashlib.sha256).hexdigest()[:32]
 
 
 class ApiKeys:
@@ -98,7 +112,7 @@ class ApiKeys:
     def __init__(self, keys: Iterable[ApiKey], admin_keys: Iterable[ApiKey], secret: OwnerSecret):
         entries = [(key, False) for key in keys] + [(key, True) for key in admin_keys]
         self._keys = [
-            (key.key.get_secret_value().encode(), key.limits, operator) for key, operator in entries
+            (key.key.get_secret_value().encode(), key, operator) for key, operator in entries
         ]
         self._secret = secret
 
@@ -107,7 +121,7 @@ class ApiKeys:
 
     def caller(self, presented: str) -> Caller | None:
         given = presented.encode("utf-8", "surrogateescape")
-        found: tuple[bytes, KeyLimits, bool] | None = None
+        found: tuple[bytes, ApiKey, bool] | None = None
         operator = False
         for entry in self._keys:  # every key compared, whichever matches
             if hmac.compare_digest(entry[0], given):
@@ -115,8 +129,10 @@ class ApiKeys:
                 operator = operator or entry[2]  # a key listed in both is an operator's
         if found is None:
             return None
-        owner = owner_of_key(found[0].decode("utf-8", "surrogateescape"), self._secret.get())
-        return Caller(owner=owner, limits=found[1], operator=operator)
+        secret = self._secret.get()
+        owner = owner_of_key(found[0].decode("utf-8", "surrogateescape"), secret)
+        scope = scope_of_key(owner, found[1].cache, secret)
+        return Caller(owner=owner, limits=found[1].limits, operator=operator, cache_scope=scope)
 
 
 def _presented_key() -> str | None:
@@ -139,6 +155,7 @@ def _check_key(keys: ApiKeys) -> None:
     if found is None:
         raise AuthenticationError("Incorrect API key provided.")
     g.mlxq_owner, g.mlxq_limits, g.mlxq_operator = found.owner, found.limits, found.operator
+    g.mlxq_cache_scope = found.cache_scope
 
 
 def _local_operator() -> None:
@@ -159,6 +176,13 @@ def owner_id() -> str:
     """The current request's owner id (safe to use inside Redis keys)."""
     owner: str = g.get("mlxq_owner", ANONYMOUS)
     return owner
+
+
+def cache_scope() -> str:
+    """The current request's prefix cache scope: its key's (`scope_of_key`); without keys, the
+    one local user's, "anonymous"."""
+    scope: str = g.get("mlxq_cache_scope", ANONYMOUS)
+    return scope
 
 
 def is_operator() -> bool:

@@ -129,7 +129,7 @@ class Placement:
     ) -> Outcome | None:
         """Read `workers` for the job's prompt and write its placement record (before the job
         is queued, so that no worker can take it unplaced). None: nothing to place on."""
-        hashes = block_hashes(tokens)
+        hashes = block_hashes(tokens, scope=job.cache_scope)
         if not hashes or not workers or job.lane != "interactive":
             return None
         now, candidates = self._read(sorted(workers), hashes)

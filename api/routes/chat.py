@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response
 
-from api.http.auth import owner_id
+from api.http.auth import cache_scope, owner_id
 from api.http.sse import frame, sse_response, token_framer
 from api.http.validation import parse_body
 from api.queue.broker import broker
@@ -35,7 +35,7 @@ def create_chat_completion() -> Response:
     req = parse_body(ChatCompletionRequest)
     if req.stream:
         refuse_key(STREAMED)
-    running = start(broker(), job_for(new_id("chatcmpl-"), req, owner_id()))
+    running = start(broker(), job_for(new_id("chatcmpl-"), req, owner_id(), scope=cache_scope()))
     if req.stream:
         return sse_response(stream_chat(running, req))
     return Response(collect_chat(running, req).model_dump_json(), mimetype="application/json")

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response
 
-from api.http.auth import owner_id
+from api.http.auth import cache_scope, owner_id
 from api.http.sse import frame, sse_response, token_framer
 from api.http.validation import parse_body
 from api.queue.broker import broker
@@ -29,7 +29,7 @@ def create_completion() -> Response:
     req = parse_body(CompletionRequest)
     if req.stream:
         refuse_key(STREAMED)
-    running = start(broker(), job_for(new_id("cmpl-"), req, owner_id()))
+    running = start(broker(), job_for(new_id("cmpl-"), req, owner_id(), scope=cache_scope()))
     if req.stream:
         return sse_response(stream_completion(running, req))
     return Response(collect_completion(running, req).model_dump_json(), mimetype="application/json")

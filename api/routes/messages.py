@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 from flask import Blueprint, Response, request
 
-from api.http.auth import owner_id
+from api.http.auth import cache_scope, owner_id
 from api.http.sse import named_frame, sse_response, token_framer
 from api.http.validation import parse_body
 from api.queue.broker import broker
@@ -69,7 +69,7 @@ def create_message() -> Response:
     if req.stream:
         refuse_key(STREAMED)
     chat = req.chat_request()
-    running = start(broker(), job_for(new_id("msg_"), req, owner_id()))
+    running = start(broker(), job_for(new_id("msg_"), req, owner_id(), scope=cache_scope()))
     if req.stream:
         return sse_response(stream_message(running))
     return _json(collect_message(running, chat).model_dump_json())

@@ -11,8 +11,10 @@ Refusals: every API process adds each 429 and 503 it answers to one Redis hash (
 response is built, one HINCRBY). A 503 that says Redis itself is unreachable
 (`backend_unavailable`) cannot be recorded there, and is not counted.
 
-The API-key rule is that of /v1 (api/http/auth.py): with keys configured, a scrape sends one
-(Prometheus' `authorization` scrape setting); the figures name models, workers and load.
+With keys configured, a scrape sends an operator's key (`MLXQ_ADMIN_KEYS`; Prometheus'
+`authorization` scrape setting): the figures name every worker and its load, and the workers'
+prefix cache hits and placement's counts move with other keys' prompts (api/http/auth.py), so
+any other key gets 403.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
+from api.http.auth import is_operator
 from api.queue.broker import Broker, broker
 from shared.observe.fleet import FleetSnapshot, read_snapshot
 from shared.observe.metrics import ModelFigures
+from shared.wire.errors import PermissionDeniedError
 
 bp = Blueprint("metrics", __name__)
 
@@ -217,6 +221,11 @@ def _refusals(raw: dict[bytes, bytes]) -> Metric:
 
 @bp.get("/metrics")
 def metrics() -> Response:
+    if not is_operator():
+        raise PermissionDeniedError(
+            "/metrics shows every worker and its cache: it takes an operator's key "
+            "(MLXQ_ADMIN_KEYS)."
+        )
     registry: CollectorRegistry = current_app.extensions["mlxq.metrics"]
     return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
 

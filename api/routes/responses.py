@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response, request
 
-from api.http.auth import owner_id
+from api.http.auth import cache_scope, owner_id
 from api.http.sse import KEEPALIVE, event_frame, sse_response
 from api.http.validation import parse_body
 from api.queue.admission import admit_background
@@ -62,7 +62,8 @@ def create_response() -> Response:
         request=req,
     )
     responses = store()
-    job = job_for(stored.id, req, owner_id(), replay_ttl_s=responses.ttl_s if req.store else None)
+    replay_ttl_s = responses.ttl_s if req.store else None
+    job = job_for(stored.id, req, owner_id(), replay_ttl_s, scope=cache_scope())
     running: RunningJob | None = None
     # Its places in the key's quotas first: a key without room gets its 429 before anything runs.
     with quotas().holding(owner_id(), *responses.usages(stored)):

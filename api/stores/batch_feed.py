@@ -77,6 +77,7 @@ class IntakeOrder:
 
     settings: Settings
     owner: str
+    cache_scope: str  # the owner's key's (api/http/auth.py): each line's job carries it
     stored: StoredBatch
     # Where the lines are: the input file's id, or (a message batch) empty, and `requests` its
     # request body, unparsed: the process parses it and tells the waiting request (`verdict`).
@@ -136,11 +137,11 @@ class Feed:
             self._fail([BatchError(code="server_error", message=message)])
 
     def _run(self) -> None:
-        b = self._broker
+        b, order = self._broker, self._order
         models = LineModels(self._is_served, lambda model: b.kinds([model])[model])
-        messages = not self._order.file_id
-        max_lines = self._order.settings.batch_max_lines
-        intake = Intake(self._stored, self._order.owner, models, messages, max_lines)
+        messages = not order.file_id
+        max_lines = order.settings.batch_max_lines
+        intake = Intake(self._stored, order.owner, order.cache_scope, models, messages, max_lines)
         for number, raw in self._input(intake):
             intake.take(number, raw)
             if intake.requests > max_lines or len(intake.errors) >= MAX_ERRORS:

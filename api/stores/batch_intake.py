@@ -67,6 +67,7 @@ class Chunk:
 class Intake:
     batch: StoredBatch
     owner: str  # who created the batch: each line's job carries it
+    cache_scope: str  # its key's (api/http/auth.py), which each line's job carries too
     models: LineModels
     messages: bool = False  # Anthropic's: a model nobody serves fails its request alone
     max_lines: int = MAX_LINES  # MLXQ_BATCH_MAX_LINES
@@ -195,7 +196,7 @@ def _take_request(
         request = REQUEST_MODELS[batch.endpoint].model_validate(body, strict=True)
         # The owner after the fact: a batch line's fair share is not its owner's (it waits in
         # the batch lane, in order), so `job_for` is not given it.
-        job = job_for(line_job_id(batch.id, index), request)
+        job = job_for(line_job_id(batch.id, index), request, scope=intake.cache_scope)
         if not served:
             raise ModelNotFoundError(
                 f"The model '{job.model}' does not exist or no live worker serves it.",

@@ -32,7 +32,7 @@ from typing import Any
 
 from redis.typing import EncodableT, FieldT
 
-from api.http.auth import is_owner, key_limits
+from api.http.auth import cache_scope, is_owner, key_limits
 from api.queue.broker import Broker
 from api.queue.rate_limits import release_hold
 from api.stores.batch_feed import LEASE_S, IntakeOrder, launch, verdict
@@ -136,6 +136,7 @@ class BatchStore:
             order = IntakeOrder(
                 settings=self._settings,
                 owner=owner,
+                cache_scope=cache_scope(),
                 stored=stored,
                 file_id=stored.input_file_id,
                 queued_limit=limits.queued if limits is not None else None,

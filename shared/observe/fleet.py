@@ -100,9 +100,17 @@ class FleetSnapshot(BaseModel):
 
     def of_owner(self, owner: str, recent: int) -> FleetSnapshot:
         """What one caller may see: the models and queues, its own last `recent` jobs with
-        their worker left out, no workers."""
+        their worker left out, no workers, and no placement counts (they move with other keys'
+        prompts)."""
         own = [j.model_copy(update={"worker": ""}) for j in self.recent_jobs if j.owner == owner]
-        update = {"workers": [], "pools": [], "recent_jobs": own[:recent], "scope": "owner"}
+        models = [m.model_copy(update={"placement": {}}) for m in self.models]
+        update = {
+            "workers": [],
+            "pools": [],
+            "models": models,
+            "recent_jobs": own[:recent],
+            "scope": "owner",
+        }
         return self.model_copy(update=update)
 
 

@@ -33,6 +33,8 @@ def _default_redis_dir() -> Path:
 
 # A limit at the end of an MLXQ_API_KEYS entry: `sk-key:rpm=60:tpm=40000:queued=90000`.
 _KEY_LIMIT = re.compile(r":(rpm|tpm|queued)=([0-9]+)$")
+# The prefix cache scope an entry shares with the other keys naming it: `sk-key:cache=team`.
+_KEY_CACHE = re.compile(r":cache=([A-Za-z0-9_.-]{1,64})$")
 
 
 class KeyLimits(BaseModel):
@@ -56,21 +58,28 @@ class KeyLimits(BaseModel):
 
 
 class ApiKey(BaseModel):
-    """One entry of MLXQ_API_KEYS: a key, and its limits after it (`:rpm=N`, `:tpm=N`,
-    `:queued=N`, in any order)."""
+    """One entry of MLXQ_API_KEYS: a key, and after it, in any order, its limits (`:rpm=N`,
+    `:tpm=N`, `:queued=N`) and the name of the prefix cache scope it shares with the other keys
+    naming it (`:cache=NAME`; none: the key's cache is its own, shared/queue/cache_scope.py)."""
 
     model_config = ConfigDict(frozen=True)
 
     key: SecretStr
     limits: KeyLimits = KeyLimits()
+    cache: str | None = None
 
     @classmethod
     def parse(cls, entry: str) -> ApiKey:
-        key, limits = entry, {}
-        while (found := _KEY_LIMIT.search(key)) is not None:
-            limits[found.group(1)] = int(found.group(2))
+        key, limits, cache = entry, {}, None
+        while True:
+            if (found := _KEY_LIMIT.search(key)) is not None:
+                limits[found.group(1)] = int(found.group(2))
+            elif (found := _KEY_CACHE.search(key)) is not None:
+                cache = found.group(1)
+            else:
+                break
             key = key[: found.start()]
-        return cls(key=SecretStr(key), limits=KeyLimits.model_validate(limits))
+        return cls(key=SecretStr(key), limits=KeyLimits.model_validate(limits), cache=cache)
 
 
 def _split_commas(value: Any) -> Any:

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, TypedDict
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.queue import fair_order
+from shared.queue.cache_scope import SCOPE_PATTERN, UNSCOPED, narrowed
 from shared.wire.batches import BatchLine
 from shared.wire.completions import ChatCompletionRequest, ChatMessage, CompletionRequest
 from shared.wire.embeddings import MAX_INPUTS, EmbeddingRequest
@@ -119,6 +120,11 @@ class GenerationJob(QueuedJobBase):
     # Keep the job's event log this long once it ends (instead of the worker's default).
     replay_ttl_s: Annotated[int, Field(ge=1)] | None = None
     batch_line: BatchLine | None = None
+    # Whose prefix cache entries it may reuse and adds to (shared/queue/cache_scope.py).
+    cache_scope: Annotated[str, Field(pattern=SCOPE_PATTERN)] = UNSCOPED
+    # False for a request that said `store: false`: what it adds to the prefix cache stays in
+    # memory, never in the disk tier's files.
+    keep_on_disk: bool = True
 
     @property
     def replayed(self) -> bool:
@@ -192,6 +198,8 @@ class _Queueing(TypedDict):
     lane: Lane
     replay_ttl_s: int | None
     keep_alive_s: float | None
+    cache_scope: str
+    keep_on_disk: bool
 
 
 def job_for(
@@ -199,12 +207,14 @@ def job_for(
     req: ChatCompletionRequest | CompletionRequest | ResponsesRequest | MessagesInput,
     owner: str | None = None,
     replay_ttl_s: int | None = None,
+    scope: str = UNSCOPED,
 ) -> GenerationJob:
     """The generation job that answers a validated request of any of the four endpoints. A
     message is a chat request inside, with Anthropic's thinking and its max_tokens a ceiling.
-    `replay_ttl_s`: keep the job's event log that long (a stored response)."""
+    `replay_ttl_s`: keep the job's event log that long (a stored response); `scope`: its
+    sender's cache scope (api/http/auth.py), which the request's `cache_salt` narrows."""
     if isinstance(req, MessagesInput):
-        chat = job_for(job_id, req.chat_request(), owner, replay_ttl_s)
+        chat = job_for(job_id, req.chat_request(), owner, replay_ttl_s, scope)
         update = {"reasoning": req.reasoning_control(), "max_tokens_ceiling": True}
         return chat.model_copy(update=update)  # built, not yet admitted
     lane: Lane = "interactive"
@@ -219,6 +229,8 @@ def job_for(
         lane=lane,
         replay_ttl_s=replay_ttl_s,
         keep_alive_s=None if isinstance(req, ResponsesRequest) else req.keep_alive,
+        cache_scope=narrowed(scope, None if isinstance(req, ResponsesRequest) else req.cache_salt),
+        keep_on_disk=isinstance(req, CompletionRequest) or req.store is not False,
     )
     return _job_for(job_id, req, queueing)
 

@@ -2,8 +2,8 @@
 
 A token sequence is cut into blocks of `BLOCK_TOKENS` tokens (a last, partial block is left out)
 and each block is named by a hash chained on the previous block's hash, as LMCache and vLLM do:
-two sequences share their first k block hashes exactly when they share their first
-k x BLOCK_TOKENS tokens, so "how much of this prompt does a worker hold" is "how many of the
+two sequences of one cache scope share their first k block hashes exactly when they share their
+first k x BLOCK_TOKENS tokens, so "how much of this prompt does a worker hold" is "how many of the
 prompt's hashes, from the first, are in the worker's set". Workers publish the hashes of what
 their prefix cache holds (worker/runtime/prefix_report.py); the API hashes a prompt's tokens,
 counted exactly as the worker renders them (shared/queue/prompt_tokens.py), and scores the live
@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Iterable
+from typing import NamedTuple
 
 BLOCK_TOKENS = 64
 # The most hashes a worker publishes (its cache's newest sequences first): 8,192 x 64 tokens.
@@ -22,13 +23,25 @@ MAX_PUBLISHED = 8192
 _SEED = b"mlxq-prefix-v1"
 
 
-def block_hashes(tokens: list[int], limit: int | None = None) -> list[str]:
-    """The chained hashes of the full blocks of `tokens` (at most `limit`), in order."""
+class HeldPrompt(NamedTuple):
+    """A token sequence a worker's prefix cache holds, and the cache scope it holds it for
+    (shared/queue/cache_scope.py): what the worker advertises, and what its cache files are
+    named by."""
+
+    scope: str
+    tokens: list[int]
+
+
+def block_hashes(tokens: list[int], limit: int | None = None, scope: str = "") -> list[str]:
+    """The chained hashes of the full blocks of `tokens` (at most `limit`), in order, under a
+    cache scope (shared/queue/cache_scope.py): the same tokens in another scope share none."""
     blocks = len(tokens) // BLOCK_TOKENS
     if limit is not None:
         blocks = min(blocks, limit)
     hashes: list[str] = []
-    previous = _SEED
+    # A scope's chain starts from a digest: a fixed length, so no scope's bytes can run on into
+    # another's first block.
+    previous = hashlib.blake2b(_SEED + scope.encode(), digest_size=8).digest()
     for i in range(blocks):
         block = array("I", tokens[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS]).tobytes()
         digest = hashlib.blake2b(previous + block, digest_size=8).digest()

@@ -160,6 +160,9 @@ class SamplingRequest(BaseModel):
     # Ollama's: how long the model stays loaded once idle after this request (the pool,
     # worker/pool/agent.py); None: the model's own keep-alive.
     keep_alive: KeepAlive | None = None
+    # vLLM's: the prefix cache's entries are shared only by requests giving the same salt, within
+    # the caller's own scope (shared/queue/cache_scope.py).
+    cache_salt: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
     user: str | None = None
     metadata: (
         Annotated[
@@ -246,7 +249,8 @@ class ChatCompletionRequest(SamplingRequest):
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
-    # Accepted and changing nothing here: chat completions are not stored, one tier serves all.
+    # Chat completions are not stored, and one tier serves all; `store: false` keeps what the
+    # request adds to the prefix cache in memory, off the disk tier (shared/queue/jobs.py).
     store: bool | None = None
     service_tier: ServiceTier | None = None
     # How a reasoning model thinks (shared/wire/reasoning.py): OpenAI's effort, vLLM's budget of

@@ -104,6 +104,14 @@ class ForbiddenError(MLXQError):
     type = "request_forbidden"
 
 
+class PermissionDeniedError(MLXQError):
+    """The caller's key may not do this: an operator's only (403)."""
+
+    status = 403
+    type = "permission_error"
+    code = "permission_denied"
+
+
 class NotFoundError(MLXQError):
     """An unknown route or resource (404)."""
 

@@ -21,8 +21,11 @@ from api.http.auth import (
     owner_of_key,
     require_owner,
 )
+from shared.queue.cache_scope import SCOPE_PATTERN
 from shared.queue.config import KeyLimits, Settings
+from shared.queue.jobs import GenerationJob, job_for
 from shared.queue.keys import Keys, is_valid_id
+from shared.wire.completions import ChatCompletionRequest
 from tests.support import assert_openai_error
 
 KEYS = ("sk-first-0123456789", "sk-second-9876543210")
@@ -218,3 +221,46 @@ def test_a_key_entry_may_end_in_its_limits_and_a_key_may_hold_colons() -> None:
 def test_a_limit_of_zero_is_refused_at_start() -> None:
     with pytest.raises(ValidationError):
         Settings(api_keys="sk-a:queued=0")
+
+
+def test_a_key_entry_may_name_the_cache_scope_it_shares_among_its_limits() -> None:
+    settings = Settings(api_keys="sk-a:cache=team:rpm=60, sk-b:rpm=5:cache=team, sk-c, sk:cache")
+    found = [(k.key.get_secret_value(), k.cache, k.limits) for k in settings.api_keys]
+    assert found == [
+        ("sk-a", "team", KeyLimits(rpm=60)),
+        ("sk-b", "team", KeyLimits(rpm=5)),
+        ("sk-c", None, KeyLimits()),
+        ("sk:cache", None, KeyLimits()),
+    ]
+
+
+def test_keys_naming_one_cache_share_a_scope_and_every_other_key_has_its_own(
+    redis: Redis,
+) -> None:
+    entries = Settings(api_keys="sk-a:cache=team, sk-b:cache=team, sk-c, sk-d").api_keys
+    keys = ApiKeys(entries, (), OwnerSecret(Settings(owner_secret="s"), redis))
+    a, b, c, d = (keys.caller(k) for k in ("sk-a", "sk-b", "sk-c", "sk-d"))
+    assert a is not None and b is not None and c is not None and d is not None
+    assert a.cache_scope == b.cache_scope and a.owner != b.owner
+    assert (c.cache_scope, d.cache_scope) == (c.owner, d.owner)  # a key alone: its owner's
+    assert a.cache_scope not in {a.owner, b.owner, c.owner, d.owner}
+    assert re.fullmatch(SCOPE_PATTERN, a.cache_scope)
+
+
+def _job(key_scope: str, **fields: object) -> GenerationJob:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    return job_for("j", ChatCompletionRequest.model_validate(body), "o", scope=key_scope)
+
+
+def test_a_cache_salt_narrows_a_jobs_scope_to_its_key_and_salt() -> None:
+    k, other_key = "k" * 32, "l" * 32
+    assert _job(k).cache_scope == k
+    salted = _job(k, cache_salt="x").cache_scope
+    assert salted not in {k, ""}
+    assert salted != _job(k, cache_salt="y").cache_scope
+    assert salted != _job(other_key, cache_salt="x").cache_scope  # a salt never widens
+
+
+def test_a_store_false_request_keeps_its_caches_off_disk() -> None:
+    assert _job("k").keep_on_disk and _job("k", store=True).keep_on_disk
+    assert not _job("k", store=False).keep_on_disk

@@ -16,6 +16,7 @@ from redis import Redis
 
 from api import create_app
 from api.http.auth import owner_of_key
+from shared.observe.fleet import PLACEMENT
 from shared.observe.metrics import JobRecord, record_job
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
@@ -78,7 +79,7 @@ def keyed_app(settings: Settings) -> Flask:
     return create_app(settings.model_copy(update=update))
 
 
-def test_a_key_sees_its_own_jobs_and_the_queues_but_no_other_keys_jobs_and_no_workers(
+def test_a_key_sees_its_own_jobs_and_the_queues_but_no_other_keys_jobs_workers_or_placement(
     fleet: Settings,
 ) -> None:
     response = keyed_app(fleet).test_client().get("/v1/fleet", headers=bearer(ALICE))
@@ -90,6 +91,7 @@ def test_a_key_sees_its_own_jobs_and_the_queues_but_no_other_keys_jobs_and_no_wo
     assert job["owner"] == owner(ALICE) and job["worker"] == ""
     assert view["workers"] == []
     assert [(m["model"], m["live_workers"]) for m in view["models"]] == [(MODEL, 1)]
+    assert [m["placement"] for m in view["models"]] == [{}]  # counts other keys' prompts move
     text = response.get_data(as_text=True)
     for foreign in ("job-bob", "job-op", owner(BOB), owner(OPERATOR), "gpu-host-7"):
         assert foreign not in text
@@ -100,6 +102,7 @@ def test_an_operator_key_sees_every_keys_jobs_and_the_workers(fleet: Settings) -
     assert view["scope"] == "fleet"
     assert [job["job_id"] for job in view["recent_jobs"]] == ["job-op", "job-bob", "job-alice"]
     assert [(w["worker_id"], w["host"]) for w in view["workers"]] == [(WORKER, "gpu-host-7")]
+    assert [sorted(m["placement"]) for m in view["models"]] == [sorted(PLACEMENT)]
 
 
 def test_a_keys_recent_count_is_of_its_own_jobs(fleet: Settings) -> None:

@@ -145,13 +145,18 @@ def test_job_figures_add_up_across_workers_into_cumulative_histograms(
     ]
 
 
-def test_metrics_and_fleet_need_the_key_and_the_page_does_not(settings: Settings) -> None:
-    keyed = settings.model_copy(update={"api_keys": Settings(api_keys="sk-k1").api_keys})
+def test_metrics_need_an_operators_key_the_fleet_a_key_and_the_page_none(
+    settings: Settings,
+) -> None:
+    keys = Settings(api_keys="sk-k1", admin_keys="sk-op1")
+    keyed = settings.model_copy(update={"api_keys": keys.api_keys, "admin_keys": keys.admin_keys})
     http: FlaskClient = create_app(keyed).test_client()
     assert http.get("/metrics").status_code == 401
     assert http.get("/v1/fleet").status_code == 401
-    auth = {"Authorization": "Bearer sk-k1"}
-    assert http.get("/metrics", headers=auth).status_code == 200
+    auth, operator = {"Authorization": "Bearer sk-k1"}, {"Authorization": "Bearer sk-op1"}
+    refused = http.get("/metrics", headers=auth)
+    assert refused.status_code == 403 and refused.json["error"]["code"] == "permission_denied"
+    assert http.get("/metrics", headers=operator).status_code == 200
     assert http.get("/v1/fleet", headers=auth).status_code == 200
     # Files are sent from an open file a server closes; `buffered` reads and closes them here.
     page = http.get("/", buffered=True)

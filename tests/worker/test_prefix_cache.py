@@ -7,6 +7,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from shared.queue.cache_scope import UNSCOPED
 from worker.engine.prefix_cache import (
     MAX_LEVELLING_TOKENS,
     MIN_SHARED_TOKENS,
@@ -23,30 +24,30 @@ def _finished(model: Any, tokens: list[int]) -> list[Any]:
 
 
 def test_an_unseen_prompt_starts_from_nothing(model: Any) -> None:
-    reuse = PrefixCache(model, 8, 1 << 30).reuse(list(range(10)), shared=0)
+    reuse = PrefixCache(model, 8, 1 << 30).reuse(list(range(10)), shared=0, scope=UNSCOPED)
     assert (reuse.cache, reuse.tokens, reuse.hits) == (None, 0, 0)
 
 
 def test_a_finished_sequence_serves_the_prompts_that_extend_it(model: Any) -> None:
     prefixes = PrefixCache(model, 8, 1 << 30)
-    prefixes.store(list(range(12)), _finished(model, list(range(12))))
-    reuse = prefixes.reuse([*range(12), 50, 51], shared=0)
+    prefixes.store(list(range(12)), _finished(model, list(range(12))), UNSCOPED)
+    reuse = prefixes.reuse([*range(12), 50, 51], shared=0, scope=UNSCOPED)
     assert reuse.tokens == reuse.hits == 12
     assert reuse.cache is not None and reuse.cache[0].offset == 12
 
 
 def test_a_fully_cached_prompt_still_leaves_its_last_token_to_compute(model: Any) -> None:
     prefixes = PrefixCache(model, 8, 1 << 30)
-    prefixes.store(list(range(20)), _finished(model, list(range(20))))
-    reuse = prefixes.reuse(list(range(20)), shared=0)
+    prefixes.store(list(range(20)), _finished(model, list(range(20))), UNSCOPED)
+    reuse = prefixes.reuse(list(range(20)), shared=0, scope=UNSCOPED)
     assert reuse.tokens == reuse.hits == 19
 
 
 def test_a_long_enough_history_is_prefilled_once_and_then_shared(model: Any) -> None:
     prefixes = PrefixCache(model, 8, 1 << 30)
     history = list(range(MIN_SHARED_TOKENS + 4))
-    first = prefixes.reuse([*history, 70, 71], shared=len(history))
-    second = prefixes.reuse([*history, 80], shared=len(history))
+    first = prefixes.reuse([*history, 70, 71], shared=len(history), scope=UNSCOPED)
+    second = prefixes.reuse([*history, 80], shared=len(history), scope=UNSCOPED)
     assert (first.tokens, first.hits) == (len(history), 0)  # computed now, not a cache hit
     assert (second.tokens, second.hits) == (len(history), len(history))
 
@@ -54,7 +55,7 @@ def test_a_long_enough_history_is_prefilled_once_and_then_shared(model: Any) -> 
 def test_a_short_history_is_left_to_the_batch(model: Any) -> None:
     prefixes = PrefixCache(model, 8, 1 << 30)
     history = list(range(MIN_SHARED_TOKENS - 1))
-    assert prefixes.reuse([*history, 70], shared=len(history)).tokens == 0
+    assert prefixes.reuse([*history, 70], shared=len(history), scope=UNSCOPED).tokens == 0
 
 
 def _reuse_of(model: Any, tokens: int) -> Reuse:

@@ -20,8 +20,9 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from redis import Redis
 
+from shared.queue.cache_scope import UNSCOPED
 from shared.queue.keys import Keys
-from shared.queue.prefix_blocks import block_hashes
+from shared.queue.prefix_blocks import HeldPrompt, block_hashes
 from worker.engine.prefix_cache import PrefixCache
 from worker.engine.prefix_disk import DiskTier, file_name
 from worker.engine.prefix_identity import model_identity, probe, probe_layout, token_bytes
@@ -57,23 +58,23 @@ def _finished(model: Any, tokens: list[int]) -> list[Any]:
 def _lent(model: Any, root: Path) -> bytes:
     """The file a holder lends for PROMPT, HISTORY's cache held only in its memory."""
     holder = _cache(root, model)
-    holder.store(HISTORY, _finished(model, HISTORY))
-    path = holder.lend(PROMPT)
+    holder.store(HISTORY, _finished(model, HISTORY), UNSCOPED)
+    path = holder.lend(PROMPT, UNSCOPED)
     assert path is not None
     return path.read_bytes()
 
 
 def test_a_cache_held_only_in_memory_is_written_and_lent(model: Any, tmp_path: Path) -> None:
     holder = _cache(tmp_path / "holder", model)
-    holder.store(HISTORY, _finished(model, HISTORY))
-    path = holder.lend(PROMPT)
-    assert path is not None and path.name == file_name(HISTORY)
+    holder.store(HISTORY, _finished(model, HISTORY), UNSCOPED)
+    path = holder.lend(PROMPT, UNSCOPED)
+    assert path is not None and path.name == file_name(HeldPrompt(UNSCOPED, HISTORY))
 
 
 def test_nothing_is_lent_for_a_prompt_the_cache_does_not_hold(model: Any, tmp_path: Path) -> None:
     holder = _cache(tmp_path, model)
-    holder.store(HISTORY, _finished(model, HISTORY))
-    assert holder.lend([99, 98, *HISTORY]) is None
+    holder.store(HISTORY, _finished(model, HISTORY), UNSCOPED)
+    assert holder.lend([99, 98, *HISTORY], UNSCOPED) is None
 
 
 def test_a_lent_file_is_adopted_and_serves_the_prompt_as_its_own_prefill_would(
@@ -81,8 +82,8 @@ def test_a_lent_file_is_adopted_and_serves_the_prompt_as_its_own_prefill_would(
 ) -> None:
     taker = _cache(tmp_path / "taker", model)
     assert taker.disk is not None
-    assert taker.disk.adopt(_lent(model, tmp_path / "holder")) == HISTORY
-    reuse = taker.reuse(PROMPT, shared=0)
+    assert taker.disk.adopt(_lent(model, tmp_path / "holder"), UNSCOPED) == HISTORY
+    reuse = taker.reuse(PROMPT, shared=0, scope=UNSCOPED)
     assert reuse.hits == len(HISTORY)
     assert reuse.cache is not None
     fetched = model(mx.array([PROMPT[len(HISTORY) :]]), cache=reuse.cache)[0, -1]
@@ -96,15 +97,15 @@ def test_junk_sent_as_a_cache_is_refused_and_leaves_nothing(
 ) -> None:
     taker = _cache(tmp_path, model)
     assert taker.disk is not None
-    assert taker.disk.adopt(junk) is None
+    assert taker.disk.adopt(junk, UNSCOPED) is None
     assert not any(taker.disk.folder.iterdir())
-    assert taker.reuse(PROMPT, shared=0).hits == 0
+    assert taker.reuse(PROMPT, shared=0, scope=UNSCOPED).hits == 0
 
 
 def test_another_models_cache_is_refused(model: Any, tmp_path: Path) -> None:
     taker = _cache(tmp_path / "taker", model, identity="another-model")
     assert taker.disk is not None
-    assert taker.disk.adopt(_lent(model, tmp_path / "holder")) is None
+    assert taker.disk.adopt(_lent(model, tmp_path / "holder"), UNSCOPED) is None
     assert not any(taker.disk.folder.iterdir())
 
 
@@ -151,19 +152,24 @@ def test_a_token_costs_what_the_files_grow_by(model: Any, tmp_path: Path) -> Non
     per_token = token_bytes(probe(model))
     small, large = _cache(tmp_path, model), [99, *range(1, 81)]  # no prefix of the other
     for tokens in (HISTORY, large):
-        small.store(tokens, _finished(model, tokens))
+        small.store(tokens, _finished(model, tokens), UNSCOPED)
     small.persist_all()
     assert small.disk is not None
-    sizes = [(small.disk.folder / file_name(t)).stat().st_size for t in (HISTORY, large)]
+    sizes = [
+        (small.disk.folder / file_name(HeldPrompt(UNSCOPED, t))).stat().st_size
+        for t in (HISTORY, large)
+    ]
     grown = per_token * (len(large) - len(HISTORY))
     assert grown <= sizes[1] - sizes[0] <= grown * 1.05  # and the tokens' text in the header
 
 
-def test_held_tokens_is_the_longest_common_start() -> None:
-    held = ([1, 2, 3, 4], [1, 2, 9], [7, 8])
-    assert held_tokens(held, [1, 2, 3, 5, 6]) == 3
-    assert held_tokens(held, [5]) == 0
-    assert held_tokens((), [1, 2]) == 0
+def test_held_tokens_is_the_longest_common_start_in_the_prompts_scope() -> None:
+    held = tuple(HeldPrompt(UNSCOPED, t) for t in ([1, 2, 3, 4], [1, 2, 9], [7, 8]))
+    held += (HeldPrompt("other", [1, 2, 3, 5, 6]),)
+    assert held_tokens(held, HeldPrompt(UNSCOPED, [1, 2, 3, 5, 6])) == 3
+    assert held_tokens(held, HeldPrompt(UNSCOPED, [5])) == 0
+    assert held_tokens(held, HeldPrompt("third", [1, 2])) == 0
+    assert held_tokens((), HeldPrompt(UNSCOPED, [1, 2])) == 0
 
 
 # The default model on this CPU: 4.4 ms a prompt token, 46 KB a float32 token.
@@ -218,7 +224,7 @@ def wire(model: Any, tmp_path: Path, redis_url: str) -> Iterator[Wire]:
     redis = Redis.from_url(redis_url)
     keys = Keys(f"lend{secrets.token_hex(4)}")
     holder, taker = _cache(tmp_path / "holder", model), _cache(tmp_path / "taker", model)
-    holder.store(LONG, _finished(model, LONG))
+    holder.store(LONG, _finished(model, LONG), UNSCOPED)
     redis.zadd(keys.workers(MODEL), {"holder": time.time() + 600})
     redis.sadd(keys.prefix_blocks("holder"), *block_hashes(LONG))
     presence = redis.pubsub()
@@ -256,7 +262,7 @@ def test_a_taker_fetches_what_a_live_lender_holds_and_leaves_nothing_in_redis(
 ) -> None:
     _lend(wire)
     assert _taker(wire)(_job(ASKED)) is True
-    assert wire.taker.reuse(ASKED, shared=0).hits == len(LONG)
+    assert wire.taker.reuse(ASKED, shared=0, scope=UNSCOPED).hits == len(LONG)
     assert not list(wire.redis.scan_iter(f"{wire.keys.ns}:prefix_reply:*"))
 
 
@@ -283,15 +289,20 @@ def test_a_silent_lender_costs_one_job_half_the_prefill_then_is_set_aside(wire: 
     started = time.perf_counter()
     assert taker(_job(ASKED)) is True
     assert 0.3 <= time.perf_counter() - started < 2.0
-    assert wire.taker.reuse(ASKED, shared=0).hits == 0
+    assert wire.taker.reuse(ASKED, shared=0, scope=UNSCOPED).hits == 0
     assert taker(_job(ASKED)) is False  # not asked again for a while
     assert taker._rule.rate() == 1e9  # the link was not what failed
+
+
+def _ask(reply: str, identity: str, until: float) -> Ask:
+    """An ask for ASKED, unscoped."""
+    return Ask(reply=reply, identity=identity, scope=UNSCOPED, tokens=ASKED, until=until)
 
 
 def test_an_ask_for_another_models_cache_is_answered_with_nothing_at_once(wire: Wire) -> None:
     lender = Lender(wire.redis, wire.keys, "holder", wire.holder)
     until = time.time() + 60  # the test's Redis runs on this machine's clock
-    ask = Ask(reply="ask_other", identity="another-model", tokens=ASKED, until=until)
+    ask = _ask("ask_other", "another-model", until)
     lender.answer(ask.model_dump_json().encode())
     reply = wire.redis.lrange(wire.keys.prefix_reply("ask_other"), 0, -1)
     assert reply == [Header(bytes=0).model_dump_json().encode(), b""]
@@ -301,7 +312,7 @@ def test_a_lend_whose_file_cannot_be_written_is_answered_with_nothing(wire: Wire
     assert wire.holder.disk is not None
     shutil.rmtree(wire.holder.disk.folder)  # its folder gone under it
     lender = Lender(wire.redis, wire.keys, "holder", wire.holder)
-    ask = Ask(reply="ask_gone", identity=wire.holder.disk.identity, tokens=ASKED, until=1e12)
+    ask = _ask("ask_gone", wire.holder.disk.identity, 1e12)
     lender.answer(ask.model_dump_json().encode())
     reply = wire.redis.lrange(wire.keys.prefix_reply("ask_gone"), 0, -1)
     assert reply == [Header(bytes=0).model_dump_json().encode(), b""]
@@ -311,7 +322,7 @@ def test_an_answer_whose_length_is_not_its_headers_is_dropped(wire: Wire) -> Non
     """As a piece lost or sent twice would leave it: the file is whole, the header says not."""
     assert wire.holder.disk is not None
     wire.redis.set(wire.keys.lends("holder"), wire.holder.disk.identity)
-    path = wire.holder.lend(ASKED)
+    path = wire.holder.lend(ASKED, UNSCOPED)
     assert path is not None
     data = path.read_bytes()
 
@@ -324,7 +335,7 @@ def test_an_answer_whose_length_is_not_its_headers_is_dropped(wire: Wire) -> Non
 
     threading.Thread(target=answer, daemon=True).start()
     assert _taker(wire)(_job(ASKED)) is True
-    assert wire.taker.reuse(ASKED, shared=0).hits == 0
+    assert wire.taker.reuse(ASKED, shared=0, scope=UNSCOPED).hits == 0
 
 
 @pytest.mark.parametrize("raw", [b"", b"junk", b'{"reply": "../x", "identity": "a"}'])
@@ -332,13 +343,13 @@ def test_a_malformed_ask_is_dropped_and_the_lender_goes_on(wire: Wire, raw: byte
     _lend(wire)
     wire.redis.rpush(wire.keys.prefix_asks("holder"), raw)
     assert _taker(wire)(_job(ASKED)) is True
-    assert wire.taker.reuse(ASKED, shared=0).hits == len(LONG)
+    assert wire.taker.reuse(ASKED, shared=0, scope=UNSCOPED).hits == len(LONG)
 
 
 def test_an_ask_past_its_deadline_gets_no_answer(wire: Wire) -> None:
     assert wire.holder.disk is not None
     lender = Lender(wire.redis, wire.keys, "holder", wire.holder)
-    ask = Ask(reply="ask_late", identity=wire.holder.disk.identity, tokens=ASKED, until=1.0)
+    ask = _ask("ask_late", wire.holder.disk.identity, 1.0)
     lender.answer(ask.model_dump_json().encode())
     assert not wire.redis.exists(wire.keys.prefix_reply("ask_late"))
 
@@ -349,11 +360,11 @@ def test_a_longer_held_sequence_is_lent_cut_to_what_the_prompt_shares(
 ) -> None:
     holder = _cache(tmp_path, model)
     longer = [*HISTORY, *range(60, 90)]
-    holder.store(longer, _finished(model, longer))
+    holder.store(longer, _finished(model, longer), UNSCOPED)
     if where == "disk":
         holder.close()
         holder = _cache(tmp_path, model)  # a restart: its files only
-    path = holder.lend([*HISTORY, 95])
-    assert path is not None and path.name == file_name(HISTORY)
+    path = holder.lend([*HISTORY, 95], UNSCOPED)
+    assert path is not None and path.name == file_name(HeldPrompt(UNSCOPED, HISTORY))
     taker = _cache(tmp_path / "taker", model)
-    assert taker.disk is not None and taker.disk.adopt(path.read_bytes()) == HISTORY
+    assert taker.disk is not None and taker.disk.adopt(path.read_bytes(), UNSCOPED) == HISTORY

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, settings
 from mlx_lm.models.base import quantized_scaled_dot_product_attention
 from mlx_lm.models.cache import QuantizedKVCache
 
+from shared.queue.cache_scope import UNSCOPED
 from tests.worker.test_slot_batch import (
     CPU,
     MLX,
@@ -128,6 +129,7 @@ def test_a_model_whose_heads_do_not_split_into_groups_is_refused_naming_the_sett
 def test_the_prefix_cache_prefills_a_shared_history_in_the_batch_s_kv_form() -> None:
     model = tiny("llama_wide")
     prefixes = PrefixCache(model, 8, 1 << 30, kv=KINDS[0])
-    reuse = prefixes.reuse(list(range(1, 41)), shared=20)  # the history: its first 20 tokens
+    # The history: its first 20 tokens.
+    reuse = prefixes.reuse(list(range(1, 41)), shared=20, scope=UNSCOPED)
     assert reuse.tokens == 20 and reuse.cache is not None
     assert all(isinstance(c, QuantizedKVCache) and c.bits == 8 for c in reuse.cache)

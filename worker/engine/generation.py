@@ -20,7 +20,7 @@ import copy
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from shared.queue.jobs import GenerationJob
 from shared.wire.logprobs import TokenLogprob
@@ -55,6 +55,9 @@ class Sequence:
     split: Split | None  # a reasoning model's: its reasoning apart from its content
     # The prompt's own logprobs (an echo that asked for them), sent with the first token.
     opening: list[TokenLogprob] | None = None
+    # Its job's cache scope, and whether its cache may go to disk (PreparedJob's).
+    scope: str = ""
+    keep_on_disk: bool = True
 
 
 @dataclass
@@ -222,7 +225,9 @@ class Engine:
         the logits of every position are needed)."""
         if self._prefixes is None or prepared.prompt_logprobs is not None:
             return Reuse(None, 0, 0)
-        return self._prefixes.reuse(prepared.prompts[k], prepared.shared_tokens if k == 0 else 0)
+        shared = prepared.shared_tokens if k == 0 else 0
+        scope, disk = prepared.cache_scope, prepared.keep_on_disk
+        return self._prefixes.reuse(prepared.prompts[k], shared, scope, disk)
 
     def _staged(self, prepared: PreparedJob, k: int, start: Reuse) -> StagedPrompt | None:
         """The job's prompt k as staged work, or None where it enters the batch at once. Staged:
@@ -307,6 +312,8 @@ class Engine:
                 calls=choice.calls,
                 split=choice.split,
                 opening=scored.get(key),
+                scope=prepared.cache_scope,
+                keep_on_disk=prepared.keep_on_disk,
             )
             self._jobs[prepared.job_id].uids.append(uid)
             if prepared.interactive:
@@ -342,9 +349,13 @@ class Engine:
         outputs: list[StepOutput] = []
         budget = self._budget()
         generated = self._batch.next(budget)
+        finished: list[tuple[list[int], list[Any], Sequence]] = []  # caches to keep
         for r in generated:
-            if r.uid not in self._by_uid:  # its job ended earlier in this step
+            sequence = self._by_uid.get(r.uid)
+            if sequence is None:  # its job ended earlier in this step
                 continue
+            if r.prompt_cache is not None and r.all_tokens is not None:
+                finished.append((r.all_tokens, r.prompt_cache, sequence))
             out = self._advance_one(r.uid, r.token, r.finish_reason)
             outputs.append(out)
             if out.ends_job:
@@ -354,9 +365,8 @@ class Engine:
         self._stage(self._staging_tokens(budget))  # after the ends above: rows they freed
         outputs, self._ready = self._ready + outputs, []
         if self._prefixes is not None:
-            for r in generated:
-                if r.prompt_cache is not None and r.all_tokens is not None:
-                    self._prefixes.store(r.all_tokens, r.prompt_cache)
+            for tokens, cache, sequence in finished:
+                self._prefixes.store(tokens, cache, sequence.scope, sequence.keep_on_disk)
         return outputs
 
     def _budget(self) -> PrefillBudget:

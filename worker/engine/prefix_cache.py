@@ -14,12 +14,18 @@ heartbeat advertises what the cache holds: worker/runtime/prefix_report.py). One
 reads it: the lending thread (`lend`: worker/runtime/prefix_fetch.py), under a lock that the
 engine takes only around the LRU's own calls, never around a forward.
 
+Every entry belongs to a cache scope (shared/queue/cache_scope.py): a request reuses only what
+requests of its own scope left, so what it is told it reused (`cached_tokens`), and how soon its
+first token comes, say nothing about another key's prompts. The scope is the LRU's model key:
+mlx-lm keeps one trie per key.
+
 With a disk tier (worker/engine/prefix_disk.py), each cache the LRU takes in, a finished
 sequence's or a shared history's, is handed to the tier's writer at once (write-behind: written
 soon after, off the engine thread, so that a crash keeps it), what the LRU evicts is handed over
 again (a write dropped while the disk was behind gets another chance), and so is all it holds on
 `persist_all` (shutdown, or the model unloaded); a prompt that memory holds less of than a file
-does is restored from the file into memory first.
+does is restored from the file into memory first. What a request that said `store: false` adds
+stays in memory: it is never written, evicted or at shutdown, nor lent.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
+from shared.queue.prefix_blocks import HeldPrompt
 from worker.engine.batch.quantized_kv import KVQuantization, prompt_cache
 
 if TYPE_CHECKING:
@@ -45,7 +52,10 @@ MIN_SHARED_TOKENS = 16
 MAX_SHARED_TOKENS = 512
 # See `level`: recomputing this many tokens per prompt costs less than the roll it avoids.
 MAX_LEVELLING_TOKENS = 16
-_KEY = "model"  # one engine, one model: the trie's model key is a constant
+# mlx-lm's LRU orders its entries per kind ("assistant", "user", "system"); this cache files a
+# finished sequence under the first, a shared history under the last, and whatever a `store:
+# false` request adds under "user": so eviction and `persist_all` can tell it is memory's only.
+FINISHED, HISTORY, MEMORY_ONLY = "assistant", "system", "user"
 
 
 @dataclass(frozen=True)
@@ -63,13 +73,13 @@ class _EvictionTap:
     each entry the LRU evicts to `evicted`: eviction is the LRU's only use of the trie's `pop`
     (mlx-lm 0.32; its prefixes made redundant by a longer entry go through `pop_prefixes`)."""
 
-    def __init__(self, trie: Any, evicted: Callable[[list[int], list[Any]], None]):
+    def __init__(self, trie: Any, evicted: Callable[[HeldPrompt, Any], None]):
         self._trie = trie
         self._evicted = evicted
 
     def pop(self, model: Any, tokens: list[int]) -> Any:
         entry = self._trie.pop(model, tokens)
-        self._evicted(list(tokens), entry.prompt_cache)
+        self._evicted(HeldPrompt(model, list(tokens)), entry)
         return entry
 
     def __getattr__(self, name: str) -> Any:
@@ -93,11 +103,11 @@ class PrefixCache:
         self._lock = threading.Lock()  # the LRU, between the engine and the lending thread
         self._disk = disk
         if disk is not None:
-            self._lru._trie = _EvictionTap(self._lru._trie, disk.put)
-        self._held: tuple[list[int], ...] = ()
+            self._lru._trie = _EvictionTap(self._lru._trie, self._evicted)
+        self._held: tuple[HeldPrompt, ...] = ()
 
     @property
-    def held(self) -> tuple[list[int], ...]:
+    def held(self) -> tuple[HeldPrompt, ...]:
         """The token sequences the cache holds (newest first per kind) as of its last insertion,
         then those its disk tier holds; replaced whole (never changed in place), so any thread
         may read it."""
@@ -115,27 +125,31 @@ class PrefixCache:
             return
         with self._lock:
             held = [
-                (list(tokens), self._lru._trie.get(_KEY, tokens).prompt_cache)
-                for lru in self._lru._lru._lrus.values()
-                for _, tokens in lru
+                (HeldPrompt(scope, list(tokens)), self._lru._trie.get(scope, tokens).prompt_cache)
+                for kind, lru in self._lru._lru._lrus.items()
+                if kind != MEMORY_ONLY
+                for scope, tokens in lru
             ]
-        for tokens, cache in held:
-            self._disk.put(tokens, cache, True)
+        for entry, cache in held:
+            self._disk.put(entry, cache, True)
         self._disk.flush()
 
-    def lend(self, prompt: list[int]) -> Path | None:
-        """The file of a cache of `prompt`'s first tokens, from memory or disk, holding no more
-        than those it shares with `prompt` (a longer one is cut and written first), or None:
-        nothing of it is held. Called by the lending thread, for another worker
-        (worker/runtime/prefix_fetch.py)."""
+    def lend(self, prompt: list[int], scope: str) -> Path | None:
+        """The file of a cache of `prompt`'s first tokens in `scope`, from memory or disk,
+        holding no more than those it shares with `prompt` (a longer one is cut and written
+        first), or None: nothing of it is held (or only in memory's own). Called by the lending
+        thread, for another worker (worker/runtime/prefix_fetch.py)."""
         if self._disk is None:
             return None
-        on_disk, stored = self._disk.best(prompt)
+        on_disk, stored = self._disk.best(prompt, scope)
         with self._lock:
-            tokens, common = _longest(self._lru._trie.search(_KEY, prompt), len(prompt))
-            in_memory = common > 0 and common >= on_disk
-            held = self._lru._trie.get(_KEY, tokens).prompt_cache if in_memory else None
-        if held is None and stored is not None:
+            tokens, common = _longest(self._lru._trie.search(scope, prompt), len(prompt))
+            entry = self._lru._trie.get(scope, tokens) if common > 0 else None
+            in_memory = entry is not None and common >= on_disk
+            held = None
+            if entry is not None and in_memory and entry.cache_type != MEMORY_ONLY:
+                held = entry.prompt_cache
+        if held is None and not in_memory and stored is not None:
             if len(stored.tokens) == on_disk:
                 return stored.path
             tokens, common, held = stored.tokens.tolist(), on_disk, self._disk.read(stored)
@@ -146,7 +160,7 @@ class PrefixCache:
                 return None
             held = copy.deepcopy(held)  # the entry stays as it is: the copy is cut
             trim_prompt_cache(held, len(tokens) - common)
-        return self._disk.write_now(tokens[:common], held)
+        return self._disk.write_now(HeldPrompt(scope, tokens[:common]), held)
 
     def close(self) -> None:
         """`persist_all`, then stop the disk tier's thread: the cache is not used again."""
@@ -154,49 +168,56 @@ class PrefixCache:
             self.persist_all()
             self._disk.close()
 
-    def _insert(self, tokens: list[int], cache: list[Any] | None, kind: str) -> None:
+    def _insert(self, entry: HeldPrompt, cache: list[Any] | None, kind: str) -> None:
         with self._lock:
-            self._lru.insert_cache(_KEY, tokens, cache, cache_type=kind)
+            self._lru.insert_cache(entry.scope, entry.tokens, cache, cache_type=kind)
             # mlx-lm keeps the entries' order in one deque per kind (oldest first) and lists
             # them nowhere else; read after the insertion, which is when it evicts.
             lrus = self._lru._lru._lrus.values()
-            self._held = tuple(t for lru in lrus for _, t in reversed(lru))
+            self._held = tuple(HeldPrompt(m, t) for lru in lrus for m, t in reversed(lru))
 
-    def reuse(self, prompt: list[int], shared: int) -> Reuse:
-        """The longest cached prefix of `prompt`, leaving at least its last token to compute.
+    def _evicted(self, entry: HeldPrompt, value: Any) -> None:
+        """An entry the LRU evicts goes to disk, unless it is memory's only."""
+        if self._disk is not None and value.cache_type != MEMORY_ONLY:
+            self._disk.put(entry, value.prompt_cache)
+
+    def reuse(self, prompt: list[int], shared: int, scope: str, disk: bool = True) -> Reuse:
+        """The longest prefix of `prompt` cached in `scope`, leaving at least its last token to
+        compute.
 
         When less than the first `shared` tokens (the request's history) is cached and there
-        are enough of them, they are prefilled and stored first.
+        are enough of them, they are prefilled and stored first (`disk`: and may be written).
         """
-        reuse = self._nearest(prompt)
+        reuse = self._nearest(prompt, scope)
         if self._disk is not None and reuse.tokens < len(prompt) - 1:
-            reuse = self._restore(prompt, reuse)
+            reuse = self._restore(prompt, reuse, scope)
         if reuse.tokens < shared < len(prompt) and MIN_SHARED_TOKENS <= shared <= MAX_SHARED_TOKENS:
-            self._prefill(prompt[:shared], reuse)
-            return replace(self._nearest(prompt), hits=reuse.hits)
+            self._prefill(HeldPrompt(scope, prompt[:shared]), reuse, disk)
+            return replace(self._nearest(prompt, scope), hits=reuse.hits)
         return reuse
 
-    def store(self, tokens: list[int], cache: list[Any]) -> None:
-        """Keep a finished sequence's cache (its prompt and answer)."""
+    def store(self, tokens: list[int], cache: list[Any], scope: str, disk: bool = True) -> None:
+        """Keep a finished sequence's cache (its prompt and answer) for `scope` (`disk`: and
+        may write it)."""
         if tokens:
             # mlx-lm hands the cache over as lazy slices of the running batch's arrays: made
             # real now, they cost a copy; left lazy, they cost far more when first read
             # (measured: a prefill of 16 prompts on them, 1.1 s instead of 0.45 s).
             mx.eval([c.state for c in cache])
-            self._keep(list(tokens), cache, "assistant")
+            self._keep(HeldPrompt(scope, list(tokens)), cache, FINISHED, disk)
 
-    def _restore(self, prompt: list[int], reuse: Reuse) -> Reuse:
+    def _restore(self, prompt: list[int], reuse: Reuse, scope: str) -> Reuse:
         """`reuse`, or a longer start read back from the disk tier into memory."""
         assert self._disk is not None
-        restored = self._disk.restore(prompt, reuse.tokens)
+        restored = self._disk.restore(prompt, reuse.tokens, scope)
         if restored is None:
             return reuse
-        self._insert(restored.tokens, restored.cache, "assistant")
-        return self._nearest(prompt)
+        self._insert(HeldPrompt(scope, restored.tokens), restored.cache, FINISHED)
+        return self._nearest(prompt, scope)
 
-    def _nearest(self, prompt: list[int]) -> Reuse:
+    def _nearest(self, prompt: list[int], scope: str) -> Reuse:
         with self._lock:
-            cache, rest = self._lru.fetch_nearest_cache(_KEY, prompt)
+            cache, rest = self._lru.fetch_nearest_cache(scope, prompt)
         if cache is None:
             return Reuse(None, 0, 0)
         if not rest:  # the whole prompt is cached: recompute its last token for the logits
@@ -205,16 +226,17 @@ class PrefixCache:
         tokens = len(prompt) - len(rest)
         return Reuse(cache, tokens, tokens)
 
-    def _prefill(self, history: list[int], start: Reuse) -> None:
-        done = prefill(self._model, history, start, self._kv)
+    def _prefill(self, history: HeldPrompt, start: Reuse, disk: bool) -> None:
+        done = prefill(self._model, history.tokens, start, self._kv)
         assert done.cache is not None  # a prefill always makes one
-        self._keep(list(history), done.cache, "system")
+        self._keep(history, done.cache, HISTORY, disk)
 
-    def _keep(self, tokens: list[int], cache: list[Any], kind: str) -> None:
-        """A cache this worker made, into memory, and behind it to disk."""
-        self._insert(tokens, cache, kind)
-        if self._disk is not None:
-            self._disk.put(tokens, cache)
+    def _keep(self, entry: HeldPrompt, cache: list[Any], kind: str, disk: bool) -> None:
+        """A cache this worker made, into memory, and behind it to disk (`disk`: unless it is
+        memory's only)."""
+        self._insert(entry, cache, kind if disk else MEMORY_ONLY)
+        if self._disk is not None and disk:
+            self._disk.put(entry, cache)
 
 
 def _longest(found: Any, length: int) -> tuple[list[int], int]:

@@ -7,13 +7,16 @@ what it evicts, and all it holds at shutdown or when its model is unloaded
 from the file. A worker restart then costs a read of the cache instead of a prefill (issue 35:
 on this CPU 50-110x less for 2,000 tokens).
 
-Layout: `{root}/{identity}/{hash of the tokens}.safetensors`, a file per token sequence or
-chain (below). The identity (worker/engine/prefix_identity.py) names the weights by their content
-and the KV layout (each layer's cache class, its arrays' shapes apart from the token axis, and
-their dtypes, quantized ones included), so a model whose weights or KV form change gets a folder
-of its own, and a file is never read as another model's cache. Files are mlx-lm's prompt-cache
-format with the identity and the tokens in its metadata (worker/engine/prefix_file.py); a file
-is written under a dot name and renamed, so no reader sees half of one.
+Layout: `{root}/{identity}/{hash of the scope and tokens}.safetensors`, a file per token
+sequence or chain (below) of one cache scope (shared/queue/cache_scope.py): a prompt is restored
+only from its own scope's files. Folders are 0700 and files 0600: they hold prompts. The
+identity (worker/engine/prefix_identity.py) names the weights by their content and the KV
+layout (each layer's cache class, its arrays' shapes apart from the token axis, and their
+dtypes, quantized ones included), so a model whose weights or KV form change gets a folder of
+its own, and a file is never read as another model's cache. Files are mlx-lm's prompt-cache
+format with the identity, the scope and the tokens in its metadata
+(worker/engine/prefix_file.py); a file is written under a dot name and renamed, so no reader
+sees half of one.
 
 One file per chain: a conversation's caches extend one another, turn by turn. For caches that
 can be cut (mlx-lm's KV caches, quantized or not), a cache that a file already holds the start
@@ -51,9 +54,10 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import can_trim_prompt_cache, load_prompt_cache
 
+from shared.queue.prefix_blocks import HeldPrompt
 from worker.engine.prefix_cache import MIN_SHARED_TOKENS
 from worker.engine.prefix_disk_writer import UNBOUNDED, DiskWriter, WriteBounds
-from worker.engine.prefix_file import header, is_ours, save, tokens_of
+from worker.engine.prefix_file import header, held_of, is_ours, save
 from worker.engine.prefix_identity import kv_layout, model_identity, probe, token_bytes
 
 log = logging.getLogger(__name__)
@@ -70,8 +74,10 @@ STALE_S = 600.0
 LENT_S = 60.0
 
 
-def file_name(tokens: list[int]) -> str:
-    return hashlib.blake2b(_packed(tokens), digest_size=16).hexdigest() + SUFFIX
+def file_name(held: HeldPrompt) -> str:
+    digest = hashlib.blake2b(held.scope.encode() + b"\0", digest_size=16)
+    digest.update(_packed(held.tokens))
+    return digest.hexdigest() + SUFFIX
 
 
 def _packed(tokens: list[int]) -> bytes:
@@ -80,10 +86,18 @@ def _packed(tokens: list[int]) -> bytes:
 
 @dataclass(frozen=True)
 class Stored:
-    """A file of this tier: the tokens its cache holds."""
+    """A file of this tier: the tokens its cache holds, for `scope`."""
 
     path: Path
+    scope: str
     tokens: np.ndarray[Any, np.dtype[np.uint32]]
+
+    @classmethod
+    def of(cls, path: Path, held: HeldPrompt) -> Stored:
+        return cls(path, held.scope, np.asarray(held.tokens, dtype=np.uint32))
+
+    def held(self) -> HeldPrompt:
+        return HeldPrompt(self.scope, self.tokens.tolist())
 
     def common(self, prompt: np.ndarray[Any, np.dtype[np.uint32]]) -> int:
         """How many first tokens of `prompt` this file holds."""
@@ -99,7 +113,7 @@ def common_start(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
 
 @dataclass(frozen=True)
 class Restored:
-    """A cache read back from a file: the tokens it holds."""
+    """A cache read back from a file: the tokens it holds (for the scope asked)."""
 
     tokens: list[int]
     cache: list[Any]
@@ -129,15 +143,17 @@ class DiskTier:
         self._tidying = threading.Lock()
         self._index: dict[str, Stored] = {}
         self._lent: dict[str, float] = {}  # files written to be lent, by name: when
-        self._held: tuple[list[int], ...] = ()
-        self._dir.mkdir(parents=True, exist_ok=True)
+        self._held: tuple[HeldPrompt, ...] = ()
+        for folder in (root, self._dir):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(folder, 0o700)
         for path in self._dir.iterdir():
             self._admit(path)
         self._refresh_held()
         self._writer = DiskWriter(self._write_behind, bounds)
 
     @property
-    def held(self) -> tuple[list[int], ...]:
+    def held(self) -> tuple[HeldPrompt, ...]:
         """The token sequences the files hold, most recently used first; replaced whole."""
         return self._held
 
@@ -159,10 +175,11 @@ class DiskTier:
 
     # The engine thread
 
-    def restore(self, prompt: list[int], known: int) -> Restored | None:
-        """The file holding most of `prompt`'s first tokens, read back, when it holds at least
-        `min_tokens` more than `known` (what memory has) and reading it pays (READ_SHARE)."""
-        common, best = self.best(prompt)
+    def restore(self, prompt: list[int], known: int, scope: str) -> Restored | None:
+        """The file of `scope` holding most of `prompt`'s first tokens, read back, when it holds
+        at least `min_tokens` more than `known` (what memory has) and reading it pays
+        (READ_SHARE)."""
+        common, best = self.best(prompt, scope)
         if best is None or not self.worth_reading(best, common - known):
             return None
         cache = self.read(best)
@@ -174,11 +191,11 @@ class DiskTier:
 
     # Any thread
 
-    def best(self, prompt: list[int]) -> tuple[int, Stored | None]:
-        """The file holding most of `prompt`'s first tokens, and how many it holds."""
+    def best(self, prompt: list[int], scope: str) -> tuple[int, Stored | None]:
+        """The file of `scope` holding most of `prompt`'s first tokens, and how many it holds."""
         wanted = np.asarray(prompt, dtype=np.uint32)
         with self._lock:
-            ranked = [(s.common(wanted), s) for s in self._index.values()]
+            ranked = [(s.common(wanted), s) for s in self._index.values() if s.scope == scope]
         # Among equals, the shortest: the least to read or send.
         best = max(ranked, key=lambda r: (r[0], -len(r[1].tokens)), default=(0, None))
         return best[0], best[1]
@@ -187,55 +204,59 @@ class DiskTier:
         """Whether reading `stored` pays for the `gain` tokens it adds to what is held."""
         return gain >= self._min_tokens and gain * READ_SHARE >= len(stored.tokens)
 
-    def file_of(self, tokens: list[int]) -> Path | None:
-        """The file holding exactly `tokens`, if there is one."""
+    def file_of(self, held: HeldPrompt) -> Path | None:
+        """The file holding exactly `held`, if there is one."""
         with self._lock:
-            stored = self._index.get(file_name(tokens))
+            stored = self._index.get(file_name(held))
         return stored.path if stored is not None else None
 
-    def adopt(self, data: bytes) -> list[int] | None:
+    def adopt(self, data: bytes, scope: str) -> list[int] | None:
         """Keep a file another worker sent (worker/runtime/prefix_fetch.py) when it is one of
-        this model's: the tokens it holds, or None (it is dropped, as a spoiled file is)."""
+        this model's, of the `scope` asked for: the tokens it holds, or None (it is dropped, as
+        a spoiled file is)."""
         temporary = self._dir / f".adopt.{os.getpid()}.{threading.get_ident()}{SUFFIX}"
         try:
+            temporary.touch(mode=0o600)
             temporary.write_bytes(data)
-            tokens = self._check(temporary)
-            path = self._dir / file_name(tokens)
+            held = self._check(temporary)
+            if held.scope != scope:
+                raise ValueError("a cache of another scope than the one asked for")
+            path = self._dir / file_name(held)
             os.replace(temporary, path)
         except (OSError, ValueError) as why:  # a full disk, a folder removed, not our file
             log.warning("prefix cache: not keeping a fetched file: %s", why)
             temporary.unlink(missing_ok=True)
             return None
         with self._lock:
-            self._index[path.name] = Stored(path, np.asarray(tokens, dtype=np.uint32))
+            self._index[path.name] = Stored.of(path, held)
         self._tidy()
-        return tokens
+        return held.tokens
 
-    def write_now(self, tokens: list[int], cache: list[Any]) -> Path | None:
-        """Write `tokens`' cache on this thread (a copy already on disk is only touched), for
+    def write_now(self, held: HeldPrompt, cache: list[Any]) -> Path | None:
+        """Write `held`'s cache on this thread (a copy already on disk is only touched), for
         a thread that needs the file at once: the file, or None if it could not be written."""
         try:
             mx.eval([c.state for c in cache])
-            self._write(tokens, cache, chained=False)
+            self._write(held, cache, chained=False)
             with self._lock:
-                self._lent[file_name(tokens)] = time.monotonic()
+                self._lent[file_name(held)] = time.monotonic()
         except Exception as err:  # a full disk (MLX's save raises RuntimeError), a gone folder
             log.warning("prefix cache: could not write a cache to %s: %s", self._dir, err)
             return None
         self._tidy()
-        return self.file_of(tokens)
+        return self.file_of(held)
 
-    def put(self, tokens: list[int], cache: list[Any], wait: bool = False) -> None:
-        """Write `tokens`' cache on the writer's thread (one file per chain: see the module).
+    def put(self, held: HeldPrompt, cache: list[Any], wait: bool = False) -> None:
+        """Write `held`'s cache on the writer's thread (one file per chain: see the module).
         Without `wait`, dropped when it would take the bytes waiting past the writer's bound."""
-        if len(tokens) < self._min_tokens:
+        if len(held.tokens) < self._min_tokens:
             return
         # MLX's streams are per thread: the writer's thread can read arrays made real here, not
         # compute what this thread left lazy (the memory tier's are real already: no cost).
         mx.eval([c.state for c in cache])
         nbytes = sum(c.nbytes for c in cache)
-        if not self._writer.offer(file_name(tokens), tokens, cache, nbytes, wait):
-            log.info("prefix cache: disk behind, dropping a write of %d tokens", len(tokens))
+        if not self._writer.offer(file_name(held), held, cache, nbytes, wait):
+            log.info("prefix cache: disk behind, dropping a write of %d tokens", len(held.tokens))
 
     def flush(self) -> None:
         """Wait until every write put so far is done."""
@@ -250,7 +271,7 @@ class DiskTier:
         try:
             cache, meta = load_prompt_cache(str(stored.path), return_metadata=True)
             mx.eval([c.state for c in cache])
-            why = self._mismatch(meta, stored.tokens.tolist(), cache)
+            why = self._mismatch(meta, stored.held(), cache)
         except Exception as err:  # anything a file holds: it is dropped, never the worker
             why = f"unreadable ({type(err).__name__}: {err})"
         if why:
@@ -258,12 +279,13 @@ class DiskTier:
             return None
         return list(cache)
 
-    def _mismatch(self, meta: dict[str, str], tokens: list[int], cache: list[Any]) -> str:
-        """Why a cache read back is not this model's cache of `tokens` ('' if it is)."""
+    def _mismatch(self, meta: dict[str, str], held: HeldPrompt, cache: list[Any]) -> str:
+        """Why a cache read back is not this model's cache of `held` ('' if it is)."""
+        tokens = held.tokens
         if not is_ours(meta, self._identity):
             return "another model's or format's file"
-        if tokens_of(meta) != tokens:
-            return "its tokens differ from its name's"
+        if held_of(meta) != held:
+            return "its scope or tokens differ from its name's"
         if kv_layout(cache) != self._layout:
             return "another KV layout (dtype or shape)"
         if any(getattr(c, "offset", len(tokens)) != len(tokens) for c in cache):
@@ -272,30 +294,30 @@ class DiskTier:
 
     # The writer's thread
 
-    def _write_behind(self, tokens: list[int], cache: list[Any]) -> int:
-        written = self._write(tokens, cache, chained=True)
+    def _write_behind(self, held: HeldPrompt, cache: list[Any]) -> int:
+        written = self._write(held, cache, chained=True)
         self._tidy()
         return written
 
-    def _write(self, tokens: list[int], cache: list[Any], chained: bool) -> int:
-        """Write `tokens`' cache, unless a file holds it already (that file is touched): the
+    def _write(self, held: HeldPrompt, cache: list[Any], chained: bool) -> int:
+        """Write `held`'s cache, unless a file holds it already (that file is touched): the
         bytes written. `chained`: one file per chain, as the module says."""
-        name = file_name(tokens)
+        name = file_name(held)
         path = self._dir / name
         chained = chained and can_trim_prompt_cache(cache)
-        holder = self._holder(tokens, chained)
+        holder = self._holder(held, chained)
         if holder is not None:
             os.utime(holder)
             return 0
         writer = f"{os.getpid()}.{threading.get_ident()}"
         temporary = self._dir / f".{name[: -len(SUFFIX)]}.{writer}{SUFFIX}"
         try:
-            save(temporary, self._identity, tokens, cache)
+            save(temporary, self._identity, held, cache)
             os.replace(temporary, path)
         except BaseException:
             temporary.unlink(missing_ok=True)
             raise
-        stored = Stored(path, np.asarray(tokens, dtype=np.uint32))
+        stored = Stored.of(path, held)
         with self._lock:
             self._index[name] = stored
             now = time.monotonic()
@@ -309,15 +331,15 @@ class DiskTier:
             self._forget(old.path)
         return path.stat().st_size
 
-    def _holder(self, tokens: list[int], chained: bool) -> Path | None:
-        """The file holding `tokens`' cache: the one of that name, or, `chained`, one whose
-        tokens start with them."""
-        wanted = Stored(self._dir / file_name(tokens), np.asarray(tokens, dtype=np.uint32))
+    def _holder(self, held: HeldPrompt, chained: bool) -> Path | None:
+        """The file holding `held`'s cache: the one of that name, or, `chained`, one of its
+        scope whose tokens start with them."""
+        wanted = Stored.of(self._dir / file_name(held), held)
         with self._lock:
             exact = self._index.get(wanted.path.name)
             longer = [s for s in self._index.values() if chained and _extends(s, wanted)]
-        held = [s.path for s in ([exact] if exact is not None else []) + longer]
-        return next((p for p in held if p.exists()), None)
+        paths = [s.path for s in ([exact] if exact is not None else []) + longer]
+        return next((p for p in paths if p.exists()), None)
 
     def _tidy(self) -> None:
         """The cap, then `held` anew, one thread at a time (the writer, a fetch, a lend)."""
@@ -344,7 +366,7 @@ class DiskTier:
         with self._lock:
             stored = list(self._index.values())
         recent = sorted(stored, key=lambda s: _mtime(s.path), reverse=True)
-        self._held = tuple(s.tokens.tolist() for s in recent)
+        self._held = tuple(s.held() for s in recent)
 
     # Both
 
@@ -355,21 +377,22 @@ class DiskTier:
                 path.unlink(missing_ok=True)
             return
         try:
-            tokens = self._check(path)
+            held = self._check(path)
         except ValueError as why:
             self._discard(path, str(why))
             return
-        if file_name(tokens) != path.name:
-            self._discard(path, "its tokens differ from its name's")
+        if file_name(held) != path.name:
+            self._discard(path, "its scope or tokens differ from its name's")
         else:
-            self._index[path.name] = Stored(path, np.asarray(tokens, dtype=np.uint32))
+            self._index[path.name] = Stored.of(path, held)
 
-    def _check(self, path: Path) -> list[int]:
-        """The tokens of a file whose header says it is this model's cache; ValueError, why
-        not. (Its arrays are checked when it is read: `_mismatch`.)"""
+    def _check(self, path: Path) -> HeldPrompt:
+        """The scope and tokens of a file whose header says it is this model's cache;
+        ValueError, why not. (Its arrays are checked when it is read: `_mismatch`.)"""
         try:
             meta = header(path)
-            tokens = tokens_of(meta)
+            held = held_of(meta)
+            tokens = held.tokens
         except Exception as err:
             raise ValueError(f"unreadable ({type(err).__name__}: {err})") from err
         if not is_ours(meta, self._identity):
@@ -378,7 +401,7 @@ class DiskTier:
             raise ValueError("too few tokens to keep")
         if min(tokens) < 0 or max(tokens) >= 1 << 32:
             raise ValueError("token ids out of range")
-        return tokens
+        return held
 
     def _discard(self, path: Path, why: str) -> None:
         log.warning("prefix cache: removing %s: %s", path, why)
@@ -391,9 +414,12 @@ class DiskTier:
 
 
 def _extends(longer: Stored, shorter: Stored) -> bool:
-    """Whether `longer` holds more tokens than `shorter`, its first ones `shorter`'s."""
+    """Whether `longer` holds more tokens than `shorter`, its first ones `shorter`'s, for the
+    same scope."""
     n = len(shorter.tokens)
-    return len(longer.tokens) > n and common_start(longer.tokens[:n], shorter.tokens) == n
+    if longer.scope != shorter.scope or len(longer.tokens) <= n:
+        return False
+    return common_start(longer.tokens[:n], shorter.tokens) == n
 
 
 def _files(root: Path) -> Iterator[tuple[Path, os.stat_result]]:

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shared.queue.prefix_blocks import HeldPrompt
+
 log = logging.getLogger(__name__)
 
 
@@ -40,13 +42,13 @@ UNBOUNDED = WriteBounds(1 << 62, float("inf"))
 @dataclass(frozen=True)
 class _Write:
     name: str  # the file's name: one wait per name
-    tokens: list[int]
+    held: HeldPrompt
     cache: list[Any]
     nbytes: int
 
 
-# `write(tokens, cache)` writes a file and says how many bytes it wrote (0: none, it was there).
-WriteFile = Callable[[list[int], list[Any]], int]
+# `write(held, cache)` writes a file and says how many bytes it wrote (0: none, it was there).
+WriteFile = Callable[[HeldPrompt, list[Any]], int]
 
 
 class DiskWriter:
@@ -62,9 +64,7 @@ class DiskWriter:
         self._thread = threading.Thread(target=self._write_all, name="prefix-disk", daemon=True)
         self._thread.start()
 
-    def offer(
-        self, name: str, tokens: list[int], cache: list[Any], nbytes: int, wait: bool
-    ) -> bool:
+    def offer(self, name: str, held: HeldPrompt, cache: list[Any], nbytes: int, wait: bool) -> bool:
         """Queue a write of `nbytes` (the cache's arrays) to the file `name`: False when it is
         dropped, as it would take what waits past the bound (unless `wait`: it is never
         dropped). A file already waiting is not queued twice."""
@@ -75,7 +75,7 @@ class DiskWriter:
                 return False
             self._waiting.add(name)
             self._waiting_bytes += nbytes
-        self._pending.put(_Write(name, tokens, cache, nbytes))
+        self._pending.put(_Write(name, held, cache, nbytes))
         return True
 
     @property
@@ -101,10 +101,10 @@ class DiskWriter:
             started = time.perf_counter()
             written = 0
             try:
-                written = self._write(write.tokens, write.cache)
+                written = self._write(write.held, write.cache)
             except Exception:  # a full disk, a folder removed: the next write tries again
                 log.exception(
-                    "prefix cache: could not write a cache of %d tokens", len(write.tokens)
+                    "prefix cache: could not write a cache of %d tokens", len(write.held.tokens)
                 )
             finally:
                 with self._lock:

@@ -1,10 +1,12 @@
 """A disk-tier file's format (worker/engine/prefix_disk.py): mlx-lm's prompt-cache safetensors
 (`save_prompt_cache`, no pickle), its arrays cut to the tokens they hold, with mlxq's metadata:
-the format, the model's identity and the tokens."""
+the format, the model's identity, the cache scope (shared/queue/cache_scope.py) and the tokens.
+Written readable by its owner only (0600): it holds a prompt."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +14,18 @@ import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.models.cache import save_prompt_cache
 
-FORMAT = "mlxq-prefix-cache-1"
+from shared.queue.prefix_blocks import HeldPrompt
+
+FORMAT = "mlxq-prefix-cache-2"  # 2: with its scope
 
 
-def save(path: Path, identity: str, tokens: list[int], cache: list[Any]) -> None:
-    """Write `tokens`' cache to `path`, each layer cut to its tokens (`compact`)."""
-    meta = {"format": FORMAT, "identity": identity, "tokens": ",".join(map(str, tokens))}
+def save(path: Path, identity: str, held: HeldPrompt, cache: list[Any]) -> None:
+    """Write `held`'s cache to `path`, each layer cut to its tokens (`compact`)."""
+    tokens = ",".join(map(str, held.tokens))
+    meta = {"format": FORMAT, "identity": identity, "scope": held.scope, "tokens": tokens}
+    # Created private: MLX writes the file with the process's umask.
+    path.touch(mode=0o600)
+    os.chmod(path, 0o600)
     save_prompt_cache(str(path), [compact(c) for c in cache], meta)
 
 
@@ -28,6 +36,11 @@ def is_ours(meta: dict[str, str], identity: str) -> bool:
 
 def tokens_of(meta: dict[str, str]) -> list[int]:
     return [int(t) for t in meta["tokens"].split(",")]
+
+
+def held_of(meta: dict[str, str]) -> HeldPrompt:
+    """The scope and tokens a file's metadata names."""
+    return HeldPrompt(meta["scope"], tokens_of(meta))
 
 
 def header(path: Path) -> dict[str, str]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from mlx_lm.sample_utils import LogitsProcessor
 
+from shared.queue.cache_scope import UNSCOPED
 from shared.queue.context_window import completion_budget
 from shared.queue.jobs import GenerationJob
 from shared.queue.prompt_tokens import (
@@ -62,6 +63,10 @@ class PreparedJob:
     prompt_logprobs: int | None = None
     # A client waits on it (not a background response or a batch line): its prefill is paced.
     interactive: bool = True
+    # Whose prefix cache entries it reuses and adds to, and whether those may go to disk
+    # (shared/queue/cache_scope.py, shared/queue/jobs.py).
+    cache_scope: str = UNSCOPED
+    keep_on_disk: bool = True
 
     @property
     def prompt_tokens(self) -> int:
@@ -124,6 +129,8 @@ class Preparer:
             shared_tokens=self._history_tokens(chat, prompts[0]),
             prompt_logprobs=job.prompt_logprobs,
             interactive=job.lane == "interactive",
+            cache_scope=job.cache_scope,
+            keep_on_disk=job.keep_on_disk,
         )
 
     def _choice(

@@ -11,7 +11,9 @@ keeps it in its own disk tier only if it is this model's cache (its identity nam
 by content: worker/engine/prefix_identity.py), and the engine restores it from there as it
 would any file, checking its arrays again.
 A holder that answers late, with nothing or with junk, costs the job only the wait: the prompt
-is prefilled as before. Both sides need a disk tier.
+is prefilled as before. Both sides need a disk tier. An ask names the job's cache scope
+(shared/queue/cache_scope.py), and the holder lends only what it holds for that scope; a job
+whose request said `store: false` fetches nothing, since what is fetched is kept on disk.
 
 Wire (shared/queue/keys.py): a lending thread keeps `{ns}:lends:{worker}` set to the identity
 of its caches, so a taker asks only holders that lend caches it can use (not a worker with no
@@ -49,9 +51,10 @@ from redis import Redis
 from redis.exceptions import RedisError
 from rq.timeouts import JobTimeoutException
 
+from shared.queue.cache_scope import SCOPE_PATTERN
 from shared.queue.keys import Keys
 from shared.queue.liveness import live_workers
-from shared.queue.prefix_blocks import BLOCK_TOKENS, block_hashes, matched_tokens
+from shared.queue.prefix_blocks import BLOCK_TOKENS, HeldPrompt, block_hashes, matched_tokens
 from shared.wire.ids import ID_PATTERN, new_id
 from worker.engine.prefix_cache import PrefixCache
 from worker.engine.prefix_disk import DiskTier, common_start
@@ -81,10 +84,12 @@ MAX_WAIT_S = 30.0
 
 
 class Ask(BaseModel):
-    """An ask for the cache holding most of `tokens`' first tokens, answered by `until`."""
+    """An ask for the cache of `scope` holding most of `tokens`' first tokens, answered by
+    `until`."""
 
     reply: Annotated[str, Field(pattern=ID_PATTERN)]
     identity: str  # the asker's caches' (worker/engine/prefix_identity.py)
+    scope: Annotated[str, Field(pattern=SCOPE_PATTERN)]
     tokens: Annotated[list[int], Field(max_length=MAX_ASK_TOKENS)]
     until: float  # unix s, Redis's clock
 
@@ -164,14 +169,14 @@ class PrefixFetch:
     def __call__(self, prepared: PreparedJob) -> bool:
         """Fetch what another worker holds of the job's prompt, if it pays; whether it asked
         (and so waited: the caller checks the job was not cancelled meanwhile)."""
-        prompt = prepared.prompts[0]
-        if len(prompt) < MIN_GAIN_TOKENS:  # most jobs: no round trip, nothing computed
+        prompt, scope = prepared.prompts[0], prepared.cache_scope
+        if len(prompt) < MIN_GAIN_TOKENS or not prepared.keep_on_disk:  # most jobs: no round trip
             return False
         try:
-            own = held_tokens(self._cache.held, prompt)
+            own = held_tokens(self._cache.held, HeldPrompt(scope, prompt))
             if len(prompt) - own < MIN_GAIN_TOKENS:  # held here already
                 return False
-            found, now = self._holder(prompt)
+            found, now = self._holder(HeldPrompt(scope, prompt))
             if found is None:
                 return False
             with self._lock:
@@ -183,14 +188,14 @@ class PrefixFetch:
         except Exception as err:  # a fetch only ever saves time: the job goes on without it
             log.warning("prefix fetch: failed (%s: %s)", type(err).__name__, err)
             return False
-        self._fetch(found, prompt, now + wait_s, wait_s)
+        self._fetch(found, HeldPrompt(scope, prompt), now + wait_s, wait_s)
         return True
 
-    def _fetch(self, found: Holder, prompt: list[int], until: float, wait_s: float) -> None:
+    def _fetch(self, found: Holder, prompt: HeldPrompt, until: float, wait_s: float) -> None:
         started = time.perf_counter()
         try:
             data = self._ask(found.worker_id, prompt, until, wait_s)
-            kept = self._disk.adopt(data) if data else None
+            kept = self._disk.adopt(data, prompt.scope) if data else None
         except JobTimeoutException:
             raise
         except Exception as err:
@@ -212,10 +217,11 @@ class PrefixFetch:
             *(len(kept), megabytes, found.worker_id, seconds),
         )
 
-    def _holder(self, prompt: list[int]) -> tuple[Holder | None, float]:
-        """The lender advertising most of `prompt`'s first blocks, and Redis's time (unix s)."""
+    def _holder(self, prompt: HeldPrompt) -> tuple[Holder | None, float]:
+        """The lender advertising most of `prompt`'s first blocks in its scope, and Redis's time
+        (unix s)."""
         lenders = self._asked(self._lending())
-        hashes = block_hashes(prompt)
+        hashes = block_hashes(prompt.tokens, scope=prompt.scope)
         if not lenders or not hashes:
             return None, 0.0
         pipe = self._redis.pipeline(transaction=False)
@@ -250,9 +256,16 @@ class PrefixFetch:
         with self._lock:
             return [w for w in lenders if self._aside.get(w, 0.0) < now]
 
-    def _ask(self, holder: str, prompt: list[int], until: float, wait_s: float) -> bytes | None:
+    def _ask(self, holder: str, prompt: HeldPrompt, until: float, wait_s: float) -> bytes | None:
         """The holder's file; b"" if it sent nothing usable, None if no answer came in time."""
-        ask = Ask(reply=new_id("ask_"), identity=self._disk.identity, tokens=prompt, until=until)
+        identity = self._disk.identity
+        ask = Ask(
+            reply=new_id("ask_"),
+            identity=identity,
+            scope=prompt.scope,
+            tokens=prompt.tokens,
+            until=until,
+        )
         reply = self._keys.prefix_reply(ask.reply)
         asks = self._keys.prefix_asks(holder)
         pipe = self._redis.pipeline(transaction=False)
@@ -287,11 +300,12 @@ class PrefixFetch:
         return None
 
 
-def held_tokens(held: Sequence[list[int]], prompt: list[int]) -> int:
-    """How many of `prompt`'s first tokens the longest match among `held` holds."""
-    wanted = np.asarray(prompt, dtype=np.uint32)
-    # Sequences starting otherwise cost no conversion.
-    starts = (t for t in held if t[:1] == prompt[:1])
+def held_tokens(held: Sequence[HeldPrompt], prompt: HeldPrompt) -> int:
+    """How many of `prompt`'s first tokens the longest match of its scope among `held` holds."""
+    wanted = np.asarray(prompt.tokens, dtype=np.uint32)
+    # Sequences starting otherwise, or of another scope, cost no conversion.
+    first, scope = prompt.tokens[:1], prompt.scope
+    starts = (h.tokens for h in held if h.tokens[:1] == first and h.scope == scope)
     return max((common_start(np.asarray(t, dtype=np.uint32), wanted) for t in starts), default=0)
 
 
@@ -350,7 +364,7 @@ class Lender:
         data = memoryview(b"")  # nothing to send: said at once, so the asker does not wait
         if ask.identity == self._identity:
             try:
-                path = self._cache.lend(ask.tokens)
+                path = self._cache.lend(ask.tokens, ask.scope)
                 data = memoryview(path.read_bytes()) if path is not None else data
             except Exception:  # a file removed by the cap meanwhile, a failed write
                 log.exception("prefix lending: could not lend a cache")

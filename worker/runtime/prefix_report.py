@@ -1,11 +1,12 @@
 """What a worker tells the fleet about its prefix cache: the blocks it holds, and how often it hit.
 
 With each heartbeat the worker adds the block hashes (shared/queue/prefix_blocks.py) of the
-sequences its prefix cache holds to its `{ns}:blocks:{worker_id}` set and removes those it
-published before and no longer holds (evicted), so the API can send a request to the worker that
-holds its prefix (api/queue/placement.py). A slot taking a job adds that job's prompt blocks at
-once (worker/runtime/slots.py), so a conversation's next turn finds its worker even when it comes
-before the next beat. The hashing runs on the heartbeat thread, never on the engine's.
+sequences its prefix cache holds, each under its cache scope, to its `{ns}:blocks:{worker_id}`
+set and removes those it published before and no longer holds (evicted), so the API can send a
+request to the worker that holds its prefix (api/queue/placement.py). A slot taking a job adds
+that job's prompt blocks at once (worker/runtime/slots.py), so a conversation's next turn finds
+its worker even when it comes before the next beat. The hashing runs on the heartbeat thread,
+never on the engine's.
 
 `PrefixFigures` counts the prompt tokens this worker looked up in its cache and found there,
 from each ended job's usage, for the fleet view and /metrics (per worker).
@@ -17,7 +18,7 @@ import threading
 from typing import Any, Protocol
 
 from shared.queue.keys import Keys
-from shared.queue.prefix_blocks import MAX_PUBLISHED, block_hashes
+from shared.queue.prefix_blocks import MAX_PUBLISHED, HeldPrompt, block_hashes
 
 
 class HeldPrefixes(Protocol):
@@ -25,7 +26,7 @@ class HeldPrefixes(Protocol):
     or the synthetic engine's (worker/engine/doubles/synthetic_prefill.py)."""
 
     @property
-    def held(self) -> tuple[list[int], ...]: ...
+    def held(self) -> tuple[HeldPrompt, ...]: ...
 
 
 class PrefixReport:
@@ -37,11 +38,11 @@ class PrefixReport:
     def held_blocks(self) -> set[str]:
         """The hashes of what the cache holds, newest sequences first, at most MAX_PUBLISHED."""
         found: set[str] = set()
-        for tokens in self._cache.held if self._cache is not None else ():
+        for held in self._cache.held if self._cache is not None else ():
             left = MAX_PUBLISHED - len(found)
             if left <= 0:
                 break
-            found.update(block_hashes(tokens, limit=left))
+            found.update(block_hashes(held.tokens, limit=left, scope=held.scope))
         return found
 
     def publish(self, pipe: Any, ttl_ms: int) -> None:

@@ -49,6 +49,7 @@ class SyntheticEngine:
             max_tokens=job.max_tokens or self._default_max_tokens,
             choices=tuple(ChoiceSetup(greedy) for _ in range(job.choices())),
             stops=tuple(job.stop),
+            cache_scope=job.cache_scope,
         )
 
     def _prompts(self, job: GenerationJob) -> tuple[list[int], ...]:
@@ -79,7 +80,7 @@ class SyntheticEngine:
         if self._prefill is None:
             return 0.0
         pending = [
-            (r.prepared.prompts, r.prefill)
+            (r.prepared, r.prefill)
             for r in self._running.values()
             if r.prefill is not None and not r.prefill.done
         ]
@@ -102,7 +103,7 @@ class SyntheticEngine:
         if self._prefill is not None:
             run.answer.append(stamp)
             if done:
-                self._prefill.finished(run.prepared.prompts, "".join(run.answer))
+                self._prefill.finished(run.prepared, "".join(run.answer))
         n = len(run.prepared.choices)
         cached = (run.prefill.cached or 0) if run.prefill is not None else 0
         return [

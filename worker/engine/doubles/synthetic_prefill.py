@@ -8,8 +8,9 @@ with MLXQ_SYNTHETIC_PREFILL_S_PER_TOKEN above 0 a synthetic worker:
 - tokenizes each prompt with its served model's real tokenizer, through the `PromptCounter` the
   API builds from the spec the worker publishes (shared/queue/prompt_tokens.py), so both sides
   see the same token ids and so the same block hashes;
-- keeps a bounded LRU of the token sequences it has prefilled (`SyntheticPrefixCache`), whose
-  `held` is what worker/runtime/prefix_report.py publishes, as from the real `PrefixCache`;
+- keeps a bounded LRU of the token sequences it has prefilled (`SyntheticPrefixCache`), each
+  under its job's cache scope, whose `held` is what worker/runtime/prefix_report.py publishes,
+  as from the real `PrefixCache`;
 - charges each step the prompt tokens it prefills that are not in that cache, at the configured
   seconds per token, up to the step's prefill budget (MLXQ_PREFILL_TOKENS), in admission order,
   as the real engine's chunked prefill does; a sequence's first token comes in the step its
@@ -29,7 +30,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from shared.queue.jobs import GenerationJob
+from shared.queue.prefix_blocks import HeldPrompt
 from shared.queue.prompt_tokens import PromptCounter
+from worker.engine.prepare import PreparedJob
+
+_Key = tuple[str, tuple[int, ...]]  # a scope and its tokens
 
 
 class SyntheticPrefixCache:
@@ -37,37 +42,39 @@ class SyntheticPrefixCache:
 
     def __init__(self, entries: int):
         self._entries = entries
-        self._lru: OrderedDict[tuple[int, ...], None] = OrderedDict()
-        self._held: tuple[list[int], ...] = ()
+        self._lru: OrderedDict[_Key, None] = OrderedDict()
+        self._held: tuple[HeldPrompt, ...] = ()
 
     @property
-    def held(self) -> tuple[list[int], ...]:
+    def held(self) -> tuple[HeldPrompt, ...]:
         """As `PrefixCache.held`: replaced whole at each insertion, so any thread may read it."""
         return self._held
 
-    def matched(self, prompt: list[int]) -> int:
-        """The prompt's leading tokens some held sequence shares, leaving its last token to
-        compute (the real cache recomputes it for the logits); a hit counts as a use."""
+    def matched(self, prompt: HeldPrompt) -> int:
+        """The prompt's leading tokens some sequence held for its scope shares, leaving its last
+        token to compute (the real cache recomputes it for the logits); a hit counts as a use."""
         best, best_key = 0, None
         for key in self._lru:
-            shared = _common_prefix(key, prompt)
+            shared = _common_prefix(key[1], prompt.tokens) if key[0] == prompt.scope else 0
             if shared > best:
                 best, best_key = shared, key
         if best_key is not None:
             self._lru.move_to_end(best_key)
-        return min(best, len(prompt) - 1)
+        return min(best, len(prompt.tokens) - 1)
 
-    def insert(self, tokens: list[int]) -> None:
-        self._lru[tuple(tokens)] = None
-        self._lru.move_to_end(tuple(tokens))
+    def insert(self, held: HeldPrompt) -> None:
+        key = (held.scope, tuple(held.tokens))
+        self._lru[key] = None
+        self._lru.move_to_end(key)
         while len(self._lru) > self._entries:
             self._lru.popitem(last=False)
-        self._held = tuple(list(key) for key in reversed(self._lru))
+        self._held = tuple(HeldPrompt(scope, list(tokens)) for scope, tokens in reversed(self._lru))
 
-    def extend(self, tokens: list[int], more: list[int]) -> None:
-        """Hold `tokens + more` in place of `tokens` (a prompt, then with its answer)."""
-        self._lru.pop(tuple(tokens), None)
-        self.insert(tokens + more)
+    def extend(self, held: HeldPrompt, more: list[int]) -> None:
+        """Hold `held` with `more` after it in place of `held` (a prompt, then with its
+        answer)."""
+        self._lru.pop((held.scope, tuple(held.tokens)), None)
+        self.insert(HeldPrompt(held.scope, held.tokens + more))
 
 
 def _common_prefix(held: tuple[int, ...], prompt: list[int]) -> int:
@@ -116,34 +123,37 @@ class SyntheticPrefill:
             return (ids,)
         return tuple(self._counter.item_ids(item) for item in job.prompt_items())
 
-    def step_s(self, pending: list[tuple[tuple[list[int], ...], PrefillState]]) -> float:
+    def step_s(self, pending: list[tuple[PreparedJob, PrefillState]]) -> float:
         """Advance the sequences waiting for prefill (in admission order) by one step's budget
         of tokens; the seconds that step's prefill takes."""
         spent = 0
-        for prompts, state in pending:
+        for prepared, state in pending:
             if spent >= self._budget:
                 break
+            prompts = prepared.prompts
             if state.cached is None:
-                state.cached = self._start(prompts)
+                state.cached = self._start(prepared)
                 state.left = sum(len(p) for p in prompts) - state.cached
             take = min(state.left, self._budget - spent)
             state.left -= take
             spent += take
             if state.left == 0 and self._cache is not None:
                 for prompt in prompts:
-                    self._cache.insert(prompt)
+                    self._cache.insert(HeldPrompt(prepared.cache_scope, prompt))
         return spent * self._s_per_token
 
-    def finished(self, prompts: tuple[list[int], ...], answer: str) -> None:
+    def finished(self, prepared: PreparedJob, answer: str) -> None:
         """Hold a one-prompt sequence with its answer, as the real cache does when it ends: the
         next turn, which sends the answer back, finds it whole. It replaces the prompt alone,
         which it extends."""
-        if self._cache is None or len(prompts) != 1:
+        if self._cache is None or len(prepared.prompts) != 1:
             return
-        self._cache.extend(prompts[0], self._counter.encode(answer, special_tokens=False))
+        held = HeldPrompt(prepared.cache_scope, prepared.prompts[0])
+        self._cache.extend(held, self._counter.encode(answer, special_tokens=False))
 
-    def _start(self, prompts: tuple[list[int], ...]) -> int:
+    def _start(self, prepared: PreparedJob) -> int:
         """The tokens the cache gives a sequence as its prefill starts (one prompt only)."""
+        prompts = prepared.prompts
         if self._cache is None or len(prompts) != 1 or not prompts[0]:
             return 0
-        return self._cache.matched(prompts[0])
+        return self._cache.matched(HeldPrompt(prepared.cache_scope, prompts[0]))
