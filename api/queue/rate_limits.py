@@ -287,9 +287,10 @@ def take_share(
 
 
 def takes_a_request(view: Callable[[], Response]) -> Callable[[], Response]:
-    """Wrap a creating route that generates nothing itself (an upload; a batch, whose lines are
-    not counted per minute) so that it takes one request of its key's per-minute buckets, or
-    answers their 429, before anything of the request, its body included, is read."""
+    """Wrap a route that generates nothing itself (an upload; a batch, whose lines are not
+    counted per minute; count_tokens, which renders and counts a prompt) so that it takes one
+    request of its key's per-minute buckets, or answers their 429, before anything of the
+    request, its body included, is read."""
 
     @functools.wraps(view)
     def wrapped() -> Response:

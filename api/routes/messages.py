@@ -20,6 +20,7 @@ from api.http.sse import named_frame, sse_response, token_framer
 from api.http.validation import parse_body
 from api.queue.broker import broker
 from api.queue.generation import KeepaliveEvent, Relayed, RunningJob, collect, start
+from api.queue.rate_limits import takes_a_request
 from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from shared.queue.jobs import job_for
 from shared.wire.answers import chat_completion
@@ -76,6 +77,7 @@ def create_message() -> Response:
 
 
 @bp.post("/v1/messages/count_tokens")
+@takes_a_request  # it renders and tokenizes a prompt: not free, so not unlimited
 def count_tokens() -> Response:
     req = parse_body(MessagesInput)
     b = broker()

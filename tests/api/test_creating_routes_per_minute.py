@@ -1,5 +1,6 @@
 """Every creating route takes a request of its key's per-minute limit (api/queue/rate_limits.py):
-generation requests, background responses, uploads, batches and message batches alike. Each
+generation requests, background responses, uploads, batches and message batches alike, and so
+does count_tokens, which renders and counts a prompt on the API. Each
 case holds whatever answer the first request gets (a 404 for a model no worker serves still took
 its request) and a 429 for the second, with a key allowed one request a minute."""
 
@@ -23,7 +24,6 @@ from tests.support import MESSAGES, MODEL, assert_openai_error, batch_body
 LIMITED = {"Authorization": "Bearer sk-limited"}
 # POST routes that change what exists without creating anything a key keeps or runs.
 NOT_CREATING = {
-    "/v1/messages/count_tokens",
     "/v1/responses/<response_id>/cancel",
     "/v1/batches/<batch_id>/cancel",
     "/v1/messages/batches/<batch_id>/cancel",
@@ -52,6 +52,9 @@ CREATING: dict[str, Callable[[FlaskClient], TestResponse]] = {
     "/v1/files": _upload,
     "/v1/batches": _json("/v1/batches", batch_body("file-none")),
     "/v1/messages/batches": _json("/v1/messages/batches", {"requests": []}),
+    "/v1/messages/count_tokens": _json(
+        "/v1/messages/count_tokens", {"model": "m", "messages": MESSAGES}
+    ),
 }
 
 
