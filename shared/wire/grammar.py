@@ -4,16 +4,20 @@ into a grammar the worker constrains decoding with.
 The grammar engine is llguidance (MIT, the one vLLM, llama.cpp and SGLang use): a JSON schema
 becomes a grammar here, on the API side, where a schema llguidance cannot honour is refused with
 a 400 naming the parameter before anything is queued. The job carries the grammar as text; the
-worker compiles it against its tokenizer (worker/engine/sequence/grammar.py). Both sides cache by
-text.
+worker compiles it against its tokenizer (worker/engine/sequence/grammar.py). The API keeps the
+grammars it compiled, least recently used out first, up to GRAMMAR_CACHE_BYTES of grammar text
+per process: a schema may be megabytes, so a count of entries would bound nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
-from functools import lru_cache
+import threading
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from cachetools import LRUCache
 from llguidance import LLMatcher
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +30,10 @@ SCHEMA_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 # Compact JSON, no free whitespace: a small model cannot wander off into blank lines.
 _JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+GRAMMAR_CACHE_BYTES = 32 << 20
+# By the schema's digest and the parameter named in its 400, the grammar's text.
+_COMPILED: LRUCache[tuple[bytes, str], str] = LRUCache(GRAMMAR_CACHE_BYTES, getsizeof=len)
+_COMPILED_LOCK = threading.Lock()
 
 
 class JsonSchemaSpec(BaseModel):
@@ -69,10 +77,17 @@ ResponseFormat = Annotated[
 
 def grammar_for_schema(schema: dict[str, Any], param: str) -> str:
     """The llguidance grammar for a JSON schema; a 400 naming `param` if it cannot be used."""
-    return _compile(json.dumps(schema, sort_keys=True), param)
+    text = json.dumps(schema, sort_keys=True)
+    key = (hashlib.blake2b(text.encode(), digest_size=16).digest(), param)
+    with _COMPILED_LOCK:
+        found = _COMPILED.get(key)
+    if found is None:
+        found = _compile(text, param)
+        with _COMPILED_LOCK, contextlib.suppress(ValueError):  # one grammar over the bound
+            _COMPILED[key] = found
+    return found
 
 
-@lru_cache(maxsize=256)
 def _compile(schema: str, param: str) -> str:
     try:
         grammar = LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)

@@ -1,0 +1,37 @@
+"""The API's cache of compiled grammars (shared/wire/grammar.py) is bounded by the bytes of the
+grammars it holds, not by their count: a key sending megabyte schemas cannot grow it."""
+
+from __future__ import annotations
+
+import pytest
+from cachetools import LRUCache
+
+from shared.wire import grammar
+from shared.wire.grammar import grammar_for_schema
+
+
+def _schema(i: int, width: int) -> dict[str, object]:
+    return {"type": "object", "properties": {f"f{i}_{'x' * width}": {"type": "integer"}}}
+
+
+def test_compiled_grammars_are_kept_within_the_caches_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shipped = grammar._COMPILED
+    assert (shipped.maxsize, shipped.getsizeof("abc")) == (grammar.GRAMMAR_CACHE_BYTES, 3)
+    bound = 4 * len(grammar_for_schema(_schema(0, 2000), "response_format"))
+    cache: LRUCache[tuple[bytes, str], str] = LRUCache(bound, getsizeof=len)
+    monkeypatch.setattr(grammar, "_COMPILED", cache)
+    grammars = [grammar_for_schema(_schema(i, 2000), "response_format") for i in range(20)]
+    assert cache.currsize <= bound
+    assert 1 <= len(cache) <= 4
+    assert grammar_for_schema(_schema(19, 2000), "response_format") is grammars[-1]  # a hit
+
+
+def test_a_grammar_larger_than_the_cache_is_compiled_and_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cache: LRUCache[tuple[bytes, str], str] = LRUCache(10, getsizeof=len)
+    monkeypatch.setattr(grammar, "_COMPILED", cache)
+    assert grammar_for_schema(_schema(0, 100), "response_format")
+    assert len(cache) == 0
