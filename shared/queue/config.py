@@ -237,6 +237,10 @@ class WorkerSettings(BaseModel):
     # end (the holder's write included): 41-65 MB/s measured over loopback on 2 busy cores.
     prefix_fetch: bool = True
     prefix_fetch_mb_s: float = Field(default=50.0, gt=0)
+    # The most MiB of one lent cache file, and of the files a lender has put into Redis within
+    # a reply's life (30 s): Redis holds every key's data, so a fetch never fills it.
+    prefix_fetch_max_mb: int = Field(default=512, ge=1)
+    prefix_fetch_in_flight_mb: int = Field(default=1024, ge=1)
     drain_timeout_s: float = Field(default=30.0, ge=0)
     watchdog_s: float = Field(default=60.0, gt=0)
     fault_injection: bool = False

@@ -34,6 +34,7 @@ from worker.runtime.prefix_fetch import (
     Ask,
     FetchRule,
     Header,
+    LendBounds,
     Lender,
     PrefixFetch,
     held_tokens,
@@ -368,3 +369,39 @@ def test_a_longer_held_sequence_is_lent_cut_to_what_the_prompt_shares(
     assert path is not None and path.name == file_name(HeldPrompt(UNSCOPED, HISTORY))
     taker = _cache(tmp_path / "taker", model)
     assert taker.disk is not None and taker.disk.adopt(path.read_bytes(), UNSCOPED) == HISTORY
+
+
+def test_a_lender_puts_no_file_over_its_cap_into_redis(wire: Wire) -> None:
+    assert wire.holder.disk is not None
+    lender = Lender(wire.redis, wire.keys, "holder", wire.holder, LendBounds(file_bytes=1000))
+    lender.answer(_ask("ask_big", wire.holder.disk.identity, 1e12).model_dump_json().encode())
+    reply = wire.redis.lrange(wire.keys.prefix_reply("ask_big"), 0, -1)
+    assert reply == [Header(bytes=0).model_dump_json().encode(), b""]
+
+
+def test_a_lender_sends_no_more_within_a_replys_life_than_its_bytes_in_flight(
+    wire: Wire,
+) -> None:
+    assert wire.holder.disk is not None
+    path = wire.holder.lend(ASKED, UNSCOPED)
+    assert path is not None
+    size = path.stat().st_size
+    bounds = LendBounds(file_bytes=size, in_flight_bytes=int(1.5 * size))
+    lender = Lender(wire.redis, wire.keys, "holder", wire.holder, bounds)
+    for reply in ("ask_first", "ask_second"):
+        lender.answer(_ask(reply, wire.holder.disk.identity, 1e12).model_dump_json().encode())
+    first, second = (
+        wire.redis.lrange(wire.keys.prefix_reply(r), 0, 0)[0] for r in ("ask_first", "ask_second")
+    )
+    assert Header.model_validate_json(first).bytes == size
+    assert Header.model_validate_json(second).bytes == 0
+
+
+def test_a_taker_reads_no_answer_whose_header_is_over_its_cap(wire: Wire) -> None:
+    _lend(wire)
+    assert wire.taker.disk is not None
+    rule = FetchRule(1.0, token_bytes=1000, link_bytes_per_s=1e9)
+    bounds = LendBounds(file_bytes=1000)
+    taker = PrefixFetch(wire.redis, wire.keys, MODEL, "taker", 60.0, wire.taker, rule, bounds)
+    assert taker(_job(ASKED)) is True
+    assert wire.taker.reuse(ASKED, shared=0, scope=UNSCOPED).hits == 0

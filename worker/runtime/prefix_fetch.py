@@ -24,7 +24,10 @@ nothing to send), the file in pieces of PIECE_BYTES, then an empty piece; the ta
 the header, then reads the rest at once. A file whose length differs from its header's is
 dropped. Redis holds one file in flight per fetch, for
 at most REPLY_TTL_S; the ask's deadline is in Redis's clock, so machines' clocks need not agree,
-and a holder that finds it passed sends nothing.
+and a holder that finds it passed sends nothing. Redis holds every key's data, so what a lender
+puts there is bounded (`LendBounds`, MLXQ_PREFIX_FETCH_MAX_MB and _IN_FLIGHT_MB): a file over
+the cap, or one that would take the bytes it sent within REPLY_TTL_S past theirs, is answered
+with nothing, and a taker reads no header over the cap.
 
 When it pays: the tokens the holder has beyond what this worker holds itself, times the prefill
 time of a token (`prefill_s_per_token`, the figure placement waits by), must be at least MARGIN
@@ -41,6 +44,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
@@ -133,6 +137,14 @@ class FetchRule:
 
 
 @dataclass(frozen=True)
+class LendBounds:
+    """The most bytes of one lent file, and of the files sent within REPLY_TTL_S."""
+
+    file_bytes: int = 512 << 20
+    in_flight_bytes: int = 1 << 30
+
+
+@dataclass(frozen=True)
 class Holder:
     worker_id: str
     tokens: int  # of the prompt's first tokens its cache holds, by its advertised blocks
@@ -150,9 +162,11 @@ class PrefixFetch:
         heartbeat_s: float,
         cache: PrefixCache,
         rule: FetchRule,
+        bounds: LendBounds = LendBounds(),
     ) -> None:
         """`redis`: a client for blocking reads; `cache`: this worker's, with its disk tier,
-        which keeps what is fetched."""
+        which keeps what is fetched; `bounds`: a header over its file cap is read as
+        nothing."""
         assert cache.disk is not None
         self._redis = redis
         self._keys = keys
@@ -165,6 +179,7 @@ class PrefixFetch:
         self._lock = threading.Lock()  # slot threads share the rule and the lenders read
         self._lenders: tuple[float, list[str]] = (0.0, [])
         self._aside: dict[str, float] = {}  # holder -> until when it is not asked (monotonic s)
+        self._max_bytes = bounds.file_bytes
 
     def __call__(self, prepared: PreparedJob) -> bool:
         """Fetch what another worker holds of the job's prompt, if it pays; whether it asked
@@ -278,6 +293,8 @@ class PrefixFetch:
             if header is None:
                 return None
             expected = Header.model_validate_json(header).bytes
+            if expected > self._max_bytes:
+                return b""
             # The rest came in the header's transaction: all of it is there already.
             pipe = self._redis.pipeline(transaction=True)
             pipe.lrange(reply, 0, -1)
@@ -312,9 +329,16 @@ def held_tokens(held: Sequence[HeldPrompt], prompt: HeldPrompt) -> int:
 class Lender:
     """The thread that answers other workers' asks for what this worker's cache holds."""
 
-    def __init__(self, redis: Redis, keys: Keys, worker_id: str, cache: PrefixCache) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        worker_id: str,
+        cache: PrefixCache,
+        bounds: LendBounds = LendBounds(),
+    ) -> None:
         """`redis`: a client for blocking reads (its socket waits out the pops); `cache`:
-        this worker's, with its disk tier."""
+        this worker's, with its disk tier; `bounds`: what it may put into Redis."""
         assert cache.disk is not None
         self._redis = redis
         self._asks = keys.prefix_asks(worker_id)
@@ -324,6 +348,8 @@ class Lender:
         self._cache = cache
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
+        self.bounds = bounds
+        self._sent: deque[tuple[float, int]] = deque()  # (monotonic s, bytes) of recent answers
 
     def start(self, stop: threading.Event) -> None:
         """Lend until `stop` (or `close`)."""
@@ -365,7 +391,8 @@ class Lender:
         if ask.identity == self._identity:
             try:
                 path = self._cache.lend(ask.tokens, ask.scope)
-                data = memoryview(path.read_bytes()) if path is not None else data
+                if path is not None and self._room(path.stat().st_size):
+                    data = memoryview(path.read_bytes())
             except Exception:  # a file removed by the cap meanwhile, a failed write
                 log.exception("prefix lending: could not lend a cache")
         if self._late(ask):  # the lend took too long: sending now only fills Redis
@@ -378,6 +405,19 @@ class Lender:
             pipe.rpush(reply, data[start : start + PIECE_BYTES])
         pipe.rpush(reply, b"")
         pipe.execute()
+
+    def _room(self, nbytes: int) -> bool:
+        """Whether a file of `nbytes` may go into Redis now (`LendBounds`); if so, it is
+        counted as sent."""
+        now = time.monotonic()
+        while self._sent and now - self._sent[0][0] > REPLY_TTL_S:
+            self._sent.popleft()
+        in_flight = sum(n for _, n in self._sent)
+        if nbytes > self.bounds.file_bytes or in_flight + nbytes > self.bounds.in_flight_bytes:
+            log.info("prefix lending: not sending %d MB: over MLXQ_PREFIX_FETCH_*_MB", nbytes >> 20)
+            return False
+        self._sent.append((now, nbytes))
+        return True
 
     def _late(self, ask: Ask) -> bool:
         seconds, micros = self._redis.time()

@@ -61,7 +61,7 @@ from worker.runtime.generation_kind import GenerationKind
 from worker.runtime.heartbeat import beat, born, keep_beating, retire
 from worker.runtime.job_function import Runtime, bind
 from worker.runtime.loop import DrivenLoop
-from worker.runtime.prefix_fetch import POP_S, FetchRule, Lender, PrefixFetch
+from worker.runtime.prefix_fetch import POP_S, FetchRule, LendBounds, Lender, PrefixFetch
 from worker.runtime.prefix_report import HeldPrefixes, PrefixFigures, PrefixReport
 from worker.runtime.reaper import Reaper
 from worker.runtime.report import Reporter
@@ -330,7 +330,10 @@ def prefix_fetch(
     )
     # Its pops wait up to POP_S, longer than a call's timeout.
     blocking = connect_blocking(settings, read_timeout_s=POP_S + settings.redis_timeout_s)
-    return PrefixFetch(blocking, keys, name, worker_id, settings.heartbeat_s, prefixes, rule)
+    bounds = _lend_bounds(settings)
+    return PrefixFetch(
+        blocking, keys, name, worker_id, settings.heartbeat_s, prefixes, rule, bounds
+    )
 
 
 def start_lending(
@@ -346,9 +349,13 @@ def start_lending(
         return None
     if not settings.prefix_fetch:
         return None
-    lender = Lender(connect_blocking(settings), keys, worker_id, prefixes)
+    lender = Lender(connect_blocking(settings), keys, worker_id, prefixes, _lend_bounds(settings))
     lender.start(stop)
     return lender
+
+
+def _lend_bounds(settings: Settings) -> LendBounds:
+    return LendBounds(settings.prefix_fetch_max_mb << 20, settings.prefix_fetch_in_flight_mb << 20)
 
 
 def keep_on_disk(prefixes: HeldPrefixes | None, lender: Lender | None) -> None:
