@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Flask
 
 from api.http import auth, errors, exposure
-from api.queue import rate_limits
+from api.queue import open_requests, rate_limits
 from api.queue.broker import Broker
 from api.routes import (
     batches,
@@ -37,6 +37,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     exposure.init_app(app, settings)  # before the key check
     auth.init_app(app, settings, b.redis)
     rate_limits.init_app(app, b)
+    open_requests.init_app(app, b)
     replicas.init_app(app, b)
     quotas.init_app(app, b)
     for blueprint in (chat.bp, completions.bp, models.bp, health.bp, openapi.bp):

@@ -26,6 +26,7 @@ from api.http.hangup import hung_up
 from api.http.sse import DONE, KEEPALIVE, frame
 from api.queue.admission import Admitted, admit
 from api.queue.broker import Broker
+from api.queue.open_requests import open_requests
 from api.queue.rate_limits import release_hold
 from api.queue.relay import Subscription
 from shared.observe import tracing
@@ -94,6 +95,7 @@ class RunningJob:
     done: DoneEvent | None = None
     error_code: str | None = None
     span: Span | None = None  # the request's trace span, when tracing is on
+    place: str | None = None  # the owner whose open-request place it holds (None: none)
 
     def updates(self) -> Iterator[list[Relayed]]:
         """Tokens as they arrive, in groups of whatever is waiting, the last ending with the
@@ -139,6 +141,8 @@ class RunningJob:
             # If Redis is gone, the job ends on its own (max_tokens, run limit).
             with contextlib.suppress(BackendUnavailableError):
                 self.broker.cancel(self.job.job_id)
+        with contextlib.suppress(BackendUnavailableError):
+            open_requests().give_back(self.place, self.job.job_id)
         self._log()
         tracing.end_request(
             self.span, self.job.job_id, self.started.prompt_tokens, self.done, self.error_code
@@ -167,15 +171,24 @@ class RunningJob:
 
 
 def start(broker: Broker, job: QueuedJob) -> RunningJob:
-    """Admit the job, queue it and wait for its worker's first event."""
+    """Admit the job, queue it and wait for its worker's first event; it holds one of its
+    key's open requests (api/queue/open_requests.py) until it is closed."""
     submitted_at = time.time()
     span = tracing.request_span(job)
+    places = open_requests()
     try:
-        running = _started(broker, admit(broker, job, tracing.traceparent(span)))
+        holder = places.take(job.job_id)
     except BaseException as err:
         tracing.end_request(span, job.job_id, 0, None, getattr(err, "code", "error"))
         raise
-    running.submitted_at, running.span = submitted_at, span
+    try:
+        running = _started(broker, admit(broker, job, tracing.traceparent(span)))
+    except BaseException as err:
+        with contextlib.suppress(BackendUnavailableError):
+            places.give_back(holder, job.job_id)
+        tracing.end_request(span, job.job_id, 0, None, getattr(err, "code", "error"))
+        raise
+    running.submitted_at, running.span, running.place = submitted_at, span, holder
     return running
 
 

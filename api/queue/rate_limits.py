@@ -269,7 +269,7 @@ def take_share(
     the job to carry and whoever ends it to give back; it holds them at most `wait_s` in its
     queue and then its longest run under `limits`."""
     key = key_limits()
-    if key is None:
+    if key is None or not (key.per_minute or key.queued is not None):  # none of its limits
         return None
     b = broker()
     hold = None

@@ -31,8 +31,8 @@ def _default_redis_dir() -> Path:
     return Path(data_home) / "mlxq" / "redis"
 
 
-# A limit at the end of an MLXQ_API_KEYS entry: `sk-key:rpm=60:tpm=40000:queued=90000`.
-_KEY_LIMIT = re.compile(r":(rpm|tpm|queued)=([0-9]+)$")
+# A limit at the end of an MLXQ_API_KEYS entry: `sk-key:rpm=60:tpm=40000:queued=90000:open=8`.
+_KEY_LIMIT = re.compile(r":(rpm|tpm|queued|open)=([0-9]+)$")
 # The prefix cache scope an entry shares with the other keys naming it: `sk-key:cache=team`.
 _KEY_CACHE = re.compile(r":cache=([A-Za-z0-9_.-]{1,64})$")
 
@@ -40,13 +40,16 @@ _KEY_CACHE = re.compile(r":cache=([A-Za-z0-9_.-]{1,64})$")
 class KeyLimits(BaseModel):
     """The limits of one API key (api/queue/rate_limits.py); None: none. Requests and tokens per
     minute, and `queued`: the most tokens its accepted but unfinished jobs may hold at once
-    (OpenAI's batch queue limit, here over every lane: shared/queue/queued_tokens.py)."""
+    (OpenAI's batch queue limit, here over every lane: shared/queue/queued_tokens.py), and
+    `open`: the most requests it may have open at once, streams included
+    (api/queue/open_requests.py)."""
 
     model_config = ConfigDict(frozen=True)
 
     rpm: int | None = Field(default=None, ge=1)
     tpm: int | None = Field(default=None, ge=1)
     queued: int | None = Field(default=None, ge=1)
+    open: int | None = Field(default=None, ge=1)
 
     @property
     def per_minute(self) -> bool:
@@ -54,13 +57,14 @@ class KeyLimits(BaseModel):
         return self.rpm is not None or self.tpm is not None
 
     def __bool__(self) -> bool:
-        return self.per_minute or self.queued is not None
+        return self.per_minute or self.queued is not None or self.open is not None
 
 
 class ApiKey(BaseModel):
     """One entry of MLXQ_API_KEYS: a key, and after it, in any order, its limits (`:rpm=N`,
-    `:tpm=N`, `:queued=N`) and the name of the prefix cache scope it shares with the other keys
-    naming it (`:cache=NAME`; none: the key's cache is its own, shared/queue/cache_scope.py)."""
+    `:tpm=N`, `:queued=N`, `:open=N`) and the name of the prefix cache scope it shares with the
+    other keys naming it (`:cache=NAME`; none: the key's cache is its own,
+    shared/queue/cache_scope.py)."""
 
     model_config = ConfigDict(frozen=True)
 

@@ -85,6 +85,10 @@ Layout under the namespace `ns` (default "mlxq"):
                                 tokens; released when the job ends, the batch's per line
     {ns}:queued_until:{owner}   zset  the same entries -> when (Redis ms) each must have ended,
                                 past which admission drops it (a lost release)
+    {ns}:open:{owner}           zset  an API key's requests open now, where it has `:open=N`
+                                (api/queue/open_requests.py): job id -> when (Redis ms) its
+                                hold ends at the latest (an API process that died mid-request);
+                                TTL: its longest entry
     {ns}:quota:{owner}:{kind}   zset  what an API key keeps of one kind (api/stores/quotas.py:
                                 files, responses, batches, open_batches, background,
                                 idempotency): object id -> when its hold ends (Redis ms), its
@@ -314,6 +318,9 @@ class Keys:
 
     def queued_until(self, owner: str) -> str:
         return f"{self.ns}:queued_until:{_id(owner)}"
+
+    def open_requests(self, owner: str) -> str:
+        return f"{self.ns}:open:{_id(owner)}"
 
     def quota(self, owner: str, kind: str) -> str:
         return f"{self.ns}:quota:{_id(owner)}:{_id(kind)}"

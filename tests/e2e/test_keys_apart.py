@@ -1,7 +1,8 @@
-"""Cache scopes on the real stack (shared/queue/cache_scope.py): one key's prompts are invisible
-in another key's `cached_tokens`; keys an operator names together share a cache; a request's
-`cache_salt` narrows its key's; /metrics, whose counters move with every key's prompts, takes an
-operator's key.
+"""Keys kept apart on the real stack. Cache scopes (shared/queue/cache_scope.py): one key's
+prompts are invisible in another key's `cached_tokens`; keys an operator names together share a
+cache; a request's `cache_salt` narrows its key's; /metrics, whose counters move with every
+key's prompts, takes an operator's key. Open requests (api/queue/open_requests.py): a key at its
+`:open=N` is refused until one of its requests ends.
 
 An API with keys runs beside the session's worker; each test's keys are new to the worker's
 cache, so whatever it holds for other tests' requests (made without keys) is no other scope's.
@@ -23,6 +24,7 @@ from worker.ops.cluster import API, Cluster, free_port, http_answers, spawn, sto
 ALPHA, BETA, GAMMA = "sk-scope-alpha-1", "sk-scope-beta-2", "sk-scope-gamma-3"
 TEAM = ("sk-scope-team-4", "sk-scope-team-5")  # named together: `:cache=team`
 ADMIN = "sk-scope-admin-6"
+ONE_AT_A_TIME = "sk-scope-open-7"  # `:open=1`
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,7 @@ def keyed_url(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[str]:
     port = free_port()
-    keys = [ALPHA, BETA, GAMMA, *(f"{key}:cache=team" for key in TEAM)]
+    keys = [ALPHA, BETA, GAMMA, *(f"{key}:cache=team" for key in TEAM), f"{ONE_AT_A_TIME}:open=1"]
     env = stack.environment(
         MLXQ_API_BIND=f"127.0.0.1:{port}", MLXQ_API_KEYS=",".join(keys), MLXQ_ADMIN_KEYS=ADMIN
     )
@@ -101,3 +103,20 @@ def test_metrics_take_an_operators_key(keyed_url: str) -> None:
     assert refused.json()["error"]["code"] == "permission_denied"
     allowed = httpx.get(f"{keyed_url}/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
     assert allowed.status_code == 200 and "mlxq:" in allowed.text
+
+
+def test_a_key_at_its_open_requests_is_refused_until_one_ends(keyed_url: str) -> None:
+    client = openai.OpenAI(
+        base_url=f"{keyed_url}/v1", api_key=ONE_AT_A_TIME, max_retries=0, timeout=120
+    )
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to fifty."}]}
+    stream = client.chat.completions.create(**body, max_tokens=40, stream=True)
+    next(iter(stream))  # open: its first chunk has come
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.chat.completions.create(**body, max_tokens=2)
+    assert refused.value.response.headers["Retry-After"]
+    other = openai.OpenAI(base_url=f"{keyed_url}/v1", api_key=ALPHA, max_retries=0, timeout=120)
+    assert other.chat.completions.create(**body, max_tokens=2).choices  # other keys go on
+    for _ in stream:  # the stream ends: its place with it
+        pass
+    assert client.chat.completions.create(**body, max_tokens=2).choices
