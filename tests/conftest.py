@@ -28,6 +28,7 @@ import subprocess
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
+import hypothesis
 import openai
 import pytest
 from flask import Flask
@@ -37,6 +38,7 @@ from redis import Redis
 from api import create_app
 from shared.queue.config import Settings
 from tests import OPENBLAS
+from tests.file_order import by_length
 from tests.support import MODEL, NEEDS_NETNS, REAL_ENGINE, flush_namespace
 from worker.ops.cluster import Cluster
 
@@ -58,6 +60,14 @@ def _changes_what_is_tested(name: str) -> bool:
     return (mlxq and name not in KEPT) or name.startswith("OTEL_")
 
 
+# Property tests run the same examples on every run (`derandomize`: each test's seed comes from
+# its own name), so a failure on CI fails again here; and a failure prints the blob that
+# replays it (`@reproduce_failure`). HYPOTHESIS_PROFILE=explore turns the randomness back on.
+hypothesis.settings.register_profile("ci", derandomize=True, print_blob=True)
+hypothesis.settings.register_profile("explore", print_blob=True)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for name in sorted(os.environ):
         if _changes_what_is_tested(name):
@@ -75,11 +85,13 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Schemathesis names each API operation's item (`test[POST /v1/completions]`) but gives
     them all its test function's node id. pytest-xdist hands out tests by node id, so without
-    this every operation but one would silently not run under `-n`."""
+    this every operation but one would silently not run under `-n`. Then the longest files
+    first (tests/file_order.py), the order the test command hands them out in."""
     for item in items:
         node = item._id  # pytest 9's NodeId: the path and the names under it
         if node.names and item.name.startswith(f"{node.names[-1]}[") and node.params is None:
             item._id = dataclasses.replace(node, names=(*node.names[:-1], item.name))
+    items[:] = by_length(items)
 
 
 def _refuse_unless_allowed(report: pytest.TestReport | pytest.CollectReport) -> None:

@@ -31,6 +31,7 @@ KEYS = ",".join(
 )
 CHAT = "/v1/chat/completions"
 SYNTHETIC = "synthetic"
+WORD = [" ", "\n"]  # stop strings that end an answer at its first word
 IDLE = "idle-stand-in"  # announced by a stand-in worker that never takes a job
 STEP_S = 0.02  # a synthetic job of 200 tokens runs 4 s
 
@@ -76,8 +77,12 @@ def _answered(cluster: Cluster, batch_id: str) -> int:
     return int(count or 0)
 
 
-def _chat(api: str, key: str, max_tokens: int = 1, model: str = MODEL) -> httpx.Response:
+def _chat(
+    api: str, key: str, max_tokens: int = 1, model: str = MODEL, stop: list[str] | None = None
+) -> httpx.Response:
     body = {"model": model, "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0}
+    if stop is not None:
+        body["stop"] = stop
     auth = {"Authorization": f"Bearer {key}"}
     return httpx.post(f"{api}{CHAT}", json=body, headers=auth, timeout=120)
 
@@ -155,13 +160,15 @@ def test_another_key_has_its_own_limits_and_buckets(apis: list[str]) -> None:
 
 
 def test_tokens_are_the_counted_prompt_plus_max_tokens(apis: list[str]) -> None:
-    first = _chat(apis[0], TOKENS, max_tokens=200)
+    # Each answer stops at its first word: charged its 200 tokens all the same, and quick, so
+    # the bucket (500 a minute, 8 a second) refills little between the three.
+    first = _chat(apis[0], TOKENS, max_tokens=200, stop=WORD)
     assert first.status_code == 200
     cost = first.json()["usage"]["prompt_tokens"] + 200
     assert first.headers["x-ratelimit-limit-tokens"] == "500"
     assert first.headers["x-ratelimit-remaining-tokens"] == str(500 - cost)
-    assert _chat(apis[1], TOKENS, max_tokens=200).status_code == 200
-    third = _chat(apis[0], TOKENS, max_tokens=200)
+    assert _chat(apis[1], TOKENS, max_tokens=200, stop=WORD).status_code == 200
+    third = _chat(apis[0], TOKENS, max_tokens=200, stop=WORD)
     assert third.status_code == 429
     assert third.json()["error"]["type"] == "tokens"
     assert int(third.headers["Retry-After"]) >= 1
