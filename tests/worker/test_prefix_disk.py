@@ -15,7 +15,8 @@ from shared.queue.cache_scope import UNSCOPED
 from shared.queue.prefix_blocks import HeldPrompt
 from tests.worker.tiny_models import TINY_LLAMA, tiny_model
 from worker.engine.prefix_cache import PrefixCache
-from worker.engine.prefix_disk import DiskTier, file_name
+from worker.engine.prefix_disk import DiskTier
+from worker.engine.prefix_file import file_name
 from worker.engine.prefix_identity import model_identity, probe_layout
 
 MIN_TOKENS = 4

@@ -14,8 +14,9 @@ from mlx_lm.models.cache import make_prompt_cache
 from shared.queue.cache_scope import UNSCOPED
 from shared.queue.prefix_blocks import HeldPrompt
 from worker.engine.prefix_cache import PrefixCache
-from worker.engine.prefix_disk import DiskTier, file_name
+from worker.engine.prefix_disk import DiskTier
 from worker.engine.prefix_disk_writer import UNBOUNDED, WriteBounds
+from worker.engine.prefix_file import file_name
 from worker.engine.prefix_identity import probe_layout
 from worker.ops.cluster import wait_until
 

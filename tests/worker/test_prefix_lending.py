@@ -24,21 +24,19 @@ from shared.queue.cache_scope import UNSCOPED
 from shared.queue.keys import Keys
 from shared.queue.prefix_blocks import HeldPrompt, block_hashes
 from worker.engine.prefix_cache import PrefixCache
-from worker.engine.prefix_disk import DiskTier, file_name
+from worker.engine.prefix_disk import DiskTier
+from worker.engine.prefix_file import file_name
 from worker.engine.prefix_identity import model_identity, probe, probe_layout, token_bytes
 from worker.engine.prepare import PreparedJob
 from worker.ops.cluster import wait_until
 from worker.runtime.prefix_fetch import (
     MIN_GAIN_TOKENS,
     RECOVER_S,
-    Ask,
     FetchRule,
-    Header,
-    LendBounds,
-    Lender,
     PrefixFetch,
     held_tokens,
 )
+from worker.runtime.prefix_lend import Ask, Header, LendBounds, Lender
 
 HISTORY = list(range(1, 41))
 PROMPT = [*HISTORY, 50, 51]

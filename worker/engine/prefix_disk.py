@@ -40,7 +40,6 @@ read by its lending thread.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import threading
@@ -57,13 +56,21 @@ from mlx_lm.models.cache import can_trim_prompt_cache, load_prompt_cache
 from shared.queue.prefix_blocks import HeldPrompt
 from worker.engine.prefix_cache import MIN_SHARED_TOKENS
 from worker.engine.prefix_disk_writer import UNBOUNDED, DiskWriter, WriteBounds
-from worker.engine.prefix_file import header, held_of, is_ours, save
+from worker.engine.prefix_file import (
+    SUFFIX,
+    Stored,
+    extends,
+    file_name,
+    header,
+    held_of,
+    is_ours,
+    save,
+)
 from worker.engine.prefix_identity import kv_layout, model_identity, probe, token_bytes
 
 log = logging.getLogger(__name__)
 
 MARKS = "weights.json"  # the weight files' hashes, beside the models' folders (prefix_identity)
-SUFFIX = ".safetensors"
 # A file is read whole: worth it while the tokens it saves are at least this share of it.
 # Measured on this CPU, moving a 2,000-token cache beat prefilling it 50-110x (issue 35).
 READ_SHARE = 16
@@ -72,43 +79,6 @@ STALE_S = 600.0
 # A file written to be lent (`write_now`) is not replaced by a longer cache for this long: the
 # lending thread reads it right after, and a taker in tests may read it later.
 LENT_S = 60.0
-
-
-def file_name(held: HeldPrompt) -> str:
-    digest = hashlib.blake2b(held.scope.encode() + b"\0", digest_size=16)
-    digest.update(_packed(held.tokens))
-    return digest.hexdigest() + SUFFIX
-
-
-def _packed(tokens: list[int]) -> bytes:
-    return np.asarray(tokens, dtype=np.uint32).tobytes()
-
-
-@dataclass(frozen=True)
-class Stored:
-    """A file of this tier: the tokens its cache holds, for `scope`."""
-
-    path: Path
-    scope: str
-    tokens: np.ndarray[Any, np.dtype[np.uint32]]
-
-    @classmethod
-    def of(cls, path: Path, held: HeldPrompt) -> Stored:
-        return cls(path, held.scope, np.asarray(held.tokens, dtype=np.uint32))
-
-    def held(self) -> HeldPrompt:
-        return HeldPrompt(self.scope, self.tokens.tolist())
-
-    def common(self, prompt: np.ndarray[Any, np.dtype[np.uint32]]) -> int:
-        """How many first tokens of `prompt` this file holds."""
-        return common_start(self.tokens, prompt)
-
-
-def common_start(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
-    """How many first tokens two token arrays share."""
-    n = min(len(a), len(b))
-    same = a[:n] == b[:n]
-    return n if bool(same.all()) else int(np.argmin(same))
 
 
 @dataclass(frozen=True)
@@ -325,7 +295,7 @@ class DiskTier:
             replaced = [
                 s
                 for s in self._index.values()
-                if chained and _extends(stored, s) and s.path.name not in self._lent
+                if chained and extends(stored, s) and s.path.name not in self._lent
             ]
         for old in replaced:
             self._forget(old.path)
@@ -337,7 +307,7 @@ class DiskTier:
         wanted = Stored.of(self._dir / file_name(held), held)
         with self._lock:
             exact = self._index.get(wanted.path.name)
-            longer = [s for s in self._index.values() if chained and _extends(s, wanted)]
+            longer = [s for s in self._index.values() if chained and extends(s, wanted)]
         paths = [s.path for s in ([exact] if exact is not None else []) + longer]
         return next((p for p in paths if p.exists()), None)
 
@@ -411,15 +381,6 @@ class DiskTier:
         path.unlink(missing_ok=True)
         with self._lock:
             self._index.pop(path.name, None)
-
-
-def _extends(longer: Stored, shorter: Stored) -> bool:
-    """Whether `longer` holds more tokens than `shorter`, its first ones `shorter`'s, for the
-    same scope."""
-    n = len(shorter.tokens)
-    if longer.scope != shorter.scope or len(longer.tokens) <= n:
-        return False
-    return common_start(longer.tokens[:n], shorter.tokens) == n
 
 
 def _files(root: Path) -> Iterator[tuple[Path, os.stat_result]]:

@@ -1,22 +1,27 @@
 """A disk-tier file's format (worker/engine/prefix_disk.py): mlx-lm's prompt-cache safetensors
 (`save_prompt_cache`, no pickle), its arrays cut to the tokens they hold, with mlxq's metadata:
 the format, the model's identity, the cache scope (shared/queue/cache_scope.py) and the tokens.
-Written readable by its owner only (0600): it holds a prompt."""
+Written readable by its owner only (0600): it holds a prompt. A file is named by a hash of its
+scope and tokens (`file_name`), and the tier knows each as a `Stored`."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx.utils import tree_map
 from mlx_lm.models.cache import save_prompt_cache
 
 from shared.queue.prefix_blocks import HeldPrompt
 
 FORMAT = "mlxq-prefix-cache-2"  # 2: with its scope
+SUFFIX = ".safetensors"
 
 
 def save(path: Path, identity: str, held: HeldPrompt, cache: list[Any]) -> None:
@@ -73,3 +78,49 @@ def held_lengths(root: Path) -> dict[Path, int]:
         with contextlib.suppress(OSError, RuntimeError, ValueError):  # replaced as it was read
             lengths[path] = len(tokens_of(header(path)))
     return lengths
+
+
+def file_name(held: HeldPrompt) -> str:
+    digest = hashlib.blake2b(held.scope.encode() + b"\0", digest_size=16)
+    digest.update(_packed(held.tokens))
+    return digest.hexdigest() + SUFFIX
+
+
+def _packed(tokens: list[int]) -> bytes:
+    return np.asarray(tokens, dtype=np.uint32).tobytes()
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A file of this tier: the tokens its cache holds, for `scope`."""
+
+    path: Path
+    scope: str
+    tokens: np.ndarray[Any, np.dtype[np.uint32]]
+
+    @classmethod
+    def of(cls, path: Path, held: HeldPrompt) -> Stored:
+        return cls(path, held.scope, np.asarray(held.tokens, dtype=np.uint32))
+
+    def held(self) -> HeldPrompt:
+        return HeldPrompt(self.scope, self.tokens.tolist())
+
+    def common(self, prompt: np.ndarray[Any, np.dtype[np.uint32]]) -> int:
+        """How many first tokens of `prompt` this file holds."""
+        return common_start(self.tokens, prompt)
+
+
+def common_start(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
+    """How many first tokens two token arrays share."""
+    n = min(len(a), len(b))
+    same = a[:n] == b[:n]
+    return n if bool(same.all()) else int(np.argmin(same))
+
+
+def extends(longer: Stored, shorter: Stored) -> bool:
+    """Whether `longer` holds more tokens than `shorter`, its first ones `shorter`'s, for the
+    same scope."""
+    n = len(shorter.tokens)
+    if longer.scope != shorter.scope or len(longer.tokens) <= n:
+        return False
+    return common_start(longer.tokens[:n], shorter.tokens) == n

@@ -4,30 +4,30 @@ Placement (api/queue/placement.py) sends a job to the worker whose cache holds i
 not always: a holder with no free slot lets it go to a free worker, and a job's wait for its
 holder runs out. The worker that takes it then asks the holder for the cache (`PrefixFetch`, in
 the slot thread, before the job enters the engine), when this machine's figures say the transfer
-is clearly faster than the prefill it saves (`FetchRule`). The holder's lending thread (`Lender`)
-answers with the cache's file, in the disk tier's format (worker/engine/prefix_disk.py), cut
-to what the prompt shares and written first where need be (`PrefixCache.lend`). The taker
-keeps it in its own disk tier only if it is this model's cache (its identity names the weights
-by content: worker/engine/prefix_identity.py), and the engine restores it from there as it
-would any file, checking its arrays again.
-A holder that answers late, with nothing or with junk, costs the job only the wait: the prompt
-is prefilled as before. Both sides need a disk tier. An ask names the job's cache scope
+is clearly faster than the prefill it saves (`FetchRule`). The holder's lending thread
+(`Lender`, worker/runtime/prefix_lend.py) answers with the cache's file, in the disk tier's
+format (worker/engine/prefix_disk.py), cut to what the prompt shares and written first where
+need be (`PrefixCache.lend`). The taker keeps it in its own disk tier only if it is this model's
+cache (its identity names the weights by content: worker/engine/prefix_identity.py), and the
+engine restores it from there as it would any file, checking its arrays again. A holder that
+answers late, with nothing or with junk, costs the job only the wait: the prompt is prefilled as
+before. Both sides need a disk tier. An ask names the job's cache scope
 (shared/queue/cache_scope.py), and the holder lends only what it holds for that scope; a job
 whose request said `store: false` fetches nothing, since what is fetched is kept on disk.
 
-Wire (shared/queue/keys.py): a lending thread keeps `{ns}:lends:{worker}` set to the identity
-of its caches, so a taker asks only holders that lend caches it can use (not a worker with no
-disk tier, lending off, an older version, or other weights or KV form under the same name).
-An ask (`Ask`, JSON) goes on the holder's `{ns}:prefix_asks:{worker}` list; the answer on
-`{ns}:prefix_reply:{ask id}`, in one transaction: a header (`Header`: the file's length; 0:
-nothing to send), the file in pieces of PIECE_BYTES, then an empty piece; the taker waits for
-the header, then reads the rest at once. A file whose length differs from its header's is
-dropped. Redis holds one file in flight per fetch, for
-at most REPLY_TTL_S; the ask's deadline is in Redis's clock, so machines' clocks need not agree,
-and a holder that finds it passed sends nothing. Redis holds every key's data, so what a lender
-puts there is bounded (`LendBounds`, MLXQ_PREFIX_FETCH_MAX_MB and _IN_FLIGHT_MB): a file over
-the cap, or one that would take the bytes it sent within REPLY_TTL_S past theirs, is answered
-with nothing, and a taker reads no header over the cap.
+Wire (shared/queue/keys.py; its models in worker/runtime/prefix_lend.py): a lending thread keeps
+`{ns}:lends:{worker}` set to the identity of its caches, so a taker asks only holders that lend
+caches it can use (not a worker with no disk tier, lending off, an older version, or other
+weights or KV form under the same name). An ask (`Ask`, JSON) goes on the holder's
+`{ns}:prefix_asks:{worker}` list; the answer on `{ns}:prefix_reply:{ask id}`, in one
+transaction: a header (`Header`: the file's length; 0: nothing to send), the file in pieces of
+PIECE_BYTES, then an empty piece; the taker waits for the header, then reads the rest at once. A
+file whose length differs from its header's is dropped. Redis holds one file in flight per
+fetch, for at most REPLY_TTL_S; the ask's deadline is in Redis's clock, so machines' clocks need
+not agree, and a holder that finds it passed sends nothing. Redis holds every key's data, so
+what a lender puts there is bounded (`LendBounds`, MLXQ_PREFIX_FETCH_MAX_MB and _IN_FLIGHT_MB):
+a file over the cap, or one that would take the bytes it sent within REPLY_TTL_S past theirs, is
+answered with nothing, and a taker reads no header over the cap.
 
 When it pays: the tokens the holder has beyond what this worker holds itself, times the prefill
 time of a token (`prefill_s_per_token`, the figure placement waits by), must be at least MARGIN
@@ -40,36 +40,29 @@ set aside for SET_ASIDE_S.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated
 
 import numpy as np
-from pydantic import BaseModel, Field, ValidationError
 from redis import Redis
-from redis.exceptions import RedisError
 from rq.timeouts import JobTimeoutException
 
-from shared.queue.cache_scope import SCOPE_PATTERN
 from shared.queue.keys import Keys
 from shared.queue.liveness import live_workers
 from shared.queue.prefix_blocks import BLOCK_TOKENS, HeldPrompt, block_hashes, matched_tokens
-from shared.wire.ids import ID_PATTERN, new_id
+from shared.wire.ids import new_id
 from worker.engine.prefix_cache import PrefixCache
-from worker.engine.prefix_disk import DiskTier, common_start
+from worker.engine.prefix_disk import DiskTier
+from worker.engine.prefix_file import common_start
 from worker.engine.prepare import PreparedJob
+from worker.runtime.prefix_lend import DEFAULT_BOUNDS, Ask, Header, LendBounds
 
 log = logging.getLogger(__name__)
 
-PIECE_BYTES = 4 << 20
-REPLY_TTL_S = 30
 ASKS_TTL_S = 30
-LENDS_TTL_S = 5  # the lending thread renews it every turn (at most 1 s)
 # Fewer tokens than this saved is not worth a round trip to another worker.
 MIN_GAIN_TOKENS = 4 * BLOCK_TOKENS
 MARGIN = 2.0
@@ -82,26 +75,8 @@ RECOVER_S = 300.0
 SET_ASIDE_S = 60.0
 # The longest single pop: a blocking read's client waits a little longer (worker/runtime/serve.py).
 POP_S = 1.0
-MAX_ASK_TOKENS = 1 << 20
 # The longest a slot waits on a holder: a draining worker waits for its slots too.
 MAX_WAIT_S = 30.0
-
-
-class Ask(BaseModel):
-    """An ask for the cache of `scope` holding most of `tokens`' first tokens, answered by
-    `until`."""
-
-    reply: Annotated[str, Field(pattern=ID_PATTERN)]
-    identity: str  # the asker's caches' (worker/engine/prefix_identity.py)
-    scope: Annotated[str, Field(pattern=SCOPE_PATTERN)]
-    tokens: Annotated[list[int], Field(max_length=MAX_ASK_TOKENS)]
-    until: float  # unix s, Redis's clock
-
-
-class Header(BaseModel):
-    """The first piece of an answer."""
-
-    bytes: int  # the file's length; 0: nothing to send
 
 
 @dataclass
@@ -137,14 +112,6 @@ class FetchRule:
 
 
 @dataclass(frozen=True)
-class LendBounds:
-    """The most bytes of one lent file, and of the files sent within REPLY_TTL_S."""
-
-    file_bytes: int = 512 << 20
-    in_flight_bytes: int = 1 << 30
-
-
-@dataclass(frozen=True)
 class Holder:
     worker_id: str
     tokens: int  # of the prompt's first tokens its cache holds, by its advertised blocks
@@ -162,7 +129,7 @@ class PrefixFetch:
         heartbeat_s: float,
         cache: PrefixCache,
         rule: FetchRule,
-        bounds: LendBounds = LendBounds(),
+        bounds: LendBounds = DEFAULT_BOUNDS,
     ) -> None:
         """`redis`: a client for blocking reads; `cache`: this worker's, with its disk tier,
         which keeps what is fetched; `bounds`: a header over its file cap is read as
@@ -324,101 +291,3 @@ def held_tokens(held: Sequence[HeldPrompt], prompt: HeldPrompt) -> int:
     first, scope = prompt.tokens[:1], prompt.scope
     starts = (h.tokens for h in held if h.tokens[:1] == first and h.scope == scope)
     return max((common_start(np.asarray(t, dtype=np.uint32), wanted) for t in starts), default=0)
-
-
-class Lender:
-    """The thread that answers other workers' asks for what this worker's cache holds."""
-
-    def __init__(
-        self,
-        redis: Redis,
-        keys: Keys,
-        worker_id: str,
-        cache: PrefixCache,
-        bounds: LendBounds = LendBounds(),
-    ) -> None:
-        """`redis`: a client for blocking reads (its socket waits out the pops); `cache`:
-        this worker's, with its disk tier; `bounds`: what it may put into Redis."""
-        assert cache.disk is not None
-        self._redis = redis
-        self._asks = keys.prefix_asks(worker_id)
-        self._lends = keys.lends(worker_id)
-        self._identity = cache.disk.identity
-        self._keys = keys
-        self._cache = cache
-        self._closing = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.bounds = bounds
-        self._sent: deque[tuple[float, int]] = deque()  # (monotonic s, bytes) of recent answers
-
-    def start(self, stop: threading.Event) -> None:
-        """Lend until `stop` (or `close`)."""
-        self._thread = threading.Thread(
-            target=self._run, args=(stop,), name="prefix-lend", daemon=True
-        )
-        self._thread.start()
-
-    def close(self, timeout_s: float) -> None:
-        """Stop lending, and wait up to `timeout_s` for a lend in progress to end."""
-        self._closing.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-    def _run(self, stop: threading.Event) -> None:
-        while not stop.is_set() and not self._closing.is_set():
-            try:
-                self._redis.set(self._lends, self._identity, ex=LENDS_TTL_S)
-                got = self._redis.blpop([self._asks], timeout=1)
-                if got is not None and isinstance(got[1], bytes):
-                    self.answer(got[1])
-            except RedisError as err:
-                log.warning("prefix lending: Redis failed: %s", err)
-                stop.wait(1.0)
-            except Exception:  # a bad ask or file must not end the thread
-                log.exception("prefix lending: could not answer an ask")
-        with contextlib.suppress(RedisError):
-            self._redis.delete(self._lends)
-
-    def answer(self, raw: bytes) -> None:
-        try:
-            ask = Ask.model_validate_json(raw)
-        except ValidationError as err:
-            log.warning("prefix lending: a malformed ask: %s", err.errors()[:1])
-            return
-        if self._late(ask):
-            return  # its asker stopped waiting
-        data = memoryview(b"")  # nothing to send: said at once, so the asker does not wait
-        if ask.identity == self._identity:
-            try:
-                path = self._cache.lend(ask.tokens, ask.scope)
-                if path is not None and self._room(path.stat().st_size):
-                    data = memoryview(path.read_bytes())
-            except Exception:  # a file removed by the cap meanwhile, a failed write
-                log.exception("prefix lending: could not lend a cache")
-        if self._late(ask):  # the lend took too long: sending now only fills Redis
-            return
-        reply = self._keys.prefix_reply(ask.reply)
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.rpush(reply, Header(bytes=len(data)).model_dump_json())
-        pipe.expire(reply, REPLY_TTL_S)
-        for start in range(0, len(data), PIECE_BYTES):
-            pipe.rpush(reply, data[start : start + PIECE_BYTES])
-        pipe.rpush(reply, b"")
-        pipe.execute()
-
-    def _room(self, nbytes: int) -> bool:
-        """Whether a file of `nbytes` may go into Redis now (`LendBounds`); if so, it is
-        counted as sent."""
-        now = time.monotonic()
-        while self._sent and now - self._sent[0][0] > REPLY_TTL_S:
-            self._sent.popleft()
-        in_flight = sum(n for _, n in self._sent)
-        if nbytes > self.bounds.file_bytes or in_flight + nbytes > self.bounds.in_flight_bytes:
-            log.info("prefix lending: not sending %d MB: over MLXQ_PREFIX_FETCH_*_MB", nbytes >> 20)
-            return False
-        self._sent.append((now, nbytes))
-        return True
-
-    def _late(self, ask: Ask) -> bool:
-        seconds, micros = self._redis.time()
-        return seconds + micros / 1e6 > ask.until

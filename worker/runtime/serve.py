@@ -61,7 +61,8 @@ from worker.runtime.generation_kind import GenerationKind
 from worker.runtime.heartbeat import beat, born, keep_beating, retire
 from worker.runtime.job_function import Runtime, bind
 from worker.runtime.loop import DrivenLoop
-from worker.runtime.prefix_fetch import POP_S, FetchRule, LendBounds, Lender, PrefixFetch
+from worker.runtime.prefix_fetch import POP_S, FetchRule, PrefixFetch
+from worker.runtime.prefix_lend import LendBounds, Lender
 from worker.runtime.prefix_report import HeldPrefixes, PrefixFigures, PrefixReport
 from worker.runtime.reaper import Reaper
 from worker.runtime.report import Reporter
