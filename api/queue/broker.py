@@ -34,7 +34,6 @@ from shared.queue.jobs import (
     JobLimits,
     Lane,
     QueuedJob,
-    job_function,
 )
 from shared.queue.keys import Keys
 from shared.queue.liveness import horizon, live_workers
@@ -200,7 +199,7 @@ class Broker:
         keys += [self.keys.rounds(job.model), self.keys.round(job.model)]
         args: list[str | int] = [job.job_id, job.share or "anonymous", job.priority]
         try:
-            self._call(lambda: queue.enqueue_call(job_function(job), **self._job_options(job)))
+            self._call(lambda: queue.enqueue_call(job.function, **self._job_options(job)))
             self._call(lambda: self._place(keys=keys, args=args))
         except BaseException:
             self.relay.unsubscribe(admitted.sub)

@@ -44,15 +44,9 @@ def setup(service: str) -> None:
     trace.set_tracer_provider(provider)
 
 
-def _operation(job: QueuedJob) -> str:
-    if isinstance(job, EmbeddingJob):
-        return "embeddings"
-    return "chat" if job.messages is not None else "text_completion"
-
-
 def _request_attributes(job: QueuedJob) -> dict[str, Any]:
     attributes: dict[str, Any] = {
-        "gen_ai.operation.name": _operation(job),
+        "gen_ai.operation.name": job.operation,
         "gen_ai.system": SYSTEM,
         "gen_ai.request.model": job.model,
     }
@@ -68,7 +62,7 @@ def request_span(job: QueuedJob) -> Span | None:
     """The API's span for a request; None when tracing is off."""
     if not enabled():
         return None
-    name = f"{_operation(job)} {job.model}"
+    name = f"{job.operation} {job.model}"
     return trace.get_tracer("mlxq.api").start_span(
         name, kind=SpanKind.SERVER, attributes=_request_attributes(job)
     )

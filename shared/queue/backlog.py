@@ -24,7 +24,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 from shared.queue.fair_order import ROUND_OF
-from shared.queue.jobs import EmbeddingJob, QueuedJob
+from shared.queue.jobs import QueuedJob
 
 
 class Verdict(IntEnum):
@@ -71,19 +71,7 @@ return 1
 """
 )
 
-_PER_MESSAGE = 4
-
 
 def estimate_tokens(job: QueuedJob) -> int:
-    """A prompt-token estimate for the token cap."""
-    if isinstance(job, EmbeddingJob):
-        return sum(_bytes_to_tokens(i) if isinstance(i, str) else len(i) for i in job.inputs)
-    if job.messages is not None:
-        texts = [m.text() for m in job.messages]
-        return sum(_bytes_to_tokens(t) + _PER_MESSAGE for t in texts)
-    items = job.prompt_items()
-    return sum(_bytes_to_tokens(i) if isinstance(i, str) else len(i) for i in items)
-
-
-def _bytes_to_tokens(text: str) -> int:
-    return max(1, -(-len(text.encode()) // 4))
+    """A prompt-token estimate for the token cap (each kind's own: shared/queue/jobs.py)."""
+    return job.prompt_estimate()

@@ -1,11 +1,13 @@
 """The jobs the API puts on a model's RQ queue and the worker reads back.
 
 RQ carries a job as plain JSON (RQ's JSON serializer), as the single argument of the job
-function that runs its kind (`job_function`). Every kind extends `QueuedJobBase`: its id and
-model, its place in the queue (lane, fair share, priority), its limits, the queued tokens it
-holds, who waits on its events (`reply_to`) and its trace. Its time limits travel with it
-(`JobLimits`), so each producer sets its own: an interactive request gives up after seconds, a
-batch line may wait for hours.
+function that runs its kind. What differs between kinds is said by each kind's class, in one
+place (its class variables and `prompt_estimate`), never by a test of its type where it is used:
+the job function, the kind of model that runs it, its operation's name. Every kind extends
+`QueuedJobBase`: its id and model, its place in the queue (lane, fair share, priority), its
+limits, the queued tokens it holds, who waits on its events (`reply_to`) and its trace. Its time
+limits travel with it (`JobLimits`), so each producer sets its own: an interactive request gives
+up after seconds, a batch line may wait for hours.
 
 A generation job (`GenerationJob`, run by `JOB_FUNCTION`) has exactly one of `messages` (chat)
 and `prompt` (text completion). A stored response sets `replay_ttl_s` (its event log is its
@@ -16,13 +18,14 @@ embedding model) carries its inputs, already split into a list.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Annotated, Any, ClassVar, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.queue import fair_order
 from shared.queue.cache_scope import SCOPE_PATTERN, UNSCOPED, narrowed
 from shared.wire.batches import BatchLine
+from shared.wire.catalog import ModelKind
 from shared.wire.completions import ChatCompletionRequest, ChatMessage, CompletionRequest
 from shared.wire.embeddings import MAX_INPUTS, EmbeddingRequest
 from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
@@ -60,6 +63,10 @@ class QueuedJobBase(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
+    # The kind: the job function that runs it, and the kind of model that can.
+    function: ClassVar[str]
+    model_kind: ClassVar[ModelKind]
+
     job_id: Annotated[str, Field(pattern=ID_PATTERN)]
     model: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
     limits: JobLimits = JobLimits()
@@ -83,15 +90,30 @@ class QueuedJobBase(BaseModel):
     # Ollama's keep_alive from the request, in seconds (shared/wire/keep_alive.py): how long its
     # model stays loaded once idle after it; None: the model's own keep-alive (worker/pool/).
     keep_alive_s: float | None = None
+    # Set for a batch's line: the worker records its answer in the batch.
+    batch_line: BatchLine | None = None
 
     @property
     def replayed(self) -> bool:
         """Whether its events are also kept in a replay log, for a reader that comes later."""
         return False
 
+    @property
+    def operation(self) -> str:
+        """What it does, in OpenTelemetry's GenAI names (shared/observe/tracing.py)."""
+        raise NotImplementedError
+
+    def prompt_estimate(self) -> int:
+        """Its prompt tokens, estimated from its text alone (for the token cap, before or
+        without a tokenizer: shared/queue/backlog.py)."""
+        raise NotImplementedError
+
 
 class GenerationJob(QueuedJobBase):
     """A chat or text completion to generate, with everything that shapes its output."""
+
+    function: ClassVar[str] = JOB_FUNCTION
+    model_kind: ClassVar[ModelKind] = "chat"
 
     messages: list[ChatMessage] | None = None
     # One text, or several prompts (texts or token ids), each with its own n choices.
@@ -119,7 +141,6 @@ class GenerationJob(QueuedJobBase):
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     # Keep the job's event log this long once it ends (instead of the worker's default).
     replay_ttl_s: Annotated[int, Field(ge=1)] | None = None
-    batch_line: BatchLine | None = None
     # Whose prefix cache entries it may reuse and adds to (shared/queue/cache_scope.py).
     cache_scope: Annotated[str, Field(pattern=SCOPE_PATTERN)] = UNSCOPED
     # False for a request that said `store: false`: what it adds to the prefix cache stays in
@@ -148,20 +169,43 @@ class GenerationJob(QueuedJobBase):
     def choices(self) -> int:
         return self.n * max(1, len(self.prompt_items()))
 
+    @property
+    def operation(self) -> str:
+        return "chat" if self.messages is not None else "text_completion"
+
+    def prompt_estimate(self) -> int:
+        if self.messages is not None:
+            return sum(text_tokens(m.text()) + PER_MESSAGE_TOKENS for m in self.messages)
+        items = self.prompt_items()
+        return sum(text_tokens(i) if isinstance(i, str) else len(i) for i in items)
+
 
 class EmbeddingJob(QueuedJobBase):
     """A request's inputs to embed, one vector each. It keeps no replay log: only a client
     waiting on the request reads its vectors."""
 
+    function: ClassVar[str] = EMBEDDING_JOB_FUNCTION
+    model_kind: ClassVar[ModelKind] = "embedding"
+
     inputs: Annotated[list[str | list[int]], Field(min_length=1, max_length=MAX_INPUTS)]
 
+    @property
+    def operation(self) -> str:
+        return "embeddings"
 
-# Whatever a model's queue carries, with the job function that runs it.
+    def prompt_estimate(self) -> int:
+        return sum(text_tokens(i) if isinstance(i, str) else len(i) for i in self.inputs)
+
+
+# Whatever a model's queue carries.
 QueuedJob = GenerationJob | EmbeddingJob
+# A message's template framing, in tokens, where a prompt is estimated.
+PER_MESSAGE_TOKENS = 4
 
 
-def job_function(job: QueuedJob) -> str:
-    return EMBEDDING_JOB_FUNCTION if isinstance(job, EmbeddingJob) else JOB_FUNCTION
+def text_tokens(text: str) -> int:
+    """A text's tokens, estimated from its bytes (about 4 each in English)."""
+    return max(1, -(-len(text.encode()) // 4))
 
 
 def embedding_job_for(job_id: str, req: EmbeddingRequest, owner: str | None) -> EmbeddingJob:

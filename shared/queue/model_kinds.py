@@ -20,7 +20,7 @@ from typing import Any, cast, get_args
 
 from redis import Redis
 
-from shared.queue.jobs import EmbeddingJob, QueuedJob
+from shared.queue.jobs import QueuedJob
 from shared.queue.keys import Keys
 from shared.wire.catalog import ModelKind
 from shared.wire.errors import InvalidRequestError
@@ -34,7 +34,7 @@ _WHAT_IT_IS: dict[ModelKind, str] = {
 
 def kind_of_job(job: QueuedJob) -> ModelKind:
     """The kind of model that can run `job`."""
-    return "embedding" if isinstance(job, EmbeddingJob) else "chat"
+    return job.model_kind
 
 
 def wrong_kind(model: str, kind: ModelKind) -> InvalidRequestError:

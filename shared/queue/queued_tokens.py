@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from redis.client import Pipeline
 
-from shared.queue.jobs import GenerationJob, QueuedJob
+from shared.queue.jobs import QueuedJob
 from shared.queue.keys import Keys
 
 # Appended to a batch line's record script (worker/runtime/batch_lines.py) after the answer was
@@ -59,6 +59,6 @@ def release_job(pipe: Pipeline, keys: Keys, job: QueuedJob) -> None:
     off its batch's entry when its answer is recorded, not here)."""
     if job.queued_tokens is None or job.owner is None:
         return
-    if isinstance(job, GenerationJob) and job.batch_line is not None:
+    if job.batch_line is not None:
         return
     release(pipe, keys, job.owner, job.job_id)

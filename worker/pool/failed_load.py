@@ -23,7 +23,6 @@ from rq.job_lifecycle import record_job_failure
 from rq.serializers import JSONSerializer
 
 from shared.queue import backlog, queued_tokens
-from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
 from shared.wire.batches import LineResult
 from shared.wire.errors import ModelLoadError
@@ -69,6 +68,6 @@ def _fail(redis: Redis, keys: Keys, job: Job, error: ModelLoadError, replay_ttl_
     if queued is not None:
         queued_tokens.release_job(pipe, keys, queued)
     pipe.execute()
-    if isinstance(queued, GenerationJob) and queued.batch_line is not None:
+    if queued is not None and queued.batch_line is not None:
         result = LineResult.failed(queued.batch_line.custom_id, error.status, error.body())
         BatchLines(redis, keys).record(queued, result)

@@ -25,7 +25,7 @@ from typing import Any
 from redis import Redis
 
 from shared.queue import queued_tokens
-from shared.queue.jobs import GenerationJob, JobOutcome
+from shared.queue.jobs import GenerationJob, JobOutcome, QueuedJob
 from shared.queue.keys import Keys
 from shared.wire.answers import Transcripts
 from shared.wire.batches import BatchLine, BatchOutputLine, LineResult, answer_body
@@ -124,7 +124,7 @@ class BatchLines:
                     return LineResult.failed(line.custom_id, status, ErrorBody(error=error))
         return None
 
-    def record(self, job: GenerationJob, result: LineResult) -> bool:
+    def record(self, job: QueuedJob, result: LineResult) -> bool:
         """Record the line's answer unless it has one or the batch no longer runs."""
         line = job.batch_line
         assert line is not None
