@@ -183,9 +183,18 @@ def test_import_rejects_missing_file(tmp_path: Path) -> None:
         import_gguf(tmp_path / "absent.gguf", tmp_path / "out")
 
 
-def test_import_rejects_a_file_that_is_not_gguf(tmp_path: Path) -> None:
-    (tmp_path / "m.gguf").write_bytes(b"PK\x03\x04 not a gguf at all" * 10)
-    with pytest.raises(ModelImportError, match="not a readable GGUF"):
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"PK\x03\x04 a zip" * 10, "not a GGUF file"),
+        (b"GGUF\x03\x00" + b"\xff" * 60, "not a readable"),
+    ],
+)
+def test_import_rejects_a_file_that_is_not_gguf_or_is_cut_short(
+    tmp_path: Path, content: bytes, says: str
+) -> None:
+    (tmp_path / "m.gguf").write_bytes(content)
+    with pytest.raises(ModelImportError, match=says):
         import_gguf(tmp_path / "m.gguf", tmp_path / "out")
 
 

@@ -23,10 +23,11 @@ from tokenizers import Tokenizer
 
 from shared.wire.errors import ModelImportError
 from worker.engine.sequence.stop import FAMILY_STOP_TOKENS
+from worker.gguf import DTYPES
 from worker.gguf.architectures import Architecture, architecture, head_dim
 from worker.gguf.file import GGUFFile, Metadata, get_float, get_int, get_optional_int, open_gguf
 from worker.gguf.tokenizer import build_tokenizer, special_tokens_map
-from worker.gguf.weights import DTYPES, GROUP_SIZE, Weights, convert_tensor
+from worker.gguf.weights import GROUP_SIZE, Weights, convert_tensor
 
 
 def import_gguf(

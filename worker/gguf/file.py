@@ -72,6 +72,9 @@ def open_gguf(path: Path) -> GGUFFile:
     """Read `path`'s header and map its tensors (their data is read when used)."""
     if not path.is_file():
         raise ModelImportError(f"GGUF file not found: {path}")
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ModelImportError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
     try:
         reader = GGUFReader(path)
         metadata = {key: field.contents() for key, field in reader.fields.items()}

@@ -18,6 +18,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from shared.wire.errors import ModelImportError
+from worker.gguf import DTYPES
 from worker.gguf.file import FLOAT_TYPES, Tensor
 
 GROUP_SIZE = 32  # GGUF's own block of 32 values; MLX supports it
@@ -26,7 +27,6 @@ FloatFix = Callable[[str, np.ndarray[Any, Any]], np.ndarray[Any, Any]]
 
 FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 QUANTIZED_DTYPES = {"q4": 4, "q8": 8}
-DTYPES = ("keep", *FLOAT_DTYPES, *QUANTIZED_DTYPES)
 
 _FOUR_BIT_OR_LESS = frozenset(
     {
