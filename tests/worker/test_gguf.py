@@ -2,7 +2,9 @@
 
 The synthetic files are written with `mx.save_gguf`, which only writes float and integer tensors;
 quantized ones are made by writing the raw GGUF blocks as an int8 tensor and then patching that
-tensor's type and last dimension in the header (both fixed-width, so nothing else moves).
+tensor's type and last dimension in the header (both fixed-width, so nothing else moves). Every
+architecture and the block types `gguf` writes: test_gguf_architectures.py; the K-quants on a
+real file: test_gguf_gemma.py.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-Q8_0, Q4_0, Q4_1, Q4_K, Q6_K = 8, 2, 3, 12, 14
+Q8_0, Q4_0, Q4_1 = 8, 2, 3
 
 
 def _u32(value: int) -> mx.array:
