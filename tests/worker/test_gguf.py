@@ -210,11 +210,19 @@ def test_import_rejects_an_integer_weight(tmp_path: Path) -> None:
 
 def test_import_rejects_tensors_it_cannot_map(tmp_path: Path) -> None:
     tensors = tiny_tensors()
-    tensors["rope_freqs.weight"] = mx.ones((HIDDEN // HEADS // 2,))
+    tensors["rope_factors_long.weight"] = mx.ones((HIDDEN // HEADS // 2,))  # Phi-3's LongRoPE
     gguf = write_gguf(tmp_path / "m.gguf", tensors, tiny_metadata())
-    with pytest.raises(ModelImportError, match="rope_freqs"):
+    with pytest.raises(ModelImportError, match="rope_factors_long"):
         import_gguf(gguf, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_import_rejects_rope_factors_that_are_not_llama3_scaling(tmp_path: Path) -> None:
+    tensors = tiny_tensors()
+    tensors["rope_freqs.weight"] = mx.linspace(1, 4, HIDDEN // HEADS // 2)
+    gguf = write_gguf(tmp_path / "m.gguf", tensors, tiny_metadata())
+    with pytest.raises(ModelImportError, match="other than Llama 3's scaling"):
+        import_gguf(gguf, tmp_path / "out")
 
 
 def test_import_never_replaces_a_dir_that_appeared_meanwhile(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,8 @@ from worker.gguf.convert import import_gguf
 HIDDEN, HEADS, KV_HEADS, FFN, HEAD_DIM = 64, 4, 2, 128, 16
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOKENS = SPECIALS + [chr(c) for c in range(33, 127)] + ["Ġ", "Ċ", "he"]
-PROMPT = [1, 40, 41, 42, 97, 60, 61, 2, 5, 9, 70, 71]
+# Long enough for RoPE's long wavelengths, which Llama 3's scaling stretches, to tell.
+PROMPT = [1] + [3 + (7 * i) % 96 for i in range(1023)]
 
 COMMON = {
     "hidden_size": HIDDEN,
@@ -45,6 +47,19 @@ COMMON = {
 # The reference models, as a Hugging Face config.json would give them to mlx-lm.
 REFERENCES: dict[str, dict[str, Any]] = {
     "llama": {"model_type": "llama", "num_hidden_layers": 2, "tie_word_embeddings": False},
+    "llama3.1": {  # Llama 3.1's RoPE scaling, which llama.cpp stores as rope_freqs
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "tie_word_embeddings": True,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    },
     "qwen2": {"model_type": "qwen2", "num_hidden_layers": 2, "tie_word_embeddings": True},
     "qwen3": {
         "model_type": "qwen3",
@@ -90,12 +105,18 @@ _TYPES = {"attn_q": Q.Q8_0, "attn_v": Q.Q5_0, "ffn_down": Q.Q4_1, "ffn_up": Q.F1
 _TYPES |= {"token_embd": Q.Q8_0, "attn_qkv": Q.Q8_0, "ffn_gate": Q.BF16, "output": Q.Q5_0}
 
 
-def reference_model(arch: str) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]]:
-    """mlx-lm's own model for `arch` with random weights: (model, HF weights, config)."""
-    config = {**COMMON, **REFERENCES[arch]}
+def gguf_arch(case: str) -> str:
+    return "llama" if case.startswith("llama") else case
+
+
+def reference_model(case: str) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]]:
+    """mlx-lm's own model for a case of REFERENCES with random weights: (model, HF weights,
+    config)."""
+    config = {**COMMON, **REFERENCES[case]}
+    arch = gguf_arch(case)
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(config))
-    rng = np.random.default_rng(sum(map(ord, arch)))
+    rng = np.random.default_rng(sum(map(ord, case)))
     weights = {}
     for name, param in tree_flatten(model.parameters()):
         scale = 0.3 if param.ndim == 2 else 0.1
@@ -150,12 +171,33 @@ def gguf_tensor(arch: str, gguf_name: str, values: np.ndarray) -> np.ndarray:
     return values
 
 
+def llama3_rope_factors(config: dict[str, Any]) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors, for a llama3 rope_scaling."""
+    scaling, base, dim = config["rope_scaling"], config["rope_theta"], HIDDEN // HEADS
+    context = scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    factors = []
+    for freq in 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim)):
+        wavelen = 2 * math.pi / freq
+        if wavelen < context / high:
+            factors.append(1.0)
+        elif wavelen > context / low:
+            factors.append(scaling["factor"])
+        else:
+            smooth = (context / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / scaling["factor"] + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
 def write_gguf(
-    path: Path, arch: str, weights: dict[str, np.ndarray], config: dict[str, Any]
+    path: Path, case: str, weights: dict[str, np.ndarray], config: dict[str, Any]
 ) -> Path:
+    arch = gguf_arch(case)
     writer = GGUFWriter(str(path), arch)
     _write_hyper_parameters(writer, arch, config)
     _write_vocabulary(writer)
+    if "rope_scaling" in config:
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
     for name, values in weights.items():
         gguf_name = _gguf_name(arch, name)
         stored = gguf_tensor(arch, gguf_name, values)
@@ -237,15 +279,20 @@ def test_imported_gguf_gives_the_logits_of_the_same_weights_in_mlx_lm(
     assert (got.argmax(-1) == expected.argmax(-1)).all()
 
 
-def test_llama_gguf_without_undoing_the_permutation_would_differ(
-    tmp_path: Path, tiny_gguf: Build
+@pytest.mark.parametrize(
+    ("case", "key", "value"),
+    [("llama", "rope_traditional", False), ("llama3.1", "rope_scaling", None)],
+)
+def test_without_what_the_import_writes_for_llamas_rope_the_logits_differ(
+    tmp_path: Path, tiny_gguf: Build, case: str, key: str, value: Any
 ) -> None:
-    # The check above has teeth: read as NeoX RoPE, the permuted rows give other logits.
-    gguf, expected = tiny_gguf("llama", tmp_path / "llama.gguf")
+    # The check above has teeth: read as NeoX RoPE, the permuted rows give other logits; without
+    # the scaling rope_freqs told, so do Llama 3.1's.
+    gguf, expected = tiny_gguf(case, tmp_path / "llama.gguf")
     out = import_gguf(gguf, tmp_path / "out", dtype="float32")
     config = json.loads((out / "config.json").read_text())
-    assert config["rope_traditional"] is True
-    (out / "config.json").write_text(json.dumps({**config, "rope_traditional": False}))
+    assert config[key] not in (None, False)
+    (out / "config.json").write_text(json.dumps({**config, key: value}))
     assert np.abs(imported_logits(out) - expected).max() > 1e-2
 
 

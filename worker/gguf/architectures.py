@@ -6,7 +6,9 @@ family differently from the Hugging Face weights mlx-lm reads:
 
 - llama (and Mistral, which llama.cpp writes as llama): `convert_hf_to_gguf.py` permutes the Q
   and K rows for llama.cpp's rotate-adjacent-pairs RoPE. That is MLX's "traditional" RoPE, so
-  `rope_traditional: true` makes the permuted weights right as they are.
+  `rope_traditional: true` makes the permuted weights right as they are. Llama 3.1's RoPE
+  scaling is stored as a tensor of per-dimension factors (`rope_freqs`), not as its parameters:
+  it is recognised, checked factor by factor, and written as mlx-lm's `llama3` rope_scaling.
 - qwen2, qwen3, phi3, gemma3: NeoX RoPE, stored unpermuted.
 - gemma3: Gemma's RMSNorm scales by (1 + w); the converter stores w + 1 for every `*norm.weight`
   (its `norm_shift`), while mlx-lm's gemma3_text adds the 1 itself: the import subtracts it.
@@ -26,6 +28,8 @@ from shared.wire.errors import ModelImportError
 from worker.gguf.file import Metadata, get_float, get_int, get_optional_int
 
 ConfigExtras = Callable[[Metadata, str, int], dict[str, Any]]
+RopeFactors = Callable[[Metadata, str, int, np.ndarray[Any, Any]], dict[str, Any]]
+ROPE_FREQS = "rope_freqs.weight"
 
 GLOBAL_TENSORS = {
     "token_embd": "model.embed_tokens",
@@ -63,6 +67,7 @@ class Architecture:
     block_tensors: Mapping[str, str]
     extras: ConfigExtras = field(default=lambda meta, arch, head_dim: {})
     norm_shift: float = 0.0  # subtracted from every *norm.weight (Gemma stores w + 1)
+    rope_factors: RopeFactors | None = None  # what a `rope_freqs` tensor becomes in config.json
     chat_template: str | None = None  # when the file carries none
 
     def mlx_name(self, gguf_name: str) -> str:
@@ -86,6 +91,41 @@ class Architecture:
 
 def _llama_extras(meta: Metadata, arch: str, head_dim: int) -> dict[str, Any]:
     return {"rope_traditional": True, **_linear_rope_scaling(meta, arch)}
+
+
+# Llama 3.1, 3.2 and 3.3's rope_scaling, but for `factor` (8 or 32), which the factors tell.
+_LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+def _llama3_rope_scaling(
+    meta: Metadata, arch: str, head_dim: int, factors: np.ndarray[Any, Any]
+) -> dict[str, Any]:
+    scaling = {**_LLAMA3_SCALING, "factor": float(factors.max())}
+    base = get_float(meta, f"{arch}.rope.freq_base", 10000.0)
+    if factors.shape != (head_dim // 2,) or not np.allclose(
+        factors, llama3_rope_factors(base, head_dim, scaling), rtol=1e-5
+    ):
+        raise ModelImportError("rope_freqs holds RoPE factors other than Llama 3's scaling")
+    return {"rope_scaling": scaling}
+
+
+def llama3_rope_factors(
+    base: float, head_dim: int, scaling: dict[str, Any]
+) -> np.ndarray[Any, Any]:
+    """The factors convert_hf_to_gguf.py stores for a Llama 3 rope_scaling: 1 for short
+    wavelengths, `factor` for long ones, a smooth step between."""
+    wavelens = 2 * np.pi * base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    context, factor = scaling["original_max_position_embeddings"], scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    smooth = (context / wavelens - low) / (high - low)
+    medium = 1 / ((1 - smooth) / factor + smooth)
+    step = np.where(wavelens > context / low, factor, medium)
+    return np.where(wavelens < context / high, 1.0, step)
 
 
 def _qwen3_extras(meta: Metadata, arch: str, head_dim: int) -> dict[str, Any]:
@@ -132,7 +172,13 @@ def _linear_rope_scaling(meta: Metadata, arch: str) -> dict[str, Any]:
 _LLAMA_BLOCK = {**_ATTENTION, **_MLP, **_NORMS}
 
 ARCHITECTURES: dict[str, Architecture] = {
-    "llama": Architecture("llama", "LlamaForCausalLM", _LLAMA_BLOCK, _llama_extras),
+    "llama": Architecture(
+        "llama",
+        "LlamaForCausalLM",
+        _LLAMA_BLOCK,
+        _llama_extras,
+        rope_factors=_llama3_rope_scaling,
+    ),
     "qwen2": Architecture(
         "qwen2", "Qwen2ForCausalLM", _LLAMA_BLOCK, lambda m, a, h: _linear_rope_scaling(m, a)
     ),

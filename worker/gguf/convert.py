@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 from shared.wire.errors import ModelImportError
 from worker.engine.sequence.stop import FAMILY_STOP_TOKENS
 from worker.gguf import DTYPES
-from worker.gguf.architectures import Architecture, architecture, head_dim
+from worker.gguf.architectures import ROPE_FREQS, Architecture, architecture, head_dim
 from worker.gguf.file import GGUFFile, Metadata, get_float, get_int, get_optional_int, open_gguf
 from worker.gguf.tokenizer import build_tokenizer, special_tokens_map
 from worker.gguf.weights import GROUP_SIZE, Weights, convert_tensor
@@ -52,7 +52,7 @@ def import_gguf(
     context = get_int(meta, f"{arch_name}.context_length", 2048)
     tokenizer, tokenizer_config = build_tokenizer(meta, context, arch.chat_template)
     eos_ids = _eos_token_ids(meta, tokenizer)
-    config = _model_config(meta, arch_name, arch, weights, eos_ids)
+    config = _model_config(gguf, arch_name, arch, weights, eos_ids)
     files = {
         "config.json": config,
         "tokenizer_config.json": tokenizer_config,
@@ -73,6 +73,8 @@ def _check_target(out_dir: Path, overwrite: bool) -> None:
 def _weights(gguf: GGUFFile, arch: Architecture, dtype: str) -> Weights:
     weights: Weights = {}
     for tensor in gguf.tensors:
+        if tensor.name == ROPE_FREQS and arch.rope_factors is not None:
+            continue  # not a weight: config.json's rope_scaling (_model_config)
         name = arch.mlx_name(tensor.name)
         weights.update(convert_tensor(tensor, name, dtype, arch.fix(name)))
     if "model.embed_tokens.weight" not in weights:
@@ -93,8 +95,10 @@ def _quantized_bits(weights: Weights) -> dict[str, int]:
 
 
 def _model_config(
-    meta: Metadata, arch_name: str, arch: Architecture, weights: Weights, eos_ids: list[int]
+    gguf: GGUFFile, arch_name: str, arch: Architecture, weights: Weights, eos_ids: list[int]
 ) -> dict[str, Any]:
+    meta = gguf.metadata
+
     def key(name: str) -> str:
         return f"{arch_name}.{name}"
 
@@ -119,6 +123,9 @@ def _model_config(
         "eos_token_id": eos_ids,
         **arch.extras(meta, arch_name, size),
     }
+    rope_freqs = next((t for t in gguf.tensors if t.name == ROPE_FREQS), None)
+    if rope_freqs is not None and arch.rope_factors is not None:
+        config.update(arch.rope_factors(meta, arch_name, size, rope_freqs.dequantized()))
     if (bos := get_optional_int(meta, "tokenizer.ggml.bos_token_id")) is not None:
         config["bos_token_id"] = bos
     if bits := _quantized_bits(weights):
