@@ -2,20 +2,23 @@
 
 This module owns the numerics of the import: which tensors are kept as float, which become
 MLX's affine 4- or 8-bit quantization (group size 32, GGUF's block size), and how. Under
-"keep", Q4_0, Q4_1 and Q8_0 blocks are rewritten into MLX's layout bit for bit (both are
-scale-and-offset codes over 32 values); every other block type (the K-quants, Q5, IQ) is
-dequantized by `gguf` and quantized again by MLX, to 4 bits where the type has 4 or fewer, else
-to 8, so no tensor loses more precision than the file already did.
+"keep", Q4_0, Q4_1 and Q4_K become MLX 4-bit and Q5_0, Q5_1, Q5_K and Q8_0 MLX 8-bit, value for
+value (each gives every 32 values one scale and one offset, as MLX's groups do); the block types
+with 16-value scales or lookup tables (Q2_K, Q3_K, Q6_K, IQ), which MLX's groups of 32 cannot
+hold, are dequantized by `gguf` and quantized again by MLX, to 4 bits where the type has 4 or
+fewer, else to 8.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType as T
+from gguf.quants import Q4_K
 
 from shared.wire.errors import ModelImportError
 from worker.gguf import DTYPES
@@ -74,9 +77,9 @@ def _float_dtype(tensor: Tensor, dtype: str) -> mx.Dtype:
 
 def _quantized(tensor: Tensor, name: str, bits: int) -> Weights:
     prefix = name.removesuffix(".weight")
-    exact_bits, transcode = _TRANSCODERS.get(tensor.ggml_type, (None, None))
-    if transcode is not None and exact_bits == bits:  # the file's own codes, unchanged
-        codes, scales, biases = transcode(tensor)
+    exact = _EXACT.get(tensor.ggml_type)
+    if exact is not None and exact.bits == bits:  # the file's own codes, unchanged
+        codes, scales, biases = _transcoded(tensor, exact)
         packed = _pack(codes, bits)
     else:
         values = mx.array(tensor.dequantized())
@@ -87,52 +90,82 @@ def _quantized(tensor: Tensor, name: str, bits: int) -> Weights:
 
 def _pack(codes: np.ndarray[Any, Any], bits: int) -> mx.array:
     """MLX's layout: codes packed into uint32 words, the first code in the lowest bits."""
+    codes = codes.astype(np.uint8)
     if bits == 4:
         codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    packed = np.ascontiguousarray(codes.astype(np.uint8)).view(np.uint32)
-    return mx.array(packed)
+    return mx.array(np.ascontiguousarray(codes).view(np.uint32))
 
 
-Transcoded = tuple[np.ndarray[Any, Any], mx.array, mx.array]
+Grid = tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]  # (scale, bias) per 32 values
 
 
-def _blocks(tensor: Tensor, block_bytes: int) -> np.ndarray[Any, Any]:
-    rows = tensor.shape[0]
-    return np.asarray(tensor.raw, dtype=np.uint8).reshape(rows, -1, block_bytes)
+def _half(blocks: np.ndarray[Any, Any], at: int) -> np.ndarray[Any, Any]:
+    """The float16 at byte `at` of each block, as float32."""
+    return (
+        np.ascontiguousarray(blocks[..., at : at + 2]).view(np.float16)[..., 0].astype(np.float32)
+    )
 
 
-def _halves(blocks: np.ndarray[Any, Any], at: int) -> np.ndarray[Any, Any]:
-    return np.ascontiguousarray(blocks[..., at : at + 2]).view(np.float16)[..., 0]
+def _offset_grid(offset: int) -> Callable[[np.ndarray[Any, Any]], Grid]:
+    """value = d * (q - offset): scale d, bias -offset * d."""
+
+    def read(blocks: np.ndarray[Any, Any]) -> Grid:
+        d = _half(blocks, 0)
+        return d, d * -offset
+
+    return read
 
 
-def _nibbles(packed: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    # ggml: byte j holds value j in its low nibble and value j + 16 in its high nibble.
-    return np.concatenate([packed & 0x0F, packed >> 4], axis=-1)
+def _min_grid(blocks: np.ndarray[Any, Any]) -> Grid:
+    """value = d * q + m, m the float16 after d."""
+    return _half(blocks, 0), _half(blocks, 2)
 
 
-def _q8_0(tensor: Tensor) -> Transcoded:
-    blocks = _blocks(tensor, 34)  # float16 scale d, 32 int8 codes q: value = d * q
-    d = _halves(blocks, 0)
-    codes = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-    return codes.reshape(tensor.shape), mx.array(d), mx.array(d * np.float16(-128))
+def _k_grid(blocks: np.ndarray[Any, Any]) -> Grid:
+    """Q4_K and Q5_K: a 256-value super-block of eight 32-value sub-blocks, each with 6-bit
+    scale sc and min m (packed as gguf's Q4_K.get_scale_min reads them): value =
+    d * sc * q - dmin * m."""
+    rows, supers = blocks.shape[:2]
+    sc, m = Q4_K.get_scale_min(np.ascontiguousarray(blocks[..., 4:16]).reshape(-1, 12))
+    d, dmin = _half(blocks, 0)[..., None], _half(blocks, 2)[..., None]
+    scale = d * sc.reshape(rows, supers, 8).astype(np.float32)
+    bias = -dmin * m.reshape(rows, supers, 8).astype(np.float32)
+    return scale.reshape(rows, -1), bias.reshape(rows, -1)
 
 
-def _q4_0(tensor: Tensor) -> Transcoded:
-    blocks = _blocks(tensor, 18)  # float16 d, 16 bytes of 4-bit q: value = d * (q - 8)
-    d = _halves(blocks, 0)
-    codes = _nibbles(blocks[..., 2:]).reshape(tensor.shape)
-    return codes, mx.array(d), mx.array(d * np.float16(-8))
+@dataclass(frozen=True)
+class _Codes:
+    """A block type whose every 32 values share one scale and one offset, as MLX's groups do:
+    MLX's affine quantization in `bits` holds it value for value, its scales in `scales_dtype`
+    (float16 holds d and -offset * d exactly; d * sc needs float32)."""
+
+    bits: int
+    block_bytes: int
+    grid: Callable[[np.ndarray[Any, Any]], Grid]
+    scales_dtype: mx.Dtype = mx.float16
 
 
-def _q4_1(tensor: Tensor) -> Transcoded:
-    blocks = _blocks(tensor, 20)  # float16 d and m, 16 bytes of 4-bit q: value = d * q + m
-    d, m = _halves(blocks, 0), _halves(blocks, 2)
-    codes = _nibbles(blocks[..., 4:]).reshape(tensor.shape)
-    return codes, mx.array(d), mx.array(m)
-
-
-_TRANSCODERS: dict[T, tuple[int, Callable[[Tensor], Transcoded]]] = {
-    T.Q8_0: (8, _q8_0),
-    T.Q4_0: (4, _q4_0),
-    T.Q4_1: (4, _q4_1),
+_EXACT = {
+    T.Q4_0: _Codes(4, 18, _offset_grid(8)),
+    T.Q4_1: _Codes(4, 20, _min_grid),
+    T.Q5_0: _Codes(8, 22, _offset_grid(16)),
+    T.Q5_1: _Codes(8, 24, _min_grid),
+    T.Q8_0: _Codes(8, 34, _offset_grid(128)),  # int8 q: q + 128 is the code
+    T.Q4_K: _Codes(4, 144, _k_grid, mx.float32),
+    T.Q5_K: _Codes(8, 176, _k_grid, mx.float32),
 }
+
+
+def _transcoded(tensor: Tensor, kind: _Codes) -> tuple[np.ndarray[Any, Any], mx.array, mx.array]:
+    """(codes, scales, biases): the grid read from the blocks, the codes recovered from the
+    values `gguf` decodes (exactly: value - bias is the scale times a small integer)."""
+    rows = tensor.shape[0]
+    scale, bias = kind.grid(
+        np.asarray(tensor.raw, dtype=np.uint8).reshape(rows, -1, kind.block_bytes)
+    )
+    scale, bias = scale.reshape(rows, -1, 1), bias.reshape(rows, -1, 1)
+    shifted = tensor.dequantized().reshape(rows, -1, GROUP_SIZE) - bias
+    codes = np.divide(shifted, scale, out=np.zeros_like(shifted), where=scale != 0)
+    codes = np.clip(np.rint(codes), 0, (1 << kind.bits) - 1).reshape(tensor.shape)
+    stored = kind.scales_dtype
+    return codes, mx.array(scale[..., 0]).astype(stored), mx.array(bias[..., 0]).astype(stored)
