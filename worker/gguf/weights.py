@@ -164,8 +164,13 @@ def _transcoded(tensor: Tensor, kind: _Codes) -> tuple[np.ndarray[Any, Any], mx.
         np.asarray(tensor.raw, dtype=np.uint8).reshape(rows, -1, kind.block_bytes)
     )
     scale, bias = scale.reshape(rows, -1, 1), bias.reshape(rows, -1, 1)
-    shifted = tensor.dequantized().reshape(rows, -1, GROUP_SIZE) - bias
-    codes = np.divide(shifted, scale, out=np.zeros_like(shifted), where=scale != 0)
-    codes = np.clip(np.rint(codes), 0, (1 << kind.bits) - 1).reshape(tensor.shape)
+    # In place: the values of a large embedding are gigabytes as float32.
+    codes = tensor.dequantized().reshape(rows, -1, GROUP_SIZE)
+    codes -= bias
+    np.divide(codes, scale, out=codes, where=scale != 0)
+    codes[np.broadcast_to(scale == 0, codes.shape)] = 0
+    np.rint(codes, out=codes)
+    np.clip(codes, 0, (1 << kind.bits) - 1, out=codes)
+    codes = codes.reshape(tensor.shape)
     stored = kind.scales_dtype
     return codes, mx.array(scale[..., 0]).astype(stored), mx.array(bias[..., 0]).astype(stored)
