@@ -1,18 +1,17 @@
-"""Import a llama-architecture GGUF file into a model directory that `mlx_lm.load` accepts.
+"""Import a GGUF file into a model directory that `mlx_lm.load` accepts.
 
-This module owns the import itself, from llama.cpp's single-file format to mlx-lm's layout:
-renaming llama.cpp's tensors to mlx-lm's, keeping quantized tensors quantized or dequantizing
-them to a chosen dtype, writing `config.json` and `generation_config.json`, and writing the
-model directory atomically. Reading the file lives in `worker.gguf.file` and rebuilding the
-tokenizer in `worker.gguf.tokenizer`. Anything it cannot convert faithfully is refused with
-`ModelImportError` rather than approximated.
+This module owns the import as a whole, from llama.cpp's single-file format to mlx-lm's layout:
+each tensor renamed and converted (the family's facts in `worker.gguf.architectures`, the
+numerics in `worker.gguf.weights`), `config.json` and `generation_config.json` written from the
+metadata, the tokenizer rebuilt (`worker.gguf.tokenizer`), the result loaded once by mlx-lm as a
+check, and the directory written atomically. Anything it cannot convert faithfully is refused
+with `ModelImportError` rather than approximated.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import uuid
 from collections import Counter
@@ -23,40 +22,12 @@ import mlx.core as mx
 from tokenizers import Tokenizer
 
 from shared.wire.errors import ModelImportError
-from worker.gguf.file import (
-    Metadata,
-    Weights,
-    check_header,
-    get_float,
-    get_int,
-    get_optional_int,
-    get_strings,
-    load,
-)
+from worker.engine.sequence.stop import FAMILY_STOP_TOKENS
+from worker.gguf import DTYPES
+from worker.gguf.architectures import ROPE_FREQS, Architecture, architecture, head_dim
+from worker.gguf.file import GGUFFile, Metadata, get_float, get_int, get_optional_int, open_gguf
 from worker.gguf.tokenizer import build_tokenizer, special_tokens_map
-
-GROUP_SIZE = 32  # every GGUF block type we accept packs 32 values per scale
-
-_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-
-_GLOBAL_TENSORS = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_BLOCK_TENSORS = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-
-_BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)")
+from worker.gguf.weights import GROUP_SIZE, Weights, convert_tensor
 
 
 def import_gguf(
@@ -64,24 +35,24 @@ def import_gguf(
 ) -> Path:
     """Convert `gguf_path` into an mlx-lm model directory at `out_dir` and return `out_dir`.
 
-    `dtype=None` keeps the file's layout (quantized tensors stay quantized); "float32",
-    "float16" or "bfloat16" dequantizes everything and casts every floating tensor to it.
-    The directory appears whole or not at all. Raises `ModelImportError` for anything that
-    cannot be converted faithfully.
+    `dtype` None or "keep" keeps the file's precision (float stays float, quantized tensors
+    become MLX 4- or 8-bit); "float32", "float16" or "bfloat16" dequantizes everything to it;
+    "q4" or "q8" quantizes every linear and embedding weight to MLX's 4 or 8 bits. The
+    directory appears whole or not at all. Raises `ModelImportError` for anything that cannot
+    be converted faithfully.
     """
-    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
-    if dtype is not None and dtype not in _DTYPES:
-        raise ModelImportError(f"dtype must be one of {sorted(_DTYPES)} or None, not {dtype!r}")
+    gguf_path, out_dir, dtype = Path(gguf_path), Path(out_dir), dtype or "keep"
+    if dtype not in DTYPES:
+        raise ModelImportError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     _check_target(out_dir, overwrite)
-    check_header(gguf_path)
-    raw, meta = load(gguf_path)
-    weights = {_mlx_name(name): array for name, array in raw.items()}
-    bits = _quantized_bits(weights)
-    if dtype is not None:
-        weights, bits = _dequantized(weights, bits, _DTYPES[dtype]), {}
-    tokenizer, tokenizer_config = build_tokenizer(meta)
-    eos_ids = _eos_token_ids(meta)
-    config = _model_config(meta, weights, bits, eos_ids)
+    gguf = open_gguf(gguf_path)
+    arch_name, arch = architecture(gguf.metadata)
+    meta = gguf.metadata
+    weights = _weights(gguf, arch, dtype)
+    context = get_int(meta, f"{arch_name}.context_length", 2048)
+    tokenizer, tokenizer_config = build_tokenizer(meta, context, arch.chat_template)
+    eos_ids = _eos_token_ids(meta, tokenizer)
+    config = _model_config(gguf, arch_name, arch, weights, eos_ids)
     files = {
         "config.json": config,
         "tokenizer_config.json": tokenizer_config,
@@ -99,118 +70,77 @@ def _check_target(out_dir: Path, overwrite: bool) -> None:
         raise ModelImportError(f"{out_dir} already exists and is not empty (pass overwrite=True)")
 
 
-def _mlx_name(gguf_name: str) -> str:
-    """Map a llama.cpp tensor name to mlx-lm's llama name, keeping the suffix."""
-    stem, _, suffix = gguf_name.rpartition(".")
-    if suffix in ("weight", "scales", "biases"):
-        if stem in _GLOBAL_TENSORS:
-            return f"{_GLOBAL_TENSORS[stem]}.{suffix}"
-        block = _BLOCK_NAME.fullmatch(stem)
-        if block is not None and block[2] in _BLOCK_TENSORS:
-            return f"model.layers.{block[1]}.{_BLOCK_TENSORS[block[2]]}.{suffix}"
-    # e.g. rope_freqs (Llama 3.1 rope scaling) or attention biases: no faithful mapping here.
-    raise ModelImportError(f"unsupported tensor {gguf_name!r} in a llama GGUF")
+def _weights(gguf: GGUFFile, arch: Architecture, dtype: str) -> Weights:
+    weights: Weights = {}
+    for tensor in gguf.tensors:
+        if tensor.name == ROPE_FREQS and arch.rope_factors is not None:
+            continue  # not a weight: config.json's rope_scaling (_model_config)
+        name = arch.mlx_name(tensor.name)
+        weights.update(convert_tensor(tensor, name, dtype, arch.fix(name)))
+    if "model.embed_tokens.weight" not in weights:
+        raise ModelImportError("the GGUF has no token_embd tensor")
+    return weights
 
 
 def _quantized_bits(weights: Weights) -> dict[str, int]:
-    """Return {module path: bits} for every module mlx unpacked into weight/scales/biases."""
+    """{module path: bits} for every module stored as MLX weight/scales/biases."""
     bits: dict[str, int] = {}
-    for name in weights:
-        if not name.endswith(".scales"):
-            continue
-        prefix = name.removesuffix(".scales")
-        weight, scales = weights.get(f"{prefix}.weight"), weights[name]
-        if weight is None or weight.dtype != mx.uint32 or f"{prefix}.biases" not in weights:
-            raise ModelImportError(f"{prefix} has scales but no packed uint32 weight and biases")
-        # A uint32 packs 32 // bits values and each scale covers GROUP_SIZE of them.
-        packed_bits = weight.shape[-1] * 32
-        n_values = scales.shape[-1] * GROUP_SIZE
-        if packed_bits % n_values or packed_bits // n_values not in (4, 8):
-            raise ModelImportError(f"{prefix} has an unexpected quantized layout {weight.shape}")
-        bits[prefix] = packed_bits // n_values
+    for name, scales in weights.items():
+        if name.endswith(".scales"):
+            prefix = name.removesuffix(".scales")
+            # A uint32 packs 32 // bits codes and each scale covers GROUP_SIZE of them.
+            packed = weights[f"{prefix}.weight"].shape[-1] * 32
+            bits[prefix] = packed // (scales.shape[-1] * GROUP_SIZE)
     return bits
 
 
-def _dequantized(weights: Weights, bits: dict[str, int], dtype: mx.Dtype) -> Weights:
-    out: Weights = {}
-    for name, array in weights.items():
-        prefix, _, suffix = name.rpartition(".")
-        if prefix in bits:
-            if suffix != "weight":
-                continue
-            # Dequantize in float32: float16 scales times codes would round twice.
-            scales = weights[f"{prefix}.scales"].astype(mx.float32)
-            biases = weights[f"{prefix}.biases"].astype(mx.float32)
-            array = mx.dequantize(array, scales, biases, group_size=GROUP_SIZE, bits=bits[prefix])
-        if not mx.issubdtype(array.dtype, mx.floating):
-            raise ModelImportError(f"tensor {name} has non-float type {array.dtype}")
-        out[name] = array.astype(dtype)
-    return out
-
-
 def _model_config(
-    meta: Metadata, weights: Weights, bits: dict[str, int], eos_ids: list[int]
+    gguf: GGUFFile, arch_name: str, arch: Architecture, weights: Weights, eos_ids: list[int]
 ) -> dict[str, Any]:
-    hidden = get_int(meta, "llama.embedding_length")
-    heads = get_int(meta, "llama.attention.head_count")
-    head_dim = _head_dim(meta, weights, hidden, heads)
+    meta = gguf.metadata
+
+    def key(name: str) -> str:
+        return f"{arch_name}.{name}"
+
+    heads = get_int(meta, key("attention.head_count"))
+    size = head_dim(meta, arch_name)
     config: dict[str, Any] = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": hidden,
-        "num_hidden_layers": get_int(meta, "llama.block_count"),
-        "intermediate_size": get_int(meta, "llama.feed_forward_length"),
+        "model_type": arch.model_type,
+        "architectures": [arch.hf_class],
+        "hidden_size": get_int(meta, key("embedding_length")),
+        "num_hidden_layers": get_int(meta, key("block_count")),
+        "intermediate_size": get_int(meta, key("feed_forward_length")),
         "num_attention_heads": heads,
-        "num_key_value_heads": get_int(meta, "llama.attention.head_count_kv", heads),
-        "rms_norm_eps": get_float(meta, "llama.attention.layer_norm_rms_epsilon", 1e-5),
-        "rope_theta": get_float(meta, "llama.rope.freq_base", 10000.0),
-        "max_position_embeddings": get_int(meta, "llama.context_length", 2048),
+        "num_key_value_heads": get_int(meta, key("attention.head_count_kv"), heads),
+        "head_dim": size,
+        "rms_norm_eps": get_float(meta, key("attention.layer_norm_rms_epsilon"), 1e-5),
+        "rope_theta": get_float(meta, key("rope.freq_base"), 10000.0),
+        "max_position_embeddings": get_int(meta, key("context_length"), 2048),
         "vocab_size": _vocab_size(meta, weights),
         "tie_word_embeddings": "lm_head.weight" not in weights,
-        # llama.cpp permutes the Q and K rows for its rotate-adjacent-pairs RoPE, which is
-        # MLX's "traditional" RoPE: the permuted weights then work as they are.
-        "rope_traditional": True,
+        # A llama GGUF with attention biases (mlx-lm's llama reads the flag).
+        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in weights,
         "eos_token_id": eos_ids,
+        **arch.extras(meta, arch_name, size),
     }
-    if head_dim != hidden // heads:
-        config["head_dim"] = head_dim
-    if (rope_scaling := _rope_scaling(meta)) is not None:
-        config["rope_scaling"] = rope_scaling
+    rope_freqs = next((t for t in gguf.tensors if t.name == ROPE_FREQS), None)
+    if rope_freqs is not None and arch.rope_factors is not None:
+        config.update(arch.rope_factors(meta, arch_name, size, rope_freqs.dequantized()))
     if (bos := get_optional_int(meta, "tokenizer.ggml.bos_token_id")) is not None:
         config["bos_token_id"] = bos
-    if bits:
+    if bits := _quantized_bits(weights):
         config["quantization"] = _quantization_config(bits)
     return config
 
 
-def _head_dim(meta: Metadata, weights: Weights, hidden: int, heads: int) -> int:
-    rope_dims = get_optional_int(meta, "llama.rope.dimension_count")
-    head_dim = get_int(meta, "llama.attention.key_length", rope_dims or hidden // heads)
-    if get_int(meta, "llama.attention.value_length", head_dim) != head_dim:
-        raise ModelImportError("attention with different key and value head sizes is unsupported")
-    if rope_dims is not None and rope_dims != head_dim:
-        raise ModelImportError(f"partial RoPE ({rope_dims} of {head_dim} dims) is unsupported")
-    q_rows = weights["model.layers.0.self_attn.q_proj.weight"].shape[0]
-    if q_rows != heads * head_dim:
-        raise ModelImportError(f"attn_q has {q_rows} rows, expected {heads} heads x {head_dim}")
-    return head_dim
-
-
 def _vocab_size(meta: Metadata, weights: Weights) -> int:
-    rows = int(weights["model.embed_tokens.weight"].shape[0])
-    size = get_int(meta, "llama.vocab_size", len(get_strings(meta, "tokenizer.ggml.tokens")))
-    if size != rows:
-        raise ModelImportError(f"vocabulary has {size} tokens but token_embd has {rows} rows")
-    return size
-
-
-def _rope_scaling(meta: Metadata) -> dict[str, Any] | None:
-    kind = meta.get("llama.rope.scaling.type", "none")
-    if kind == "none":
-        return None
-    if kind == "linear":
-        return {"type": "linear", "factor": get_float(meta, "llama.rope.scaling.factor")}
-    raise ModelImportError(f"unsupported RoPE scaling {kind!r}")
+    embedding = weights["model.embed_tokens.weight"]
+    rows = int(embedding.shape[0])
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or len(tokens) != rows:
+        count = len(tokens) if isinstance(tokens, list) else 0
+        raise ModelImportError(f"vocabulary has {count} tokens but token_embd has {rows} rows")
+    return rows
 
 
 def _quantization_config(bits: dict[str, int]) -> dict[str, Any]:
@@ -230,8 +160,10 @@ def _generation_config(meta: Metadata, eos_ids: list[int]) -> dict[str, Any]:
     return config
 
 
-def _eos_token_ids(meta: Metadata) -> list[int]:
-    """The end-of-sequence id plus end-of-turn ids, which also end a chat reply."""
+def _eos_token_ids(meta: Metadata, tokenizer: Tokenizer) -> list[int]:
+    """The end-of-sequence id, then end-of-turn ids, which also end a chat reply: the file's
+    own (eot, eom) and, as llama.cpp finds them by their text, the families' end-of-turn tokens
+    (Gemma's `<end_of_turn>`, which its GGUF names nowhere)."""
     ids: list[int] = []
     for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
         value = get_optional_int(meta, f"tokenizer.ggml.{key}")
@@ -239,6 +171,12 @@ def _eos_token_ids(meta: Metadata) -> list[int]:
             ids.append(value)
     if not ids:
         raise ModelImportError("the GGUF names no eos token (tokenizer.ggml.eos_token_id)")
+    # Only control tokens: Gemma's vocabulary also spells "</s>" as plain text.
+    control = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+    for token in FAMILY_STOP_TOKENS:
+        token_id = control.get(token)
+        if token_id is not None and token_id not in ids:
+            ids.append(token_id)
     return ids
 
 
@@ -258,9 +196,21 @@ def _write_model_dir(
         tokenizer.save(str(staging / "tokenizer.json"))
         for name, content in files.items():
             (staging / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n")
+        _check_loads(staging)
         _move_into_place(staging, out_dir, overwrite)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _check_loads(model_dir: Path) -> None:
+    """Load the directory as the worker will (lazily: no weight is read): every tensor must
+    have its place and shape in mlx-lm's model, and every parameter a tensor."""
+    from mlx_lm.utils import load_model
+
+    try:
+        load_model(model_dir, lazy=True, strict=True)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelImportError(f"mlx-lm does not accept the converted model: {exc}") from exc
 
 
 def _move_into_place(staging: Path, out_dir: Path, overwrite: bool) -> None:

@@ -25,7 +25,6 @@ from shared.wire.errors import ModelImportError
 from worker.gguf.file import (
     Metadata,
     get_bool,
-    get_int,
     get_ints,
     get_optional_int,
     get_strings,
@@ -38,12 +37,22 @@ _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen 2, 2.5 and 3 (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2): Llama 3's split, one digit a piece.
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _LLAMA3_PRES = frozenset({"llama-bpe", "llama3", "llama-v3"})
-_BYTE_LEVEL_PRES = frozenset({"smollm", "gpt-2"}) | _LLAMA3_PRES
+_SPLITS = {**dict.fromkeys(_LLAMA3_PRES, _LLAMA3_SPLIT), "qwen2": _QWEN2_SPLIT}
+_BYTE_LEVEL_PRES = frozenset({"smollm", "gpt-2"}) | _SPLITS.keys()
 
 
-def build_tokenizer(meta: Metadata) -> tuple[Tokenizer, dict[str, Any]]:
-    """Rebuild the Hugging Face tokenizer a GGUF describes: (tokenizer, tokenizer_config)."""
+def build_tokenizer(
+    meta: Metadata, context_length: int, fallback_template: str | None = None
+) -> tuple[Tokenizer, dict[str, Any]]:
+    """Rebuild the Hugging Face tokenizer a GGUF describes: (tokenizer, tokenizer_config).
+
+    The chat template is the file's, else `fallback_template` (the family's format)."""
     model = meta.get("tokenizer.ggml.model")
     tokens = get_strings(meta, "tokenizer.ggml.tokens")
     types = get_ints(meta, "tokenizer.ggml.token_type") or [_NORMAL] * len(tokens)
@@ -61,6 +70,9 @@ def build_tokenizer(meta: Metadata) -> tuple[Tokenizer, dict[str, Any]]:
         raise ModelImportError(f"unsupported tokenizer model {model!r} (gpt2 and llama are)")
     _add_special_tokens(tokenizer, tokens, types, addable)
     config = _tokenizer_config(meta, tokens, default_add_bos=model == "llama")
+    config["model_max_length"] = context_length
+    if "chat_template" not in config and fallback_template is not None:
+        config["chat_template"] = fallback_template
     tokenizer.post_processor = _post_processor(config, tokenizer, byte_level=model == "gpt2")
     return tokenizer, config
 
@@ -85,6 +97,8 @@ def _byte_level_tokenizer(meta: Metadata, tokens: list[str]) -> Tokenizer:
         vocab=_vocab(spelled), merges=merges, ignore_merges=pre in _LLAMA3_PRES, fuse_unk=False
     )
     tokenizer.pre_tokenizer = _byte_level_pre_tokenizer(pre)
+    if pre == "qwen2":  # Qwen's tokenizer.json composes the text (NFC) first
+        tokenizer.normalizer = normalizers.NFC()
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
 
@@ -113,10 +127,10 @@ def _vocab(tokens: list[str]) -> dict[str, int]:
 
 
 def _byte_level_pre_tokenizer(pre: str) -> Any:
-    if pre in _LLAMA3_PRES:
+    if pre in _SPLITS:
         return pre_tokenizers.Sequence(
             [
-                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated", invert=False),
+                pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated", invert=False),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
@@ -131,12 +145,12 @@ def _byte_level_pre_tokenizer(pre: str) -> Any:
 def _sentencepiece_tokenizer(meta: Metadata, tokens: list[str], types: list[int]) -> Tokenizer:
     """A SentencePiece BPE vocabulary as an HF BPE with byte fallback, like Llama 2's own."""
     scores = meta.get("tokenizer.ggml.scores")
-    if scores is None or len(scores.tolist()) != len(tokens):
+    if not isinstance(scores, list) or len(scores) != len(tokens):
         raise ModelImportError("a SentencePiece GGUF needs one tokenizer.ggml.scores per token")
     unk_id = get_optional_int(meta, "tokenizer.ggml.unknown_token_id")
     tokenizer = _bpe_tokenizer(
         vocab=_vocab(tokens),
-        merges=_sentencepiece_merges(tokens, types, scores.tolist()),
+        merges=_sentencepiece_merges(tokens, types, [float(s) for s in scores]),
         unk_token=tokens[unk_id] if unk_id is not None else None,
         byte_fallback=True,
         fuse_unk=True,
@@ -195,7 +209,6 @@ def _tokenizer_config(meta: Metadata, tokens: list[str], default_add_bos: bool) 
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "clean_up_tokenization_spaces": False,
-        "model_max_length": get_int(meta, "llama.context_length", 2048),
         # llama.cpp adds BOS to SentencePiece vocabularies that do not say otherwise.
         "add_bos_token": get_bool(meta, "tokenizer.ggml.add_bos_token", default_add_bos),
         "add_eos_token": get_bool(meta, "tokenizer.ggml.add_eos_token", False),

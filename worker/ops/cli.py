@@ -7,9 +7,19 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
+
+from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from shared.observe.logs import configure
 from shared.queue.config import Settings
+from shared.wire.errors import ModelImportError
+from worker.gguf import DTYPES
+
+# What a command's bad input or unreachable Redis raises: told in one line, exit status 1. Any
+# other exception is a bug, and keeps its traceback.
+USER_ERRORS = (ModelImportError, OSError, RedisError, ValidationError)
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -68,8 +78,7 @@ def _import_gguf(args: argparse.Namespace, settings: Settings) -> int:
 
     source = Path(args.file)
     out = Path(args.out) if args.out else settings.models_dir / (args.name or source.stem)
-    dtype = None if args.dtype == "keep" else args.dtype
-    print(import_gguf(source, out, dtype=dtype))
+    print(import_gguf(source, out, dtype=args.dtype))
     return 0
 
 
@@ -113,7 +122,7 @@ def _batch(args: argparse.Namespace, settings: Settings) -> int:
         return 2
 
 
-def _batch_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _batch_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     batch = sub.add_parser(
         "batch", help="submit and follow batches (OPENAI_BASE_URL, OPENAI_API_KEY)"
     )
@@ -137,8 +146,15 @@ def _seconds(text: str) -> float:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its error in one line (the usage is one `--help` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlxq", description=__doc__)
+    p = _Parser(prog="mlxq", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser(
         "run", help="Redis (if none), the API and a worker for each default model (chat, embedding)"
@@ -156,15 +172,18 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "prepare-model", help="download and import the default models (chat and embedding)"
     )
-    imp = sub.add_parser("import-gguf", help="import a llama-architecture GGUF file")
+    imp = sub.add_parser(
+        "import-gguf", help="import a GGUF file (llama, mistral, qwen2, qwen3, gemma3, phi3)"
+    )
     imp.add_argument("file", help="the .gguf file")
     imp.add_argument("--name", help="model name under MLXQ_MODELS_DIR (default: file stem)")
     imp.add_argument("--out", help="output directory (overrides --name)")
     imp.add_argument(
         "--dtype",
-        choices=["keep", "float32", "float16", "bfloat16"],
+        choices=DTYPES,
         default="keep",
-        help="keep the file's (quantized) weights, or convert them",
+        help="keep the file's precision (quantized tensors as MLX 4- or 8-bit), dequantize to a "
+        "float type, or quantize every linear weight to MLX's 4 or 8 bits (q4, q8)",
     )
     _batch_parser(sub)
     status = sub.add_parser("status", help="live workers, queues and recent jobs (from REDIS_URL)")
@@ -191,9 +210,22 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    settings = Settings()
-    configure(settings)
-    return COMMANDS[args.command](args, settings)
+    try:
+        settings = Settings()
+        configure(settings)
+        return COMMANDS[args.command](args, settings)
+    except USER_ERRORS as err:
+        print(f"mlxq {args.command}: {_one_line(err)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(err: Exception) -> str:
+    if isinstance(err, ValidationError):  # a bad MLXQ_* variable: name the first one
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"invalid setting {where}: {first['msg']}"
+    text = " ".join(str(err).split()) or type(err).__name__
+    return f"Redis: {text}" if isinstance(err, RedisError) else text
 
 
 if __name__ == "__main__":
