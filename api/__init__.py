@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from flask import Flask
 
+from api.backend import Backend
 from api.http import auth, errors, exposure
-from api.queue import open_requests, rate_limits
+from api.limits import open_requests, quotas, shares
 from api.queue.broker import Broker
+from api.queue.roster import Roster
 from api.routes import (
     batches,
     chat,
@@ -23,7 +25,7 @@ from api.routes import (
     page,
     responses,
 )
-from api.stores import quotas, replicas
+from api.stores import replicas
 from shared.queue.config import Settings
 
 
@@ -31,12 +33,15 @@ def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or Settings()
     app = Flask(__name__)  # static files: the page's (api/routes/page.py, api/static/)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    b = Broker(settings)
+    b = Backend(settings)
     b.init_app(app)
+    served = Roster(b)
+    served.init_app(app)
+    Broker(b, served).init_app(app)
     errors.init_app(app)
     exposure.init_app(app, settings)  # before the key check
     auth.init_app(app, settings, b.redis)
-    rate_limits.init_app(app, b)
+    shares.init_app(app, b)
     open_requests.init_app(app, b)
     replicas.init_app(app, b)
     quotas.init_app(app, b)

@@ -36,7 +36,7 @@ from rq.job import Job
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from api.queue.broker import Broker
+from api.queue.broker import standalone
 from bench import traffic
 from shared.queue.config import Settings
 from shared.queue.jobs import GenerationJob
@@ -151,7 +151,7 @@ class Soak:
             heartbeat_s=self.args.heartbeat,
             bulk_retries=3,
         )
-        broker = Broker(settings)
+        broker = standalone(settings)
         n = 0
         while not self.stop.wait(self.args.bulk_every):
             n += 1

@@ -8,6 +8,9 @@ fresh interpreter:
 - the engine (`worker.engine`) imports nothing of Redis, RQ or Flask, not even through `shared`.
 - the engine's CPU room (`worker.engine.cpu`) is imported only by model loading
   (`worker/engine/model.py`): its fast paths attach to a model as it loads, nowhere else.
+- the limits (`api.limits`) know nothing of routes, stores or the broker.
+- no module of `api`, `worker` or `shared` imports, through others, itself: an import for type
+  checking only counts too, since it is the same circle with the knot hidden.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import ast
 import subprocess
 import sys
 from collections.abc import Iterator
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
@@ -28,6 +32,7 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("shared.wire", ("shared.queue", "shared.observe", "redis", "rq")),
     ("api", ("worker", "mlx", "mlx_lm")),
     ("api.http", ("api.routes", "api.stores", "api.queue")),
+    ("api.limits", ("api.routes", "api.stores", "api.queue.broker")),
     ("worker", ("api", "flask")),
     ("worker.engine", ("redis", "rq", "flask", "worker.runtime", "worker.ops")),
 ]
@@ -76,6 +81,52 @@ def test_the_rule_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     source = tmp_path / "module.py"
     source.write_text("import os\nfrom worker.engine import batch\n")
     assert list(imports_of(source)) == [(1, "os"), (2, "worker.engine")]
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Each module of `packages` under `root` -> the modules of them it imports (`from a import
+    b` imports `a.b` where that is a module)."""
+    paths = {
+        module_name(p, root): p for package in packages for p in (root / package).rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+        graph[name] = (imported & paths.keys()) - {name}
+    return graph
+
+
+def circle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of `graph` (its modules, the first again at the end), or []."""
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as found:
+        return list(found.args[1])
+    return []
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    assert circle(import_graph(ROOT, ("api", "worker", "shared"))) == []
+
+
+def test_the_circle_check_sees_a_type_checking_circle(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg/__init__.py").write_text("")
+    (tmp_path / "pkg/a.py").write_text("from pkg.b import thing\n")
+    typing_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n"
+    (tmp_path / "pkg/b.py").write_text(typing_only)
+    found = circle(import_graph(tmp_path, ("pkg",)))
+    assert set(found) == {"pkg.a", "pkg.b"} and found[0] == found[-1]
 
 
 def loaded_by(statement: str) -> set[str]:

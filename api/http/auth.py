@@ -9,7 +9,7 @@ every route but `PUBLIC_PATHS` (and the page's static files) needs `Authorizatio
 `before_request` hook (`init_app`).
 
 A key may carry limits (`sk-key:rpm=60:tpm=40000`, shared/queue/config.py): `key_limits()`
-gives them to the rate limiter (api/queue/rate_limits.py). An operator key is a key like any
+gives them to the rate limiter (api/limits/rates.py). An operator key is a key like any
 other (its own owner, its own limits) that also sees the whole fleet (`is_operator()`); without
 any key the one local user is the operator.
 

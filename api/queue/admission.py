@@ -9,7 +9,7 @@ once, in the order a client sees their refusals:
    with a tokenizer that was never meant for it or its key is charged for it;
 1. it counts the prompt, rendered and tokenized once (api/queue/context_window.py), for the
    next two checks and placement;
-2. the caller's per-key rate limits take their share (api/queue/rate_limits.py: 429);
+2. the caller's per-key rate limits take their share (api/limits/rates.py: 429);
 3. the prompt must fit the context window (400 `context_length_exceeded`);
 4. it reads the live workers of the job's model once (404 when none), for placement too;
 5. the model's queue must have room (429 `queue_full`), which counts the job in its backlog;
@@ -30,10 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.http.auth import is_operator
+from api.limits.shares import counts_tokens, take_share
 from api.queue.broker import Broker
 from api.queue.context_window import PromptCount
 from api.queue.placement import Outcome
-from api.queue.rate_limits import counts_tokens, take_share
 from api.queue.relay import Subscription
 from shared.queue.jobs import GenerationJob, QueuedJob
 from shared.wire.keep_alive import asked
@@ -53,14 +53,14 @@ class Admitted:
 def admit(broker: Broker, job: QueuedJob, trace: str | None) -> Admitted:
     """Check the job once each way (the module docstring's order) and return it admitted, or
     raise the first refusal. `trace`: the request span's traceparent, carried to the worker."""
-    broker.require_kind(job)
+    broker.roster.require_kind(job)
     keep_alive = asked(job.keep_alive_s, is_operator(), broker.settings.keep_alive_max)
     prompt = broker.windows.measure(job)
     limits = broker.interactive_limits()
     held = take_share(job, prompt, limits, broker.settings.queue_timeout_s)
     if prompt is not None and isinstance(job, GenerationJob):
         prompt.room(job)  # a 400 when the prompt leaves no room for what the job asks
-    workers = broker.served_by(job.model)
+    workers = broker.roster.served_by(job.model)
     broker.accept(job)
     try:
         placed = broker.place(job, prompt, workers)
@@ -83,9 +83,9 @@ def admit_background(broker: Broker, job: GenerationJob) -> GenerationJob:
     """A background response as it will be queued: in `admit`'s order, a 400 when its model
     does not generate, a 404 unless a live worker serves it, then its key's share, held while
     it is kept (it has no queue deadline)."""
-    broker.require_kind(job)
+    broker.roster.require_kind(job)
     keep_alive = asked(job.keep_alive_s, is_operator(), broker.settings.keep_alive_max)
-    broker.require_model(job.model)
+    broker.roster.require_model(job.model)
     prompt = broker.windows.measure(job) if counts_tokens() else None  # only where it counts
     held = take_share(job, prompt, job.limits, broker.settings.response_ttl_s)
     return job.model_copy(update={"queued_tokens": held, "keep_alive_s": keep_alive})

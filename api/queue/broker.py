@@ -1,33 +1,36 @@
-"""The API's side of Redis: model liveness, the RQ queues, the event relay, cancellation.
+"""The queue's writes: the RQ queues of each model's lanes, admission's counts (the backlog's
+caps, placement), the event relay and cancellation.
 
-`Broker.init_app(app)` attaches one Broker per API process (Flask's extension pattern);
-routes reach it with `broker()`. Any Redis failure surfaces as BackendUnavailableError (503).
-Admission (api/queue/admission.py) calls its checks once each: the live workers of a job's
-model (404 when none, unless a live pool may load it: shared/queue/pool.py), its queue's caps
-of jobs and of prompt tokens, in one round trip (shared/queue/backlog.py: 429 with
-Retry-After), and placement on the worker holding its prefix
-(api/queue/placement.py); then `enqueue` queues the admitted job as it is. Every job it queues
-is watched until its request ends (api/queue/watch.py).
+A Broker is built over the API process's Backend (api/backend.py) and the Roster of what is
+served (api/queue/roster.py), which admission reads; `Broker.init_app(app)` attaches one per API
+process and routes reach it with `broker()`. Any Redis failure surfaces as
+BackendUnavailableError (503). Admission (api/queue/admission.py) calls its checks once each:
+its queue's caps of jobs and of prompt tokens, in one round trip (shared/queue/backlog.py: 429
+with Retry-After), and placement on the worker holding its prefix (api/queue/placement.py); then
+`enqueue` queues the admitted job as it is. Every job it queues is watched until its request
+ends (api/queue/watch.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from flask import Flask, current_app
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
+from api.backend import Backend
 from api.queue.context_window import ContextWindows, PromptCount
 from api.queue.placement import Outcome, Placement
-from api.queue.relay import EventRelay
+from api.queue.relay import EventRelay, Subscription
+from api.queue.roster import Roster
 from api.queue.watch import JobWatch
 from shared.queue import backlog, fair_order
 from shared.queue.backlog import Verdict
 from shared.queue.config import Settings
-from shared.queue.connection import connect, connect_blocking, redis_errors_as_503
+from shared.queue.connection import connect_blocking
 from shared.queue.jobs import (
     JOB_FUNCTION,
     GenerationJob,
@@ -35,16 +38,7 @@ from shared.queue.jobs import (
     Lane,
     QueuedJob,
 )
-from shared.queue.keys import Keys
-from shared.queue.liveness import horizon, live_workers
-from shared.queue.model_kinds import read_kinds, refuse_wrong_kind
-from shared.queue.pool import Catalog, read_catalog
-from shared.wire.catalog import ModelKind
-from shared.wire.errors import ModelNotFoundError, QueueFullError
-from shared.wire.ids import new_id
-
-if TYPE_CHECKING:  # the type only: api/queue/admission.py imports this module
-    from api.queue.admission import Admitted
+from shared.wire.errors import QueueFullError
 
 T = TypeVar("T")
 # Bulk jobs enqueued per Redis round trip.
@@ -52,11 +46,13 @@ BULK_CHUNK = 500
 
 
 class Broker:
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.keys = Keys(settings.namespace)
-        self.redis = connect(settings)
-        self.api_id = new_id("api-")  # names this process's reply channel
+    def __init__(self, backend: Backend, roster: Roster):
+        settings = backend.settings
+        self.backend = backend
+        self.roster = roster  # what admission reads
+        # What the broker itself reads, and the stores over it with it.
+        self.settings, self.keys, self.redis = settings, backend.keys, backend.redis
+        self.api_id = backend.api_id
         self.relay = EventRelay(
             connect_blocking(settings), self.keys.reply(self.api_id), settings.redis_timeout_s
         )
@@ -76,55 +72,7 @@ class Broker:
         app.extensions["mlxq.broker"] = self
 
     def _call(self, fn: Callable[[], T]) -> T:
-        with redis_errors_as_503():
-            return fn()
-
-    def ping(self) -> bool:
-        return bool(self._call(self.redis.ping))
-
-    def live_models(self) -> list[tuple[str, float]]:
-        """The models a live worker serves (shared/queue/liveness.py), with their last heartbeat."""
-        oldest = horizon(time.time(), self.settings.heartbeat_s)
-        rows: list[Any] = self._call(
-            lambda: self.redis.zrangebyscore(self.keys.models(), oldest, "+inf", withscores=True)
-        )
-        seen = {bytes(name).decode(): float(score) for name, score in rows}
-        live = self.live_workers(list(seen))
-        return [(name, score) for name, score in seen.items() if live[name]]
-
-    def require_model(self, model: str) -> None:
-        """A 404 unless a live worker serves `model`: the rule `/v1/models` lists by."""
-        self.served_by(model)
-
-    def kinds(self, models: list[str]) -> dict[str, ModelKind | None]:
-        """What each model is, as its workers announced it (None: not announced)."""
-        return self._call(lambda: read_kinds(self.redis, self.keys, models))
-
-    def require_kind(self, job: QueuedJob) -> None:
-        """A 400 naming `model` when the job's model is of the other kind (an embedding model
-        asked for a chat, a chat model for embeddings: shared/queue/model_kinds.py)."""
-        refuse_wrong_kind(job, self.kinds([job.model])[job.model])
-
-    def served_by(self, model: str) -> frozenset[str]:
-        """The live workers serving `model`, read once for a job's admission. None while a
-        live pool may load it (it waits in its queue: shared/queue/pool.py); a 404 if neither,
-        a 400 naming the budget if it fits no pool."""
-        workers = self.live_workers([model])[model]
-        if not workers and not self.catalog().admits(model):
-            raise ModelNotFoundError(
-                f"The model '{model}' does not exist or no live worker serves it.", param="model"
-            )
-        return frozenset(workers)
-
-    def catalog(self) -> Catalog:
-        """The live pools' catalog (shared/queue/pool.py)."""
-        heartbeat_s = self.settings.heartbeat_s
-        return self._call(lambda: read_catalog(self.redis, self.keys, heartbeat_s))
-
-    def live_workers(self, models: list[str]) -> dict[str, set[str]]:
-        """The live workers of each of `models` (shared/queue/liveness.py)."""
-        heartbeat_s = self.settings.heartbeat_s
-        return self._call(lambda: live_workers(self.redis, self.keys, models, heartbeat_s))
+        return self.backend.call(fn)
 
     def queue(self, model: str, lane: Lane = "interactive") -> Queue:
         """A lane's queue (shared/queue/jobs.py): workers take interactive jobs first, then
@@ -189,11 +137,10 @@ class Broker:
         ids = prompt.ids
         return self._call(lambda: self.placement.place(job, ids, workers))
 
-    def enqueue(self, admitted: Admitted) -> None:
+    def enqueue(self, job: QueuedJob, sub: Subscription) -> None:
         """Queue an admitted job (api/queue/admission.py) as it is, and watch it until its
-        request ends; its events already come to its subscription. RQ appends the job; then it
-        moves to its fair place (shared/queue/fair_order.py)."""
-        job = admitted.job
+        request ends; its events already come to `sub`. RQ appends the job; then it moves to its
+        fair place (shared/queue/fair_order.py)."""
         queue = self.queue(job.model, job.lane)
         keys = [queue.key, self.keys.order(job.model)]
         keys += [self.keys.rounds(job.model), self.keys.round(job.model)]
@@ -202,10 +149,10 @@ class Broker:
             self._call(lambda: queue.enqueue_call(job.function, **self._job_options(job)))
             self._call(lambda: self._place(keys=keys, args=args))
         except BaseException:
-            self.relay.unsubscribe(admitted.sub)
+            self.relay.unsubscribe(sub)
             self.release(job.job_id, job.model)
             raise
-        self.watch.add(job.job_id, job.model, admitted.sub)
+        self.watch.add(job.job_id, job.model, sub)
 
     def release(self, job_id: str, model: str) -> None:
         """Take a job's prompt tokens out of its model's backlog, and forget its placement
@@ -265,6 +212,13 @@ class Broker:
         pipe.set(self.keys.cancelled(job_id), 1, ex=self.settings.job_timeout_s)
         pipe.publish(self.keys.cancel_channel(), job_id)
         self._call(pipe.execute)
+
+
+def standalone(settings: Settings) -> Broker:
+    """A broker of its own outside the app, over a backend and roster of its own (batch intake's
+    process, benchmarks)."""
+    backend = Backend(settings)
+    return Broker(backend, Roster(backend))
 
 
 def broker() -> Broker:

@@ -24,10 +24,10 @@ from opentelemetry.trace import Span
 from api.http.auth import owner_id
 from api.http.hangup import hung_up
 from api.http.sse import DONE, KEEPALIVE, frame
+from api.limits.open_requests import open_requests
+from api.limits.shares import release_hold
 from api.queue.admission import Admitted, admit
 from api.queue.broker import Broker
-from api.queue.open_requests import open_requests
-from api.queue.rate_limits import release_hold
 from api.queue.relay import Subscription
 from shared.observe import tracing
 from shared.observe.logs import log_event
@@ -172,7 +172,7 @@ class RunningJob:
 
 def start(broker: Broker, job: QueuedJob) -> RunningJob:
     """Admit the job, queue it and wait for its worker's first event; it holds one of its
-    key's open requests (api/queue/open_requests.py) until it is closed."""
+    key's open requests (api/limits/open_requests.py) until it is closed."""
     submitted_at = time.time()
     span = tracing.request_span(job)
     places = open_requests()
@@ -195,7 +195,7 @@ def start(broker: Broker, job: QueuedJob) -> RunningJob:
 def _started(broker: Broker, admitted: Admitted) -> RunningJob:
     """Queue the admitted job and wait for its worker's first event."""
     job, sub = admitted.job, admitted.sub
-    broker.enqueue(admitted)
+    broker.enqueue(admitted.job, admitted.sub)
     limit_s = broker.settings.queue_timeout_s
     late = QueueTimeoutError(
         f"The job waited in the queue for more than {limit_s:g} s and was not started; "

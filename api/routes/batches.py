@@ -7,8 +7,8 @@ from pydantic import BaseModel
 
 from api.http.auth import owner_id
 from api.http.validation import parse_body
+from api.limits.shares import takes_a_request
 from api.queue.broker import broker
-from api.queue.rate_limits import takes_a_request
 from api.routes.files import store as file_store
 from api.stores.batches import BatchStore
 from api.stores.idempotency import idempotent

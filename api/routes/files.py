@@ -5,13 +5,13 @@ from __future__ import annotations
 from flask import Blueprint, Response, request
 from pydantic import BaseModel, ValidationError
 
+from api.backend import backend
 from api.http.auth import owner_id
-from api.queue.broker import broker
-from api.queue.rate_limits import takes_a_request
+from api.limits.quotas import quotas
+from api.limits.shares import takes_a_request
 from api.stores.files import FileStore
 from api.stores.idempotency import idempotent
 from api.stores.listing import parse_query
-from api.stores.quotas import quotas
 from shared.wire.digits import parse_integer
 from shared.wire.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedParameterError
 from shared.wire.files import ExpiresAfter, FileListQuery
@@ -25,7 +25,7 @@ MAX_FILENAME_CHARS = 255
 
 
 def store() -> FileStore:
-    b = broker()
+    b = backend()
     return FileStore(b.redis, b.keys, b.settings.batch_ttl_s, quotas())
 
 
@@ -37,14 +37,14 @@ def _json(model: BaseModel, status: int = 200) -> Response:
 def _upload_cap() -> None:
     """An upload may be larger than other bodies: its cap is set before anything reads it."""
     if request.endpoint == "files.create_file":
-        request.max_content_length = broker().settings.max_file_bytes + FORM_OVERHEAD_BYTES
+        request.max_content_length = backend().settings.max_file_bytes + FORM_OVERHEAD_BYTES
 
 
 @bp.post("/v1/files")
 @takes_a_request
 @idempotent
 def create_file() -> Response:
-    cap = broker().settings.max_file_bytes
+    cap = backend().settings.max_file_bytes
     upload = request.files.get("file")
     if upload is None:
         raise InvalidRequestError("Missing the 'file' form field.", param="file")

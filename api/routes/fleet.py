@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
+from api.backend import backend
 from api.http.auth import is_operator, owner_id
-from api.queue.broker import broker
 from api.stores.listing import parse_query
 from shared.observe.fleet import FleetQuery, read_snapshot
 from shared.observe.history import HistoryQuery, read_history
@@ -27,7 +27,7 @@ bp = Blueprint("fleet", __name__)
 @bp.get("/v1/fleet")
 def fleet() -> Response:
     query = parse_query(FleetQuery)
-    b = broker()
+    b = backend()
     operator = is_operator()
     recent = query.recent if operator else RECENT_JOBS  # a caller's own, among the fleet's
     with redis_errors_as_503():
@@ -40,7 +40,7 @@ def fleet() -> Response:
 @bp.get("/v1/fleet/history")
 def history() -> Response:
     query = parse_query(HistoryQuery)
-    b = broker()
+    b = backend()
     with redis_errors_as_503():
         samples = read_history(b.redis, b.keys, b.settings.heartbeat_s, since=query.since)
     return Response(samples.model_dump_json(), mimetype="application/json")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from api.queue.broker import broker
+from api.backend import backend
+from api.queue.roster import roster
 from shared.wire.catalog import Health
 
 bp = Blueprint("health", __name__)
@@ -12,7 +13,6 @@ bp = Blueprint("health", __name__)
 
 @bp.get("/health")
 def health() -> Response:
-    b = broker()
-    b.ping()  # raises BackendUnavailableError -> 503
-    body = Health(models=[name for name, _ in b.live_models()])
+    backend().ping()  # raises BackendUnavailableError -> 503
+    body = Health(models=[name for name, _ in roster().live_models()])
     return Response(body.model_dump_json(), mimetype="application/json")

@@ -12,8 +12,8 @@ from pydantic import BaseModel
 
 from api.http.auth import owner_id
 from api.http.validation import json_body
+from api.limits.shares import takes_a_request
 from api.queue.broker import broker
-from api.queue.rate_limits import takes_a_request
 from api.routes.files import store as file_store
 from api.routes.messages import check_version
 from api.stores.batches import FINAL, BatchStore

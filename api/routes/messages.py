@@ -18,9 +18,9 @@ from flask import Blueprint, Response, request
 from api.http.auth import cache_scope, owner_id
 from api.http.sse import named_frame, sse_response, token_framer
 from api.http.validation import parse_body
+from api.limits.shares import takes_a_request
 from api.queue.broker import broker
 from api.queue.generation import KeepaliveEvent, Relayed, RunningJob, collect, start
-from api.queue.rate_limits import takes_a_request
 from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from shared.queue.jobs import job_for
 from shared.wire.answers import chat_completion
@@ -81,7 +81,7 @@ def create_message() -> Response:
 def count_tokens() -> Response:
     req = parse_body(MessagesInput)
     b = broker()
-    b.require_model(req.model)
+    b.roster.require_model(req.model)
     prompt = b.windows.measure(job_for(new_id("msg_"), req))
     if prompt is None:
         raise InvalidRequestError(

@@ -34,8 +34,8 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
+from api.backend import Backend, backend
 from api.http.auth import is_operator
-from api.queue.broker import Broker, broker
 from shared.observe.fleet import FleetSnapshot, read_snapshot
 from shared.observe.metrics import ModelFigures
 from shared.wire.errors import PermissionDeniedError
@@ -72,14 +72,14 @@ _COUNTERS = {
 class FleetCollector(Collector):
     """Every mlxq metric family, read from Redis at each scrape."""
 
-    def __init__(self, b: Broker):
-        self._broker = b
+    def __init__(self, b: Backend):
+        self._backend = b
 
     def describe(self) -> Iterable[Metric]:
         return []  # no Redis read when the collector is registered
 
     def collect(self) -> Iterator[Metric]:
-        b = self._broker
+        b = self._backend
         snapshot = read_snapshot(b.redis, b.keys, b.settings.heartbeat_s, recent=0)
         pipe = b.redis.pipeline(transaction=False)
         for model in snapshot.models:
@@ -235,13 +235,13 @@ def _count_refusal(response: Response) -> Response:
         body: Any = response.get_json(silent=True) or {}
         code = str((body.get("error") or {}).get("code") or "none")
         if code != UNRECORDABLE:
-            b = broker()
+            b = backend()
             with contextlib.suppress(RedisError):
                 b.redis.hincrby(b.keys.refusals(), f"{response.status_code}:{code}", 1)
     return response
 
 
-def init_app(app: Flask, b: Broker) -> None:
+def init_app(app: Flask, b: Backend) -> None:
     registry = CollectorRegistry(auto_describe=True)
     registry.register(FleetCollector(b))
     app.extensions["mlxq.metrics"] = registry

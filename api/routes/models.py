@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from api.queue.broker import broker
+from api.queue.roster import roster
 from shared.wire.catalog import ModelCard, ModelList, ModelStatus
 from shared.wire.errors import ModelNotFoundError
 
@@ -19,7 +19,7 @@ bp = Blueprint("models", __name__)
 
 def _cards() -> list[ModelCard]:
     """The live models and the pools' catalog, each with its kind and state."""
-    served = broker()
+    served = roster()
     live = dict(served.live_models())
     catalog = served.catalog()
     names = sorted(set(live) | set(catalog.models()))

@@ -89,7 +89,7 @@ RESOURCE_ERRORS = (400, 401, 404, 405, 503)
 LIST_ERRORS = (400, 401, 405, 503)
 # Anthropic's Messages API: its error body, and 529 where OpenAI's routes answer a full queue.
 MESSAGE_ERRORS = (400, 401, 404, 405, 413, 415, 429, 500, 503, 529)
-# The headers of api/queue/rate_limits.py: the per-minute state on every answer to a key with
+# The headers of api/limits/rates.py: the per-minute state on every answer to a key with
 # such limits, and when to retry on a 429.
 RATE_LIMIT_STATE = {
     f"x-ratelimit-{part}-{kind}": what.format(kind=kind)

@@ -16,12 +16,12 @@ from flask import Blueprint, Response, request
 from api.http.auth import cache_scope, owner_id
 from api.http.sse import KEEPALIVE, event_frame, sse_response
 from api.http.validation import parse_body
+from api.limits.quotas import quotas
 from api.queue.admission import admit_background
 from api.queue.broker import broker
 from api.queue.generation import KeepaliveEvent, Relayed, RunningJob, collect, start
 from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from api.stores.listing import parse_query
-from api.stores.quotas import quotas
 from api.stores.responses import ResponseStore
 from shared.queue.jobs import job_for
 from shared.wire.digits import parse_integer

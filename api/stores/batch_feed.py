@@ -5,7 +5,7 @@ Creating a batch (api/stores/batches.py) writes it `validating` and `launch`es t
 `IntakeOrder`, then answers (a message batch once this process has parsed its request body, so that
 a body that is not one is still the create's 400: `verdict`). The process reads the input file (or
 a message batch's requests), checks each line, and every CHUNK_LINES lines takes their queued
-tokens (a key with that limit: api/queue/rate_limits.py `BatchHold`), records them (the first chunk
+tokens (a key with that limit: api/limits/rates.py `BatchHold`), records them (the first chunk
 moves the batch to `in_progress`) and queues their jobs, so workers run the first lines while later
 ones are still being read. A line past MLXQ_BATCH_MAX_LINES (OpenAI's 50,000), or an input over
 MAX_INPUT_BYTES, fails the batch as it is reached. A batch that fails validation stops queuing at
@@ -41,12 +41,12 @@ from pydantic import ValidationError
 
 from api.http.errors import validation_detail
 from api.http.validation import parse_json
-from api.queue.broker import Broker
-from api.queue.rate_limits import BatchHold
+from api.limits.quotas import Quotas
+from api.limits.rates import BatchEntry, BatchHold, RateLimiter
+from api.queue.broker import standalone
 from api.stores.batch_intake import MAX_ERRORS, Intake, LineModels
 from api.stores.batch_queue import BatchQueue
 from api.stores.files import FileStore
-from api.stores.quotas import Quotas
 from shared.observe.logs import configure
 from shared.queue.config import Settings
 from shared.wire.batches import MAX_INPUT_BYTES, BatchError, StoredBatch
@@ -119,14 +119,17 @@ class Feed:
     def __init__(self, order: IntakeOrder):
         self._order = order
         self._stored = order.stored
-        self._broker = b = Broker(order.settings)
+        self._broker = b = standalone(order.settings)
+        self._roster = b.roster
         self._keys = b.keys
         self._lines = BatchQueue(b)
         self._hold: BatchHold | None = None
         self._requests: MessageBatchCreate | None = None  # a message batch's, once read
         if order.queued_limit is not None:
-            limit, stored = order.queued_limit, order.stored
-            self._hold = BatchHold(b, order.owner, limit, stored.id, stored.expires_at)
+            stored = order.stored
+            entry = BatchEntry(order.owner, order.queued_limit, stored.id, stored.expires_at)
+            limiter = RateLimiter(b.redis, b.keys)
+            self._hold = BatchHold(limiter, b.windows.measure, entry, order.settings)
 
     def run(self) -> None:
         try:
@@ -137,8 +140,8 @@ class Feed:
             self._fail([BatchError(code="server_error", message=message)])
 
     def _run(self) -> None:
-        b, order = self._broker, self._order
-        models = LineModels(self._is_served, lambda model: b.kinds([model])[model])
+        order = self._order
+        models = LineModels(self._is_served, lambda model: self._roster.kinds([model])[model])
         messages = not order.file_id
         max_lines = order.settings.batch_max_lines
         intake = Intake(self._stored, order.owner, order.cache_scope, models, messages, max_lines)
@@ -180,7 +183,7 @@ class Feed:
 
     def _is_served(self, model: str) -> bool:
         try:
-            self._broker.require_model(model)
+            self._roster.require_model(model)
         except ModelNotFoundError:
             return False
         return True

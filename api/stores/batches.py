@@ -33,13 +33,13 @@ from typing import Any
 from redis.typing import EncodableT, FieldT
 
 from api.http.auth import cache_scope, is_owner, key_limits
+from api.limits.quotas import Usage, quotas
+from api.limits.shares import release_hold
 from api.queue.broker import Broker
-from api.queue.rate_limits import release_hold
 from api.stores.batch_feed import LEASE_S, IntakeOrder, launch, verdict
 from api.stores.batch_queue import BatchQueue
 from api.stores.files import FileStore
 from api.stores.listing import page
-from api.stores.quotas import Usage, quotas
 from shared.queue import queued_tokens
 from shared.wire.batches import (
     COMPLETION_WINDOW_S,
@@ -83,7 +83,7 @@ _INTAKE_LOST = BatchError(
 
 def _usages(batch_id: str) -> tuple[Usage, Usage]:
     """What a batch takes of its owner's quotas: a place among its batches, and among those
-    open until it ends (api/stores/quotas.py finds out when)."""
+    open until it ends (api/limits/quotas.py finds out when)."""
     return Usage("batches", batch_id), Usage("open_batches", batch_id)
 
 
@@ -121,7 +121,7 @@ class BatchStore:
         """Write the batch `validating` and start its intake process, which takes in the input
         file, or a message batch's `requests` (its request body, which the process parses while
         this waits: a 400 if it is not one). It takes its place
-        among its owner's batches, kept and open, first (api/stores/quotas.py: a 429 when the
+        among its owner's batches, kept and open, first (api/limits/quotas.py: a 429 when the
         key has no room)."""
         with self._quotas.holding(owner, *_usages(stored.id)):
             now = stored.created_at

@@ -2,7 +2,7 @@
 
 Any API process on any machine serves any file. A file lives for its TTL (MLXQ_BATCH_TTL_S,
 or the upload's `expires_after`); a file of another owner is answered as if it did not exist.
-Each file takes its place and bytes in its owner's quota (api/stores/quotas.py) before it is
+Each file takes its place and bytes in its owner's quota (api/limits/quotas.py) before it is
 written, for as long as it lives.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 from redis import Redis
 
 from api.http.auth import is_owner
+from api.limits.quotas import Quotas, Usage
 from api.stores.listing import page
-from api.stores.quotas import Quotas, Usage
 from shared.queue.keys import Keys
 from shared.wire.errors import NotFoundError
 from shared.wire.files import FileDeleted, FileList, FileListQuery, FileObject, FilePurpose

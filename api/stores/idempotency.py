@@ -14,7 +14,7 @@ meet) gets:
 Only a successful (2xx) answer is kept: a try that failed (a validation error, a full queue, an
 outage) releases the key, so the corrected request can use it. A claim whose API process died
 mid-request lapses after `claim_ttl_s`. Each record, claimed or kept, takes a place in its
-owner's quota (api/stores/quotas.py): a new key claimed beyond it is a 429 and not held.
+owner's quota (api/limits/quotas.py): a new key claimed beyond it is a 429 and not held.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from flask import Response, request
 from pydantic import BaseModel
 from redis import Redis
 
+from api.backend import backend
 from api.http.auth import owner_id
-from api.queue.broker import broker
-from api.stores.quotas import Quotas, Usage, quotas
+from api.limits.quotas import Quotas, Usage, quotas
 from shared.queue.keys import Keys
 from shared.wire.errors import (
     IdempotencyKeyInUseError,
@@ -176,7 +176,7 @@ def _replay(earlier: Answer, fingerprint: str) -> Response:
 
 
 def _store() -> IdempotencyStore:
-    b = broker()
+    b = backend()
     claim_ttl_s = int(b.settings.queue_timeout_s + b.settings.run_limit_s) + 60
     return IdempotencyStore(b.redis, b.keys, owner_id(), claim_ttl_s, quotas())
 

@@ -21,13 +21,13 @@ import logging
 from flask import Flask, Response, request
 from redis.exceptions import RedisError
 
-from api.queue.broker import Broker
+from api.backend import Backend
 
 log = logging.getLogger(__name__)
 RECORDLESS = frozenset({"chat.create_chat_completion", "completions.create_completion"})
 
 
-def wait_for_replicas(b: Broker) -> int:
+def wait_for_replicas(b: Backend) -> int:
     """Block until `redis_wait_replicas` replicas hold every write so far; how many do."""
     pipe = b.redis.pipeline(transaction=False)
     pipe.set(b.keys.written(b.api_id), 1, ex=60)
@@ -36,7 +36,7 @@ def wait_for_replicas(b: Broker) -> int:
     return acked
 
 
-def init_app(app: Flask, b: Broker) -> None:
+def init_app(app: Flask, b: Backend) -> None:
     if b.settings.redis_wait_replicas == 0:
         return
 

@@ -7,7 +7,7 @@ long as the record lives) and, while that log has no final event, its RQ record 
 position, started, ended, failed or gone). shared/wire/responses.py derives the response object from
 those, so every API process answers the same, and nothing needs updating when the job moves.
 A stored response, and a background one until it ends, takes a place in its owner's quotas
-(api/stores/quotas.py) before its job is queued (`usages`).
+(api/limits/quotas.py) before its job is queued (`usages`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from api.http.auth import is_owner
+from api.limits.quotas import Usage, quotas
+from api.limits.shares import release_hold
 from api.queue.broker import Broker
-from api.queue.rate_limits import release_hold
-from api.stores.quotas import Usage, quotas
 from shared.wire.errors import NotFoundError
 from shared.wire.events import Event, RequeuedEvent, decode_event
 from shared.wire.response_state import JobView, Progress, derive

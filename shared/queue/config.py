@@ -38,11 +38,11 @@ _KEY_CACHE = re.compile(r":cache=([A-Za-z0-9_.-]{1,64})$")
 
 
 class KeyLimits(BaseModel):
-    """The limits of one API key (api/queue/rate_limits.py); None: none. Requests and tokens per
+    """The limits of one API key (api/limits/rates.py); None: none. Requests and tokens per
     minute, and `queued`: the most tokens its accepted but unfinished jobs may hold at once
     (OpenAI's batch queue limit, here over every lane: shared/queue/queued_tokens.py), and
     `open`: the most requests it may have open at once, streams included
-    (api/queue/open_requests.py)."""
+    (api/limits/open_requests.py)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -152,7 +152,7 @@ class LimitSettings(BaseModel):
 
 
 class QuotaSettings(BaseModel):
-    """What one key may keep in Redis at once (api/stores/quotas.py); 0: no limit. Without keys
+    """What one key may keep in Redis at once (api/limits/quotas.py); 0: no limit. Without keys
     the one local owner has them too. Each bounds one key whatever the others do; what Redis
     needs for all of them together is keys x quotas (docs/operations.md, "Security and
     limits")."""

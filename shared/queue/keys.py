@@ -78,7 +78,7 @@ Layout under the namespace `ns` (default "mlxq"):
     {ns}:batch:{id}:results     hash  line index -> its output or error line; the first write wins
     {ns}:batch:{id}:finalizing  string  held by the API process that writes the output files
     {ns}:batches:{owner}        zset  the owner's batch ids -> created_at
-    {ns}:ratelimit:{owner}      hash  an API key's rate-limit buckets (api/queue/rate_limits.py):
+    {ns}:ratelimit:{owner}      hash  an API key's rate-limit buckets (api/limits/rates.py):
                                 requests and tokens left, and when (Redis ms); TTL 60 s
     {ns}:queued:{owner}         hash  what an API key with a queued-token limit holds
                                 (shared/queue/queued_tokens.py): job id (or batch id) -> its
@@ -86,10 +86,10 @@ Layout under the namespace `ns` (default "mlxq"):
     {ns}:queued_until:{owner}   zset  the same entries -> when (Redis ms) each must have ended,
                                 past which admission drops it (a lost release)
     {ns}:open:{owner}           zset  an API key's requests open now, where it has `:open=N`
-                                (api/queue/open_requests.py): job id -> when (Redis ms) its
+                                (api/limits/open_requests.py): job id -> when (Redis ms) its
                                 hold ends at the latest (an API process that died mid-request);
                                 TTL: its longest entry
-    {ns}:quota:{owner}:{kind}   zset  what an API key keeps of one kind (api/stores/quotas.py:
+    {ns}:quota:{owner}:{kind}   zset  what an API key keeps of one kind (api/limits/quotas.py:
                                 files, responses, batches, open_batches, background,
                                 idempotency): object id -> when its hold ends (Redis ms), its
                                 lifetime or its deadline; entries past it are trimmed at the

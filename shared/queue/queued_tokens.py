@@ -4,7 +4,7 @@ OpenAI's "batch queue limit" (enqueued tokens), over every lane here: a key with
 (shared/queue/config.py) may hold at most N tokens in jobs that are queued or running,
 interactive requests, background responses and batch lines alike. The API takes a job's share
 at admission, in the same Lua script and round trip as the per-minute buckets
-(api/queue/rate_limits.py); a job that holds some carries the count (`queued_tokens`), so
+(api/limits/rates.py); a job that holds some carries the count (`queued_tokens`), so
 whoever records its end gives them back here, in a pipeline it sends anyway:
 
 - the worker that ends a job, however it ended (finished, failed, cancelled while queued, past

@@ -16,7 +16,7 @@ from redis import Redis
 from redis.client import PubSub
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-import api.queue.broker as broker_module
+import api.queue.roster as roster_module
 from api import create_app
 from api.queue.admission import admit
 from api.queue.broker import Broker
@@ -110,11 +110,11 @@ def test_a_job_is_counted_once_read_live_once_and_queued_as_admitted(
 ) -> None:
     keys, _ = stand_in
     broker: Broker = keyed_app.extensions["mlxq.broker"]
-    reads = count_calls(monkeypatch, broker_module, "live_workers")
+    reads = count_calls(monkeypatch, roster_module, "live_workers")
     job = chat_job("the quick brown fox jumps")
     with keyed_request(keyed_app):
         admitted = admit(broker, job, None)
-        broker.enqueue(admitted)
+        broker.enqueue(admitted.job, admitted.sub)
     broker.relay.unsubscribe(admitted.sub)
 
     assert renders == [1] and reads == [1]

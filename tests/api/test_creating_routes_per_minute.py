@@ -1,4 +1,4 @@
-"""Every creating route takes a request of its key's per-minute limit (api/queue/rate_limits.py):
+"""Every creating route takes a request of its key's per-minute limit (api/limits/rates.py):
 generation requests, background responses, uploads, batches and message batches alike, and so
 does count_tokens, which renders and counts a prompt on the API. Each
 case holds whatever answer the first request gets (a 404 for a model no worker serves still took

@@ -1,4 +1,4 @@
-"""Open requests per key (api/queue/open_requests.py), on the real Redis: a key with `:open=N`
+"""Open requests per key (api/limits/open_requests.py), on the real Redis: a key with `:open=N`
 holds a place per open request, the N+1th is refused with a 429 until one ends, and a place an
 API process never gave back ends with its life."""
 
@@ -10,7 +10,7 @@ import pytest
 from flask import Flask, g
 from redis import Redis
 
-from api.queue.open_requests import OpenRequests, open_requests
+from api.limits.open_requests import OpenRequests, open_requests
 from shared.queue.config import KeyLimits, Settings
 from shared.queue.keys import Keys
 from shared.wire.errors import RateLimitError

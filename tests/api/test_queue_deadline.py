@@ -43,7 +43,7 @@ def test_a_jobs_queue_deadline_counts_from_its_enqueue(
     job = GenerationJob(job_id=new_id("chatcmpl-"), model=MODEL, prompt="hi")
     with app.test_request_context():
         admitted = admit(broker, job, None)
-        broker.enqueue(admitted)
+        broker.enqueue(admitted.job, admitted.sub)
     broker.relay.unsubscribe(admitted.sub)
 
     (queued,) = rq_queue(redis, keys.queue(MODEL)).jobs

@@ -1,4 +1,4 @@
-"""Per-key quotas on what a key keeps (api/stores/quotas.py), on the in-process app and the
+"""Per-key quotas on what a key keeps (api/limits/quotas.py), on the in-process app and the
 session's real Redis: files and their bytes, stored responses, batches kept and open, open
 background responses and Idempotency-Keys; each refused in OpenAI's shape (Anthropic's on the
 Message Batches route) while another key goes on creating."""
@@ -19,8 +19,8 @@ from werkzeug.test import TestResponse
 
 from api import create_app
 from api.http.auth import owner_id
+from api.limits.quotas import Quotas, Usage, quotas
 from api.routes import files
-from api.stores.quotas import Quotas, Usage, quotas
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
 from shared.wire.errors import RateLimitError

@@ -1,4 +1,4 @@
-"""Per-key rate limits (api/queue/rate_limits.py) on a real Redis: the buckets, shared by every
+"""Per-key rate limits (api/limits/rates.py) on a real Redis: the buckets, shared by every
 limiter on the namespace as by every API process; OpenAI's headers and error on the app."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from flask import Flask
 from redis import Redis
 
 from api import create_app
-from api.queue.rate_limits import TOO_LARGE, Hold, RateLimiter, duration, refusal
+from api.limits.rates import TOO_LARGE, Hold, RateLimiter, duration, refusal
 from shared.queue import queued_tokens
 from shared.queue.config import KeyLimits, Settings
 from shared.queue.keys import Keys
@@ -61,7 +61,7 @@ def test_tokens_are_taken_only_with_the_request_and_a_request_over_the_limit_nev
     assert verdict.wait_ms > 0 and 399 < buckets.tokens < 410 and 98 < buckets.requests < 99.1
     verdict = limiter.take("carol", limits, 1001)
     assert verdict.wait_ms == TOO_LARGE
-    refused = refusal(limits, verdict, 1001)
+    refused = refusal(limits, verdict, 1001, retry_after_s=5)
     assert (refused.status, refused.type, refused.code) == (429, "tokens", "rate_limit_exceeded")
     assert refused.headers() == {"x-should-retry": "false"}
 

@@ -17,7 +17,7 @@ from redis import Redis
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from api.queue.broker import Broker
+from api.queue.broker import standalone
 from shared.queue.config import Settings
 from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
@@ -66,7 +66,7 @@ def test_a_background_job_nobody_listens_to_runs_to_its_end(
         replay_ttl_s=600,
         sampling=SamplingParams(temperature=0.0),
     )
-    Broker(settings).submit_bulk([job])
+    standalone(settings).submit_bulk([job])
     wait_until(lambda: _outcome(redis, job.job_id) is not None, 60, "the job to end")
     outcome = _outcome(redis, job.job_id)
     assert outcome is not None

@@ -1,7 +1,7 @@
 """Keys kept apart on the real stack. Cache scopes (shared/queue/cache_scope.py): one key's
 prompts are invisible in another key's `cached_tokens`; keys an operator names together share a
 cache; a request's `cache_salt` narrows its key's; /metrics, whose counters move with every
-key's prompts, takes an operator's key. Open requests (api/queue/open_requests.py): a key at its
+key's prompts, takes an operator's key. Open requests (api/limits/open_requests.py): a key at its
 `:open=N` is refused until one of its requests ends.
 
 An API with keys runs beside the session's worker; each test's keys are new to the worker's

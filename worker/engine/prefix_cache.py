@@ -42,14 +42,11 @@ from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prom
 
 from shared.queue.prefix_blocks import HeldPrompt
 from worker.engine.batch.quantized_kv import KVQuantization, prompt_cache
+from worker.engine.prefix_file import MAX_SHARED_TOKENS, MIN_SHARED_TOKENS
 
 if TYPE_CHECKING:
     from worker.engine.prefix_disk import DiskTier
 
-# A history shorter than this is cheaper to prefill with the rest than on its own; a longer one
-# than this is left to the batch's chunked prefill, which lets the other sequences go on.
-MIN_SHARED_TOKENS = 16
-MAX_SHARED_TOKENS = 512
 # See `level`: recomputing this many tokens per prompt costs less than the roll it avoids.
 MAX_LEVELLING_TOKENS = 16
 # mlx-lm's LRU orders its entries per kind ("assistant", "user", "system"); this cache files a

@@ -54,9 +54,9 @@ import numpy as np
 from mlx_lm.models.cache import can_trim_prompt_cache, load_prompt_cache
 
 from shared.queue.prefix_blocks import HeldPrompt
-from worker.engine.prefix_cache import MIN_SHARED_TOKENS
 from worker.engine.prefix_disk_writer import UNBOUNDED, DiskWriter, WriteBounds
 from worker.engine.prefix_file import (
+    MIN_SHARED_TOKENS,
     SUFFIX,
     Stored,
     extends,

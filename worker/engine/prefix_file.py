@@ -20,6 +20,10 @@ from mlx_lm.models.cache import save_prompt_cache
 
 from shared.queue.prefix_blocks import HeldPrompt
 
+# A history shorter than this is cheaper to prefill with the rest than on its own; a longer one
+# than this is left to the batch's chunked prefill, which lets the other sequences go on.
+MIN_SHARED_TOKENS = 16
+MAX_SHARED_TOKENS = 512
 FORMAT = "mlxq-prefix-cache-2"  # 2: with its scope
 SUFFIX = ".safetensors"
 

@@ -1,4 +1,4 @@
-"""Per-key rate limits across two API processes on one Redis (api/queue/rate_limits.py): keys
+"""Per-key rate limits across two API processes on one Redis (api/limits/rates.py): keys
 with different limits; a burst at a key's limit, spread over both processes, gets exactly the
 limit; both processes state the same buckets; tokens are counted at admission as the prompt's
 tokens plus max_tokens. Queued tokens (shared/queue/queued_tokens.py), on a synthetic worker of

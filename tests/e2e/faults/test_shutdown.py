@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from api.queue.broker import Broker
+from api.queue.broker import standalone
 from shared.queue.jobs import GenerationJob
 from shared.wire.events import RequeuedEvent, decode_event
 from shared.wire.sampling import SamplingParams
@@ -93,7 +93,7 @@ def test_past_the_drain_timeout_running_jobs_are_handed_back_and_the_worker_exit
         max_tokens=2000,
         sampling=SamplingParams(temperature=0),
     )
-    Broker(cluster.settings()).submit_bulk([bulk])
+    standalone(cluster.settings()).submit_bulk([bulk])
     wait_until(lambda: rq_job(redis, bulk.job_id).get_status() == "started", 30, "the bulk job")
 
     worker.proc.send_signal(signal.SIGTERM)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from api.queue.broker import Broker
+from api.queue.broker import standalone
 from shared.queue.jobs import GenerationJob
 from shared.wire.events import DoneEvent, ErrorEvent, RequeuedEvent, decode_event
 from shared.wire.sampling import SamplingParams
@@ -75,7 +75,7 @@ def test_a_wedged_loop_is_caught_by_the_watchdog_its_jobs_handed_on_and_the_work
         sampling=SamplingParams(temperature=0, logit_bias={2: -100, 0: -100}),  # reaches token 3
         replay_ttl_s=600,
     )
-    Broker(cluster.settings()).submit_bulk([bulk])
+    standalone(cluster.settings()).submit_bulk([bulk])
     wedge_from = time.monotonic()
 
     error = json.loads(stream.rest()[-1])
@@ -105,7 +105,7 @@ def test_a_bulk_job_that_wedges_each_worker_it_runs_on_is_failed_after_its_secon
         sampling=SamplingParams(temperature=0, logit_bias={2: -100, 0: -100}),  # reaches token 3
         replay_ttl_s=600,
     )
-    Broker(cluster.settings()).submit_bulk([poison], retries=5)  # retries are not what ends it
+    standalone(cluster.settings()).submit_bulk([poison], retries=5)  # retries are not what ends it
     assert first.proc.wait(timeout=WATCHDOG_S + 60) == EXIT_WEDGED
     job = rq_job(redis, poison.job_id)
     assert job.get_status() == "queued" and job.meta["deaths"] == 1

@@ -17,7 +17,7 @@ import pytest
 from redis import Redis
 from rq.worker import Worker as RQWorker
 
-from api.queue.broker import Broker
+from api.queue.broker import standalone
 from shared.queue.jobs import JOB_FUNCTION, GenerationJob
 from shared.queue.liveness import LIVE_FACTOR
 from shared.wire.events import DoneEvent, RequeuedEvent, StartedEvent, decode_event
@@ -72,7 +72,7 @@ def test_bulk_jobs_of_a_killed_worker_run_again_on_a_live_one_and_finish_exactly
 ) -> None:
     exactly_workers(cluster, 2)
     redis = cluster.redis()
-    broker = Broker(cluster.settings())
+    broker = standalone(cluster.settings())
     jobs = [
         GenerationJob(
             job_id=f"resp_bulk{i}",
@@ -138,7 +138,7 @@ def test_a_frozen_worker_declared_dead_exits_when_it_wakes_and_its_job_finishes_
         sampling=SamplingParams(temperature=0, logit_bias={2: -100, 0: -100}),  # still running
         replay_ttl_s=600,
     )
-    Broker(cluster.settings()).submit_bulk([job])
+    standalone(cluster.settings()).submit_bulk([job])
     wait_until(lambda: rq_job(redis, job.job_id).get_status() == "started", 60, "the job")
     sleeper = holder(cluster, job.job_id)
     sleeper.proc.send_signal(signal.SIGSTOP)  # a Mac that went to sleep

@@ -27,7 +27,7 @@ than `NEW_S` ago: its job or batch may not be written yet.
 Over a quota of what a key keeps: 429 `insufficient_quota` (QuotaExceededError), which no wait
 restores, with `x-should-retry: false`. Over a cap of what it runs at once (open background
 responses and batches): 429 `rate_limit_exceeded` with the usual Retry-After, as for queued
-tokens (api/queue/rate_limits.py): some end soon. Batch outputs are counted but never refused:
+tokens (api/limits/rates.py): some end soon. Batch outputs are counted but never refused:
 they answer work the key was let start.
 """
 
@@ -43,7 +43,7 @@ from redis import Redis
 from redis.client import Pipeline
 from rq.job import Job, JobStatus
 
-from api.queue.broker import Broker
+from api.backend import Backend
 from shared.queue.config import Settings
 from shared.queue.connection import redis_errors_as_503
 from shared.queue.keys import Keys
@@ -323,5 +323,5 @@ def quotas() -> Quotas:
     return found
 
 
-def init_app(app: Flask, b: Broker) -> None:
+def init_app(app: Flask, b: Backend) -> None:
     app.extensions["mlxq.quotas"] = Quotas(b.redis, b.keys, b.settings)

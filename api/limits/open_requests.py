@@ -17,8 +17,8 @@ from __future__ import annotations
 from flask import Flask, current_app
 from redis import Redis
 
+from api.backend import Backend
 from api.http.auth import key_limits, owner_id
-from api.queue.broker import Broker
 from shared.queue.connection import redis_errors_as_503
 from shared.queue.keys import Keys
 from shared.wire.errors import RateLimitError
@@ -84,7 +84,7 @@ def open_requests() -> OpenRequests:
     return found
 
 
-def init_app(app: Flask, b: Broker) -> None:
+def init_app(app: Flask, b: Backend) -> None:
     s = b.settings
     life_s = s.queue_timeout_s + s.job_timeout_s
     app.extensions["mlxq.open_requests"] = OpenRequests(b.redis, b.keys, life_s, s.retry_after_s)

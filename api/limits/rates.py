@@ -36,23 +36,17 @@ an upload), the state now.
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flask import Flask, Response, current_app, g
 from redis import Redis
-from redis.exceptions import RedisError
 
-from api.http.auth import key_limits, owner_id
-from api.queue.broker import Broker, broker
 from api.queue.context_window import PromptCount
 from shared.queue import backlog, queued_tokens
 from shared.queue.config import KeyLimits, Settings
-from shared.queue.connection import redis_errors_as_503
-from shared.queue.jobs import EmbeddingJob, GenerationJob, JobLimits, QueuedJob
+from shared.queue.jobs import EmbeddingJob, GenerationJob, QueuedJob
 from shared.queue.keys import Keys
 from shared.wire.errors import ContextLengthError, RateLimitError
 
@@ -201,8 +195,9 @@ class RateLimiter:
         return self._run(owner, limits, tokens, take=True, hold=hold)
 
 
-def refusal(limits: KeyLimits, verdict: Verdict, tokens: int) -> RateLimitError:
-    """OpenAI's 429 for a request the buckets could not take."""
+def refusal(limits: KeyLimits, verdict: Verdict, tokens: int, retry_after_s: int) -> RateLimitError:
+    """OpenAI's 429 for a request the buckets could not take; `retry_after_s` for queued
+    tokens that may have room later (MLXQ_RETRY_AFTER_S: nobody knows when jobs end)."""
     if verdict.wait_ms == TOO_LARGE:
         return RateLimitError(
             f"Request too large for tokens per min (TPM): Limit {limits.tpm}, Requested "
@@ -213,6 +208,7 @@ def refusal(limits: KeyLimits, verdict: Verdict, tokens: int) -> RateLimitError:
     if verdict.queued_full == TOO_LARGE or verdict.wait_ms == 0:  # the queued tokens had no room
         return _queued_refusal(
             verdict,
+            retry_after_s,
             never=f"Request too large for queued tokens: Limit {limits.queued}, Requested "
             f"{tokens}. The input or output tokens must be reduced in order to run successfully.",
             later=f"Queued token limit reached: Limit {limits.queued}, Queued {verdict.queued}, "
@@ -231,13 +227,13 @@ def refusal(limits: KeyLimits, verdict: Verdict, tokens: int) -> RateLimitError:
     )
 
 
-def _queued_refusal(verdict: Verdict, never: str, later: str) -> RateLimitError:
+def _queued_refusal(verdict: Verdict, retry_after_s: int, never: str, later: str) -> RateLimitError:
     """The 429 of a request or batch whose tokens the key's queued tokens had no room for:
     `never` when they are more than the limit itself (no wait helps), else `later`, to retry
     after MLXQ_RETRY_AFTER_S (nobody knows when queued jobs end)."""
     if verdict.queued_full == TOO_LARGE:
         return RateLimitError(never, kind="queued_tokens", retry_after_ms=None)
-    retry_after_ms = broker().settings.retry_after_s * 1000
+    retry_after_ms = retry_after_s * 1000
     return RateLimitError(later, kind="queued_tokens", retry_after_ms=retry_after_ms)
 
 
@@ -254,64 +250,18 @@ def admission_tokens(settings: Settings, job: QueuedJob, prompt: PromptCount | N
     return prompt.tokens * max(1, len(job.prompt_items())) + min(cap, room) * job.choices()
 
 
-def counts_tokens() -> bool:
-    """Whether the caller's key has a limit its requests' tokens count against (tokens per
-    minute, queued tokens): only then does taking a share need the prompt counted."""
-    limits = key_limits()
-    return limits is not None and (limits.tpm is not None or limits.queued is not None)
+Measure = Callable[[GenerationJob], PromptCount | None]
 
 
-def take_share(
-    job: QueuedJob, prompt: PromptCount | None, limits: JobLimits, wait_s: float
-) -> int | None:
-    """Take the job's share of its key's limits (nothing for a key without limits), or raise
-    the 429. Returns the queued tokens the job now holds (None: its key has no such limit), for
-    the job to carry and whoever ends it to give back; it holds them at most `wait_s` in its
-    queue and then its longest run under `limits`."""
-    key = key_limits()
-    if key is None or not (key.per_minute or key.queued is not None):  # none of its limits
-        return None
-    b = broker()
-    hold = None
-    if key.queued is not None:
-        hold = Hold(job.job_id, _hold_ms(b.settings, limits, wait_s))
-    counted = key.tpm is not None or hold is not None
-    tokens = admission_tokens(b.settings, job, prompt) if counted else 0
-    with redis_errors_as_503():
-        verdict = limiter().take(owner_id(), key, tokens, hold)
-    if key.per_minute:
-        g.mlxq_rate = verdict.buckets  # the answer states the buckets as this request left them
-    if not verdict.taken:
-        raise refusal(key, verdict, tokens)
-    return tokens if hold is not None else None
+@dataclass(frozen=True)
+class BatchEntry:
+    """A batch's entry among its owner's queued tokens: at most `limit`, until the batch
+    expires."""
 
-
-def takes_a_request(view: Callable[[], Response]) -> Callable[[], Response]:
-    """Wrap a route that generates nothing itself (an upload; a batch, whose lines are not
-    counted per minute; count_tokens, which renders and counts a prompt) so that it takes one
-    request of its key's per-minute buckets, or answers their 429, before anything of the
-    request, its body included, is read."""
-
-    @functools.wraps(view)
-    def wrapped() -> Response:
-        key = key_limits()
-        if key is not None and key.per_minute:
-            per_minute = KeyLimits(rpm=key.rpm, tpm=key.tpm)  # its tokens: none
-            with redis_errors_as_503():
-                verdict = limiter().take(owner_id(), per_minute, 0)
-            g.mlxq_rate = verdict.buckets
-            if not verdict.taken:
-                raise refusal(key, verdict, 0)
-        return view()
-
-    return wrapped
-
-
-def _hold_ms(settings: Settings, limits: JobLimits, wait_s: float) -> int:
-    """The longest a job may hold its queued tokens: `wait_s` in its queue, then its longest
-    run."""
-    run_s = min(limits.run_limit_s or settings.job_timeout_s, settings.job_timeout_s)
-    return math.ceil((wait_s + run_s + HOLD_GRACE_S) * 1000)
+    owner: str
+    limit: int
+    batch_id: str
+    expires_at: int
 
 
 class BatchHold:
@@ -320,18 +270,19 @@ class BatchHold:
     share carried by its job; the entry holds what the batch's lines took until each is
     answered, or the batch ends."""
 
-    def __init__(self, b: Broker, owner: str, limit: int, batch_id: str, expires_at: int):
-        self._broker, self._owner, self._limit = b, owner, limit
-        self._limiter = RateLimiter(b.redis, b.keys)
-        self._entry = batch_id
-        hold_s = expires_at - time.time() + b.settings.job_timeout_s + HOLD_GRACE_S
+    def __init__(
+        self, limiter: RateLimiter, measure: Measure, entry: BatchEntry, settings: Settings
+    ):
+        self._limiter, self._measure, self._settings = limiter, measure, settings
+        self._owner, self._limit, self._entry = entry.owner, entry.limit, entry.batch_id
+        hold_s = entry.expires_at - time.time() + settings.job_timeout_s + HOLD_GRACE_S
         self._hold_ms = math.ceil(hold_s * 1000)
         self.taken = 0  # tokens the batch's lines took so far
 
     def take(self, jobs: list[GenerationJob]) -> list[GenerationJob]:
         """The lines as they will be queued, their tokens taken; a RateLimitError (OpenAI's
         `token_limit_exceeded` text) when they do not fit."""
-        counts = [_line_tokens(self._broker, job) for job in jobs]
+        counts = [self._line_tokens(job) for job in jobs]
         total = self.taken + sum(counts)
         if total > self._limit:
             raise RateLimitError(
@@ -357,48 +308,10 @@ class BatchHold:
             for job, count in zip(jobs, counts, strict=True)
         ]
 
-
-def _line_tokens(b: Broker, job: GenerationJob) -> int:
-    """A batch line's admission tokens; a line over the context window fails alone on its
-    worker without generating (its error line), so its prompt's estimate is all it holds."""
-    try:
-        return admission_tokens(b.settings, job, b.windows.measure(job))
-    except ContextLengthError:
-        return backlog.estimate_tokens(job)
-
-
-def release_hold(entry: str) -> None:
-    """Give back what `entry` (a job taken off its queue, a batch that ended) holds of the
-    caller's queued tokens, where no worker will; nothing for a key without that limit."""
-    limits = key_limits()
-    if limits is None or limits.queued is None:
-        return
-    b = broker()
-    pipe = b.redis.pipeline(transaction=False)
-    queued_tokens.release(pipe, b.keys, owner_id(), entry)
-    with redis_errors_as_503():
-        pipe.execute()
-
-
-def limiter() -> RateLimiter:
-    found: RateLimiter = current_app.extensions["mlxq.rate_limits"]
-    return found
-
-
-def _state_headers(response: Response) -> Response:
-    limits = key_limits()
-    if limits is None or not limits.per_minute:  # OpenAI has no header for queued tokens
-        return response
-    buckets: Buckets | None = g.get("mlxq_rate")
-    if buckets is None:
+    def _line_tokens(self, job: GenerationJob) -> int:
+        """A batch line's admission tokens; a line over the context window fails alone on its
+        worker without generating (its error line), so its prompt's estimate is all it holds."""
         try:
-            buckets = limiter().peek(owner_id(), limits)
-        except RedisError:  # the answer is a 503 already, or stands without the headers
-            return response
-    response.headers.update(buckets.headers())
-    return response
-
-
-def init_app(app: Flask, b: Broker) -> None:
-    app.extensions["mlxq.rate_limits"] = RateLimiter(b.redis, b.keys)
-    app.after_request(_state_headers)
+            return admission_tokens(self._settings, job, self._measure(job))
+        except ContextLengthError:
+            return backlog.estimate_tokens(job)
