@@ -33,6 +33,7 @@ from worker.engine.prefill_policy import PrefillPolicy
 from worker.engine.prefix_cache import PrefixCache, Reuse, level
 from worker.engine.prepare import PreparedJob, Preparer
 from worker.engine.sequence.detokenize import TextDecoder
+from worker.engine.sequence.drafts import PromptLookup, Speculation
 from worker.engine.sequence.logprobs import LogprobRecorder, PromptScorer
 from worker.engine.sequence.reasoning import Split
 from worker.engine.sequence.stop import StopStringMatcher
@@ -129,6 +130,7 @@ class Engine:
         prefill_seconds_decoding: float | None = None,
         prefill_burst: bool = True,
         kv_quantization: KVQuantization | None = None,
+        speculation: Speculation | None = None,
     ):
         """`batch`: "slots" or "mlx-lm" (worker/engine/batch/token_batch.py); `kv_tokens`: the KV
         positions the slot batch's sequences share, which then refuses longer sequences;
@@ -138,7 +140,8 @@ class Engine:
         time, and the cap holds for whole prompts too); `prefill_burst`: whole short prompts pass
         that time while more interactive sequences wait for a first token than decode
         (worker/engine/prefill_policy.py); `kv_quantization`: the slot batch keeps KV quantized
-        (MLXQ_KV_BITS; None: in the model's dtype)."""
+        (MLXQ_KV_BITS; None: in the model's dtype); `speculation`: each sequence drafts by
+        prompt lookup and the slot batch verifies the drafts (None: off)."""
         self._loaded = loaded
         self._prefill = PrefillPolicy(
             prefill_tokens,
@@ -147,6 +150,7 @@ class Engine:
             prefill_burst,
         )
         self._prefixes = prefixes
+        self._speculation = speculation if batch == "slots" else None
         # The KV form of the caches the engine makes: the batch's.
         self._kv_quantization = kv_form(loaded.model, batch, kv_quantization)
         if kv_tokens is not None and (batch != "slots" or plain_kv(loaded.model) is not None):
@@ -296,6 +300,7 @@ class Engine:
                     max_tokens=p.max_tokens,
                     sampler=p.choices[i].sampler,
                     processors=list(p.choices[i].processors),
+                    drafter=self._drafter(p),
                 )
                 for prompt, b, cache, (p, i) in zip(prompts, begin, caches, rows, strict=True)
             ]
@@ -318,6 +323,11 @@ class Engine:
             self._jobs[prepared.job_id].uids.append(uid)
             if prepared.interactive:
                 self._interactive.add(uid)
+
+    def _drafter(self, prepared: PreparedJob) -> PromptLookup | None:
+        if self._speculation is None:
+            return None
+        return PromptLookup(self._speculation)
 
     def _scored(
         self, prepared: PreparedJob, scored: dict[tuple[str, int], list[TokenLogprob] | None]
