@@ -107,3 +107,24 @@ def test_the_sampler_draws_each_drafted_position_from_its_own_logits() -> None:
     assert matched(entry, [], logits, [1, 2], frozenset()) == [1, 0]
     assert matched(entry, [], logits, [2, 0], frozenset()) == [1]
     assert matched(entry, [], logits, [1, 0], frozenset({0})) == [1, 0]
+
+
+def test_a_row_that_predicted_its_answer_keeps_the_prediction_as_drafts(tiny: Any) -> None:
+    prompt = [20, 41, 7]
+    (plain,), _ = _run(tiny, [Entry(prompt, [], None, 16, greedy, [])])
+    drafter = PromptLookup(Speculation(4, 4), predicted=plain)
+    (drafted,), _ = _run(tiny, [Entry(prompt, [], None, 16, greedy, [], drafter)])
+    assert drafted == plain
+    assert drafter.accepted >= len(plain) // 2
+
+
+def test_a_chat_request_s_prediction_reaches_its_job_as_text() -> None:
+    from shared.queue.jobs import job_for
+    from shared.wire.completions import ChatCompletionRequest
+
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "prediction": {"type": "content", "content": [{"type": "text", "text": "a b"}]},
+    }
+    assert job_for("j", ChatCompletionRequest.model_validate(body)).prediction == "a b"

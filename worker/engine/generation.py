@@ -327,7 +327,7 @@ class Engine:
     def _drafter(self, prepared: PreparedJob) -> PromptLookup | None:
         if self._speculation is None:
             return None
-        return PromptLookup(self._speculation)
+        return PromptLookup(self._speculation, list(prepared.predicted))
 
     def _scored(
         self, prepared: PreparedJob, scored: dict[tuple[str, int], list[TokenLogprob] | None]

@@ -203,7 +203,7 @@ class SlotBatch:
             # Drafts follow the last tokens: those are read first, with no overlap.
             out = self._read()
             rows = self._rows[: self._decoding]
-            drafts = self._drafts(rows)
+            drafts = self._drafts(rows) if rows else []
             if any(drafts):
                 out += self._verify(rows, drafts)
             elif rows:
