@@ -120,6 +120,10 @@ class PromptTokensDetails(BaseModel):
 class CompletionTokensDetails(BaseModel):
     # Completion tokens a reasoning model spent thinking (worker/engine/sequence/reasoning.py).
     reasoning_tokens: int = 0
+    # Drafted tokens from the request's `prediction` that the answer kept, and those it did not
+    # (worker/engine/sequence/drafts.py): OpenAI's predicted-outputs counts.
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
 
 class Usage(BaseModel):

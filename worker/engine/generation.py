@@ -59,6 +59,7 @@ class Sequence:
     # Its job's cache scope, and whether its cache may go to disk (PreparedJob's).
     scope: str = ""
     keep_on_disk: bool = True
+    drafter: PromptLookup | None = None  # set when it speculates
 
 
 @dataclass
@@ -72,6 +73,9 @@ class JobInBatch:
     staged: int = 0
     completion_tokens: int = 0  # all choices together
     reasoning_tokens: int = 0  # of those, the ones spent reasoning
+    # Drafted tokens of its prediction kept and not (all choices).
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,8 @@ class StepOutput:
     stop_sequence: str | None = None  # the stop string that ended the choice, if one did
     reasoning: str = ""  # new reasoning text (a reasoning model's thinking, apart from `text`)
     reasoning_tokens: int = 0  # the job's completion tokens spent reasoning (all choices)
+    accepted_prediction_tokens: int = 0  # the job's (all choices)
+    rejected_prediction_tokens: int = 0
 
     @property
     def ends_job(self) -> bool:
@@ -291,6 +297,7 @@ class Engine:
         ]
         prompts = [p.prompts[p.choices[i].prompt] for p, i in rows]
         begin = [start_of[key].tokens for key in keys]
+        drafters = [self._drafter(p) for p, _ in rows]
         uids = self._batch.insert(
             [
                 Entry(
@@ -300,13 +307,15 @@ class Engine:
                     max_tokens=p.max_tokens,
                     sampler=p.choices[i].sampler,
                     processors=list(p.choices[i].processors),
-                    drafter=self._drafter(p),
+                    drafter=drafter,
                 )
-                for prompt, b, cache, (p, i) in zip(prompts, begin, caches, rows, strict=True)
+                for prompt, b, cache, (p, i), drafter in zip(
+                    prompts, begin, caches, rows, drafters, strict=True
+                )
             ]
         )
         self.prefilled_tokens += sum(len(t) - b for t, b in zip(prompts, begin, strict=True))
-        for uid, (prepared, i), key in zip(uids, rows, keys, strict=True):
+        for uid, (prepared, i), key, drafter in zip(uids, rows, keys, drafters, strict=True):
             choice = prepared.choices[i]
             self._by_uid[uid] = Sequence(
                 job_id=prepared.job_id,
@@ -319,6 +328,7 @@ class Engine:
                 opening=scored.get(key),
                 scope=prepared.cache_scope,
                 keep_on_disk=prepared.keep_on_disk,
+                drafter=drafter,
             )
             self._jobs[prepared.job_id].uids.append(uid)
             if prepared.interactive:
@@ -456,6 +466,7 @@ class Engine:
             text, deltas, calls = scanned.text, scanned.deltas or None, scanned.calls or None
             if seq.calls.made and finish_reason == "stop":
                 finish_reason = "tool_calls"
+        self._count_prediction(seq.drafter, job)
         left = len(job.uids) + job.staged - (finish_reason is not None)
         return StepOutput(
             job_id=seq.job_id,
@@ -472,7 +483,18 @@ class Engine:
             stop_sequence=seq.matcher.matched_stop if finish_reason == "stop" else None,
             reasoning=reasoning,
             reasoning_tokens=job.reasoning_tokens,
+            accepted_prediction_tokens=job.accepted_prediction_tokens,
+            rejected_prediction_tokens=job.rejected_prediction_tokens,
         )
+
+    @staticmethod
+    def _count_prediction(drafter: PromptLookup | None, job: JobInBatch) -> None:
+        """The job counts what the batch checked of its prediction since the last token."""
+        if drafter is None:
+            return
+        job.accepted_prediction_tokens += drafter.predicted_kept
+        job.rejected_prediction_tokens += drafter.predicted_rejected
+        drafter.predicted_kept = drafter.predicted_rejected = 0
 
     @staticmethod
     def _split(split: Split, job: JobInBatch, token: int, piece: str) -> tuple[str, str]:

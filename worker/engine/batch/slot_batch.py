@@ -405,7 +405,7 @@ class SlotBatch:
         for i, (row, draft) in enumerate(zip(rows, drafts, strict=True)):
             drawn = matched(row.entry, row.tokens, logits[i], draft, self._stops)
             if row.entry.drafter is not None:
-                row.entry.drafter.accepted += agreed(drawn, draft)
+                row.entry.drafter.checked(len(draft), agreed(drawn, draft))
             row.offset += len(drawn)  # the KV of the inputs that led to a kept token
             row.launched += len(drawn)
             out += self._take(row, drawn)

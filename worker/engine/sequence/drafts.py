@@ -74,6 +74,10 @@ class PromptLookup:
         self._started: int | None = None  # the sequence's length at its first lookup
         self.accepted = 0  # drafted tokens the sampler drew too
         self.drafted = 0
+        self._predicting = False  # the last draft came from the prediction
+        # Of the prediction's drafted tokens, those kept and those not, not yet reported.
+        self.predicted_kept = 0
+        self.predicted_rejected = 0
 
     def hopeful(self, length: int) -> bool:
         """Whether it would look up a sequence of `length` tokens."""
@@ -88,6 +92,7 @@ class PromptLookup:
         guess = self._prediction.follow(self._predicted, tokens, k)
         if not guess and len(tokens) == self._started:  # nothing written yet: its opening
             guess = self._predicted[:k]
+        self._predicting = bool(guess)
         if not guess:
             self._own.grow(tokens, len(tokens))
             guess = self._own.follow(tokens, tokens, k)
@@ -98,3 +103,10 @@ class PromptLookup:
             self._next_look = len(tokens) + self._wait
             self._wait = min(2 * self._wait, MAX_WAIT)
         return guess
+
+    def checked(self, drafted: int, kept: int) -> None:
+        """The batch kept `kept` tokens of the last draft, of `drafted`."""
+        self.accepted += kept
+        if self._predicting:
+            self.predicted_kept += kept
+            self.predicted_rejected += drafted - kept
