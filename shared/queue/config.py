@@ -210,6 +210,11 @@ class WorkerSettings(BaseModel):
     # short prompts are prefilled up to `prefill_tokens` a step, past the time: the few running
     # streams pause once and a burst starts together (docs/benchmarks.md, "Short bursts").
     prefill_burst: bool = True
+    # Speculative decoding in the slot batch (worker/engine/sequence/drafts.py): each sequence
+    # drafts up to this many tokens by n-gram prompt lookup, verified exactly; 0: off. Only
+    # while a step decodes at most `speculation_rows` rows (more: the step is compute-bound).
+    speculation_tokens: int = Field(default=0, ge=0, le=16)
+    speculation_rows: int = Field(default=2, ge=1)
     # The batch under the engine (worker/engine/batch/token_batch.py): mlxq's own slots, or mlx-lm's
     # BatchGenerator (always used for models whose cache is not a plain KV cache).
     batch: Literal["slots", "mlx-lm"] = "slots"

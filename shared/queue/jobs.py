@@ -146,6 +146,9 @@ class GenerationJob(QueuedJobBase):
     # False for a request that said `store: false`: what it adds to the prefix cache stays in
     # memory, never in the disk tier's files.
     keep_on_disk: bool = True
+    # OpenAI's predicted output: text the answer is expected to repeat, a draft source where the
+    # worker speculates (worker/engine/sequence/drafts.py).
+    prediction: str | None = None
 
     @property
     def replayed(self) -> bool:
@@ -310,6 +313,7 @@ def _job_for(
             reasoning=req.reasoning_control(),
             chat_template_kwargs=req.chat_template_kwargs,
             n=req.n,
+            prediction=req.prediction.text() if req.prediction else None,
             **queueing,
         )
     return GenerationJob(

@@ -120,6 +120,10 @@ class PromptTokensDetails(BaseModel):
 class CompletionTokensDetails(BaseModel):
     # Completion tokens a reasoning model spent thinking (worker/engine/sequence/reasoning.py).
     reasoning_tokens: int = 0
+    # Drafted tokens from the request's `prediction` that the answer kept, and those it did not
+    # (worker/engine/sequence/drafts.py): OpenAI's predicted-outputs counts.
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
 
 class Usage(BaseModel):
@@ -227,6 +231,12 @@ class Prediction(BaseModel):
     type: Literal["content"]
     content: HistoryText | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)]
 
+    def text(self) -> str:
+        """The predicted text, its parts joined."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
 
 # Chat fields OpenAI defines whose only value mlxq can honour is "not set" (or the one named
 # here): any other is refused with a 400 naming the field.
@@ -259,8 +269,8 @@ class ChatCompletionRequest(SamplingRequest):
     thinking_token_budget: Annotated[int, Field(ge=0, le=MAX_TOKENS)] | None = None
     chat_template_kwargs: TemplateKwargs | None = None
     # Accepted and changing nothing here: the worker's prefix cache reuses a repeated prompt
-    # opening without a key, breakpoints or a retention policy; a prediction only speeds up
-    # OpenAI's decoding; mlxq checks no policies per end user.
+    # opening without a key, breakpoints or a retention policy; mlxq checks no policies per end
+    # user. A prediction is a draft source where the worker speculates (MLXQ_SPECULATION_TOKENS).
     prompt_cache_key: Annotated[str, Field(max_length=1024)] | None = None
     prompt_cache_options: PromptCacheOptions | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None

@@ -33,6 +33,7 @@ from worker.engine.prefill_policy import PrefillPolicy
 from worker.engine.prefix_cache import PrefixCache, Reuse, level
 from worker.engine.prepare import PreparedJob, Preparer
 from worker.engine.sequence.detokenize import TextDecoder
+from worker.engine.sequence.drafts import PromptLookup, Speculation
 from worker.engine.sequence.logprobs import LogprobRecorder, PromptScorer
 from worker.engine.sequence.reasoning import Split
 from worker.engine.sequence.stop import StopStringMatcher
@@ -58,6 +59,7 @@ class Sequence:
     # Its job's cache scope, and whether its cache may go to disk (PreparedJob's).
     scope: str = ""
     keep_on_disk: bool = True
+    drafter: PromptLookup | None = None  # set when it speculates
 
 
 @dataclass
@@ -71,6 +73,9 @@ class JobInBatch:
     staged: int = 0
     completion_tokens: int = 0  # all choices together
     reasoning_tokens: int = 0  # of those, the ones spent reasoning
+    # Drafted tokens of its prediction kept and not (all choices).
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,8 @@ class StepOutput:
     stop_sequence: str | None = None  # the stop string that ended the choice, if one did
     reasoning: str = ""  # new reasoning text (a reasoning model's thinking, apart from `text`)
     reasoning_tokens: int = 0  # the job's completion tokens spent reasoning (all choices)
+    accepted_prediction_tokens: int = 0  # the job's (all choices)
+    rejected_prediction_tokens: int = 0
 
     @property
     def ends_job(self) -> bool:
@@ -129,6 +136,7 @@ class Engine:
         prefill_seconds_decoding: float | None = None,
         prefill_burst: bool = True,
         kv_quantization: KVQuantization | None = None,
+        speculation: Speculation | None = None,
     ):
         """`batch`: "slots" or "mlx-lm" (worker/engine/batch/token_batch.py); `kv_tokens`: the KV
         positions the slot batch's sequences share, which then refuses longer sequences;
@@ -138,7 +146,8 @@ class Engine:
         time, and the cap holds for whole prompts too); `prefill_burst`: whole short prompts pass
         that time while more interactive sequences wait for a first token than decode
         (worker/engine/prefill_policy.py); `kv_quantization`: the slot batch keeps KV quantized
-        (MLXQ_KV_BITS; None: in the model's dtype)."""
+        (MLXQ_KV_BITS; None: in the model's dtype); `speculation`: each sequence drafts by
+        prompt lookup and the slot batch verifies the drafts (None: off)."""
         self._loaded = loaded
         self._prefill = PrefillPolicy(
             prefill_tokens,
@@ -147,6 +156,7 @@ class Engine:
             prefill_burst,
         )
         self._prefixes = prefixes
+        self._speculation = speculation if batch == "slots" else None
         # The KV form of the caches the engine makes: the batch's.
         self._kv_quantization = kv_form(loaded.model, batch, kv_quantization)
         if kv_tokens is not None and (batch != "slots" or plain_kv(loaded.model) is not None):
@@ -287,6 +297,7 @@ class Engine:
         ]
         prompts = [p.prompts[p.choices[i].prompt] for p, i in rows]
         begin = [start_of[key].tokens for key in keys]
+        drafters = [self._drafter(p) for p, _ in rows]
         uids = self._batch.insert(
             [
                 Entry(
@@ -296,12 +307,15 @@ class Engine:
                     max_tokens=p.max_tokens,
                     sampler=p.choices[i].sampler,
                     processors=list(p.choices[i].processors),
+                    drafter=drafter,
                 )
-                for prompt, b, cache, (p, i) in zip(prompts, begin, caches, rows, strict=True)
+                for prompt, b, cache, (p, i), drafter in zip(
+                    prompts, begin, caches, rows, drafters, strict=True
+                )
             ]
         )
         self.prefilled_tokens += sum(len(t) - b for t, b in zip(prompts, begin, strict=True))
-        for uid, (prepared, i), key in zip(uids, rows, keys, strict=True):
+        for uid, (prepared, i), key, drafter in zip(uids, rows, keys, drafters, strict=True):
             choice = prepared.choices[i]
             self._by_uid[uid] = Sequence(
                 job_id=prepared.job_id,
@@ -314,10 +328,16 @@ class Engine:
                 opening=scored.get(key),
                 scope=prepared.cache_scope,
                 keep_on_disk=prepared.keep_on_disk,
+                drafter=drafter,
             )
             self._jobs[prepared.job_id].uids.append(uid)
             if prepared.interactive:
                 self._interactive.add(uid)
+
+    def _drafter(self, prepared: PreparedJob) -> PromptLookup | None:
+        if self._speculation is None:
+            return None
+        return PromptLookup(self._speculation, list(prepared.predicted))
 
     def _scored(
         self, prepared: PreparedJob, scored: dict[tuple[str, int], list[TokenLogprob] | None]
@@ -446,6 +466,7 @@ class Engine:
             text, deltas, calls = scanned.text, scanned.deltas or None, scanned.calls or None
             if seq.calls.made and finish_reason == "stop":
                 finish_reason = "tool_calls"
+        self._count_prediction(seq.drafter, job)
         left = len(job.uids) + job.staged - (finish_reason is not None)
         return StepOutput(
             job_id=seq.job_id,
@@ -462,7 +483,18 @@ class Engine:
             stop_sequence=seq.matcher.matched_stop if finish_reason == "stop" else None,
             reasoning=reasoning,
             reasoning_tokens=job.reasoning_tokens,
+            accepted_prediction_tokens=job.accepted_prediction_tokens,
+            rejected_prediction_tokens=job.rejected_prediction_tokens,
         )
+
+    @staticmethod
+    def _count_prediction(drafter: PromptLookup | None, job: JobInBatch) -> None:
+        """The job counts what the batch checked of its prediction since the last token."""
+        if drafter is None:
+            return
+        job.accepted_prediction_tokens += drafter.predicted_kept
+        job.rejected_prediction_tokens += drafter.predicted_rejected
+        drafter.predicted_kept = drafter.predicted_rejected = 0
 
     @staticmethod
     def _split(split: Split, job: JobInBatch, token: int, piece: str) -> tuple[str, str]:

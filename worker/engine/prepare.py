@@ -67,6 +67,8 @@ class PreparedJob:
     # (shared/queue/cache_scope.py, shared/queue/jobs.py).
     cache_scope: str = UNSCOPED
     keep_on_disk: bool = True
+    # The tokens of the text it predicted (OpenAI's `prediction`): a draft source.
+    predicted: tuple[int, ...] = ()
 
     @property
     def prompt_tokens(self) -> int:
@@ -131,7 +133,13 @@ class Preparer:
             interactive=job.lane == "interactive",
             cache_scope=job.cache_scope,
             keep_on_disk=job.keep_on_disk,
+            predicted=tuple(self._predicted(job)),
         )
+
+    def _predicted(self, job: GenerationJob) -> list[int]:
+        if not job.prediction:
+            return []
+        return list(self._loaded.tokenizer.encode(job.prediction, add_special_tokens=False))
 
     def _choice(
         self, job: GenerationJob, index: int, prompt: int, tokens: list[int]

@@ -115,7 +115,11 @@ def _final(out: StepOutput) -> DoneEvent | ErrorEvent:
         completion_tokens=out.completion_tokens,
         total_tokens=out.prompt_tokens + out.completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=out.cached_tokens),
-        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=out.reasoning_tokens),
+        completion_tokens_details=CompletionTokensDetails(
+            reasoning_tokens=out.reasoning_tokens,
+            accepted_prediction_tokens=out.accepted_prediction_tokens,
+            rejected_prediction_tokens=out.rejected_prediction_tokens,
+        ),
     )
     return DoneEvent(
         finish_reason=_reason(out.finish_reason), usage=usage, stop_sequence=out.stop_sequence

@@ -52,6 +52,7 @@ from worker.engine.prefix_cache import PrefixCache
 from worker.engine.prefix_disk import DiskTier, open_tier
 from worker.engine.prefix_disk_writer import WriteBounds
 from worker.engine.prefix_identity import model_folder
+from worker.engine.sequence.drafts import Speculation
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.runtime.cancellations import listen_for_cancels
 from worker.runtime.drain import Drain
@@ -141,8 +142,15 @@ def build_engine(
         prefill_tokens_decoding=settings.prefill_tokens_decoding,
         prefill_seconds_decoding=settings.prefill_seconds_decoding,
         prefill_burst=settings.prefill_burst,
+        speculation=speculation_of(settings),
     )
     return name, engine, build_spec(loaded.tokenizer, loaded.context_length), prefixes
+
+
+def speculation_of(settings: Settings) -> Speculation | None:
+    if not settings.speculation_tokens:
+        return None
+    return Speculation(settings.speculation_tokens, settings.speculation_rows)
 
 
 def disk_tier(

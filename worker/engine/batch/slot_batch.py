@@ -62,6 +62,7 @@ from worker.engine.batch.quantized_kv import (
     QuantizedPrefillView,
     QuantizedSlotKV,
 )
+from worker.engine.batch.speculation import agreed, matched
 from worker.engine.batch.types import Entry, PrefillBudget, Token
 from worker.engine.sequence.sampling import greedy
 
@@ -198,7 +199,16 @@ class SlotBatch:
         step that starts a sequence's first token, this forward's tokens too."""
         self._prefill(prefill_budget or PrefillBudget.flat(sys.maxsize))
         rows = self._rows[: self._decoding]
-        if rows and not self._read_first(rows):
+        if rows and self._speculates(rows):
+            # Drafts follow the last tokens: those are read first, with no overlap.
+            out = self._read()
+            rows = self._rows[: self._decoding]
+            drafts = self._drafts(rows) if rows else []
+            if any(drafts):
+                out += self._verify(rows, drafts)
+            elif rows:
+                self._unread = self._launch(rows)
+        elif rows and not self._read_first(rows):
             # The forward is queued on the last one's tokens, still lazy: MLX computes it while
             # this step reads the last tokens back and the caller handles them.
             launch = self._launch(rows)
@@ -351,6 +361,76 @@ class SlotBatch:
         a logits processor reads the whole sequence on the host, and a sequence whose last
         token is under way needs no more."""
         return any(r.entry.processors or r.launched >= r.entry.max_tokens for r in rows)
+
+    @staticmethod
+    def _speculates(rows: list[Row]) -> bool:
+        """Whether this step may verify drafts: few rows, one of them hoping for a draft."""
+        hoping = [
+            r.entry.drafter
+            for r in rows
+            if r.entry.drafter is not None
+            and r.entry.drafter.hopeful(len(r.tokens) + (r.source is not None))
+        ]
+        return bool(hoping) and len(rows) <= hoping[0].settings.rows
+
+    def _drafts(self, rows: list[Row]) -> list[list[int]]:
+        """Each row's draft, within its token limit and the positions a row may reach."""
+        room = self._room() - max(r.offset for r in rows) - 1
+        drafts: list[list[int]] = []
+        for row in rows:
+            drafter = row.entry.drafter
+            if drafter is None:
+                drafts.append([])
+                continue
+            k = min(drafter.settings.tokens, row.entry.max_tokens - row.read - 1, room)
+            drafts.append(drafter.draft(row.tokens, k))
+        return drafts
+
+    def _verify(self, rows: list[Row], drafts: list[list[int]]) -> list[Token]:
+        """One forward over every row's next input and its draft (rows without one: just the
+        input, padded), read at once; each row keeps what it draws (worker/engine/batch/
+        speculation.py), and its offset moves back over the rejected positions."""
+        lengths = [1 + len(d) for d in drafts]
+        shared = PrefillRows(list(range(len(rows))), [r.offset for r in rows], lengths)
+        self._reserve(shared.end)
+        views = [self._prefill_view(layer, shared) for layer in self._layers]
+        width = max(lengths)
+        inputs = [
+            [r.next_token, *d] + [0] * (width - n)
+            for r, d, n in zip(rows, drafts, lengths, strict=True)
+        ]
+        logits = self._model(mx.array(inputs), cache=views)
+        mx.eval(logits)
+        out: list[Token] = []
+        for i, (row, draft) in enumerate(zip(rows, drafts, strict=True)):
+            drawn = matched(row.entry, row.tokens, logits[i], draft, self._stops)
+            if row.entry.drafter is not None:
+                row.entry.drafter.checked(len(draft), agreed(drawn, draft))
+            row.offset += len(drawn)  # the KV of the inputs that led to a kept token
+            row.launched += len(drawn)
+            out += self._take(row, drawn)
+        for slot in sorted((s for s, r in enumerate(self._rows) if r.gone), reverse=True):
+            self._free(slot)
+        return out
+
+    def _take(self, row: Row, drawn: list[int]) -> list[Token]:
+        """A row's verified tokens, up to the one that ends it."""
+        out = []
+        for token in drawn:
+            row.read += 1
+            row.tokens.append(token)
+            reason = self._finish_reason(row, token)
+            if reason is None:
+                out.append(Token(row.uid, token, None))
+                continue
+            row.gone = True
+            cache = None
+            if self._keep_caches:
+                cache = extract(self._layers, self._rows.index(row), row.offset)
+            out.append(Token(row.uid, token, reason, cache, row.tokens[: row.offset]))
+            break
+        row.next_token, row.source = row.tokens[-1], None
+        return out
 
     def _launch(self, rows: list[Row]) -> Launch:
         """Queue one decode forward for `rows` (slots 0..n-1) and its sampling; nothing waits."""

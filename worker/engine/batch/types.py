@@ -9,6 +9,7 @@ from typing import Any
 
 from mlx_lm.sample_utils import LogitsProcessor
 
+from worker.engine.sequence.drafts import PromptLookup
 from worker.engine.sequence.sampling import Sampler
 
 
@@ -23,6 +24,8 @@ class Entry:
     max_tokens: int
     sampler: Sampler
     processors: list[LogitsProcessor]
+    # Set when it speculates (the slot batch only): its drafts' source.
+    drafter: PromptLookup | None = None
 
 
 @dataclass(frozen=True)
