@@ -365,13 +365,11 @@ class SlotBatch:
     @staticmethod
     def _speculates(rows: list[Row]) -> bool:
         """Whether this step may verify drafts: few rows, one of them hoping for a draft."""
-        hoping = [
-            r.entry.drafter
-            for r in rows
-            if r.entry.drafter is not None
-            and r.entry.drafter.hopeful(len(r.tokens) + (r.source is not None))
-        ]
-        return bool(hoping) and len(rows) <= hoping[0].settings.rows
+        for r in rows:  # every step: no allocation, and nothing past a row without a drafter
+            drafter = r.entry.drafter
+            if drafter is not None and drafter.hopeful(len(r.tokens) + (r.source is not None)):
+                return len(rows) <= drafter.settings.rows
+        return False
 
     def _drafts(self, rows: list[Row]) -> list[list[int]]:
         """Each row's draft, within its token limit and the positions a row may reach."""
@@ -423,11 +421,7 @@ class SlotBatch:
             if reason is None:
                 out.append(Token(row.uid, token, None))
                 continue
-            row.gone = True
-            cache = None
-            if self._keep_caches:
-                cache = extract(self._layers, self._rows.index(row), row.offset)
-            out.append(Token(row.uid, token, reason, cache, row.tokens[: row.offset]))
+            out.append(self._end(row, token, reason))
             break
         row.next_token, row.source = row.tokens[-1], None
         return out
@@ -483,15 +477,19 @@ class SlotBatch:
             if reason is None:
                 out.append(Token(row.uid, token, None))
                 continue
-            row.gone = True
             ended.append(row)
-            cache = None
-            if self._keep_caches:
-                cache = extract(self._layers, self._rows.index(row), row.offset)
-            out.append(Token(row.uid, token, reason, cache, row.tokens[: row.offset]))
+            out.append(self._end(row, token, reason))
         for slot in sorted((self._rows.index(r) for r in ended), reverse=True):
             self._free(slot)
         return out
+
+    def _end(self, row: Row, token: int, reason: str) -> Token:
+        """A row's last token, with its KV where the batch keeps caches; the row is gone."""
+        row.gone = True
+        cache = None
+        if self._keep_caches:
+            cache = extract(self._layers, self._rows.index(row), row.offset)
+        return Token(row.uid, token, reason, cache, row.tokens[: row.offset])
 
     def _finish_reason(self, row: Row, token: int) -> str | None:
         if token in self._stops:
