@@ -235,7 +235,10 @@ def serve(settings: Settings) -> None:
         generation = Runtime.start(GenerationKind(), engine, *plumbing, figures, prefetch)
         loop, kind, recency = bind(generation), generation.kind.serves, generation.recency
 
-    services = threading.Event()  # stops the heartbeat, listener, reaper and watchdog
+    services = threading.Event()  # stops the heartbeat, listener and reaper
+    # Stops the watchdog as the loop stops: a loop that was told to stop steps no more by design,
+    # and what it still holds is handed back below, however long Redis takes to answer.
+    stepping = threading.Event()
     slots: list[SlotWorker] = []
     reaper = Reaper(
         redis,
@@ -300,7 +303,7 @@ def serve(settings: Settings) -> None:
     reaper.run(services)
     Watchdog(
         loop, settings.watchdog_s, lambda stall: die(EXIT_WEDGED, f"wedged: {stall.describe()}")
-    ).start(services)
+    ).start(stepping)
     drain = Drain(slots, loop, settings.drain_timeout_s)
     drain.on_signals()
     log.info("worker %s serving %s with %d slots", worker_id, name, settings.batch_size)
@@ -310,6 +313,7 @@ def serve(settings: Settings) -> None:
     except Exception:
         log.exception("the engine loop crashed")
         die(EXIT_WEDGED, "the engine loop crashed")
+    stepping.set()
     left = stop_slots(slots, wait_s=LEAVE_S)
     why = "the worker shut down before finishing it"
     try:
