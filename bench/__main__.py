@@ -37,7 +37,9 @@ WORKLOADS_HELP = (
     "short (~40 prompt tokens), medium (~600), long (~2,000), multiturn, restart (a ~2,000-token "
     "conversation's next turn after a worker restart: the prefix cache's disk tier); and on a "
     "32k-window copy of the model: long16k and long30k (a document of that many tokens, then "
-    "a short next turn), mixed (14 short requests alone, then with 2 long16k conversations)"
+    "a short next turn), mixed (14 short requests alone, then with 2 long16k conversations); "
+    "copying: repeat (a paragraph back word for word), edit (back with one word changed), "
+    "edit-predicted (the same, the paragraph sent as OpenAI's `prediction`)"
 )
 
 
@@ -53,7 +55,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--multiturn-concurrency", default="4")
     s.add_argument("--long-concurrency", default="1,4", help="for long16k and long30k")
     s.add_argument("--skip", default="", help="cells to leave out, e.g. long@16,medium@1")
-    s.add_argument("--systems", default="mlxq,mlx_lm.server,vllm-mlx,forward,engine,mlxq-kv8")
+    s.add_argument(
+        "--systems", default="mlxq,mlx_lm.server,vllm-mlx,forward,engine,mlxq-kv8,mlxq-spec"
+    )
     s.add_argument("--repeats", type=int, default=1, help="each in another order of systems")
     s.add_argument("--max-tokens", type=int, default=48)
     s.add_argument("--per-client", type=int, default=2, help="one-shot requests each client sends")

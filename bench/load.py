@@ -109,7 +109,8 @@ async def _client(port: int, model: str, traffic: Traffic, client: int) -> list[
     for turn in range(traffic.requests):
         seed = f"{traffic.seed}/{client}"
         messages = traffic.workload.messages(traffic.texts, seed, turn, history)
-        body = {**chat_body(model, 0, traffic.max_tokens), "messages": messages}
+        extra = traffic.workload.extra(seed, turn)
+        body = {**chat_body(model, 0, traffic.max_tokens), "messages": messages, **extra}
         record = await stream_chat("127.0.0.1", port, body, traffic.timeout_s)
         records.append(record)
         if traffic.workload.conversational:

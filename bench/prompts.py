@@ -79,18 +79,52 @@ def _words(rng: random.Random, count: int) -> str:
     return " ".join(out)
 
 
+# Paragraphs the copy workloads ask back (`repeat`, `edit`): plain prose a small model copies,
+# where the prompt lookup of speculative decoding finds its drafts.
+PARAGRAPHS = (
+    "The lighthouse stood on the rocks at the edge of the bay. Every night the keeper climbed "
+    "the stairs, lit the lamp and watched the ships pass safely into the harbour. In winter the "
+    "storms came early, and the light was the only thing the sailors could see from the sea.",
+    "The market opened at dawn in the square beside the old church. Farmers brought apples, "
+    "bread and honey from the valley, and the baker sold warm rolls from a basket by the door. "
+    "By noon the stalls were empty and the children played among the crates until evening.",
+    "The train left the station a few minutes after seven and followed the river north. Through "
+    "the window the passengers watched the fields turn from green to gold, and at the third stop "
+    "a teacher with a heavy suitcase sat down and opened a book about the history of bridges.",
+    "In the garden behind the house there was a pond with a wooden bridge across it. Each spring "
+    "the frogs returned and sang through the night, and in the summer the family ate supper "
+    "under the apple tree, talking about the weather, the harvest and the journeys they planned.",
+)
+EDIT = ("night", "evening")  # the edit workloads' change: every "night" becomes "evening"
+
+
+def copy_ask(kind: str, paragraph: str) -> str:
+    """The request of a copy workload: the paragraph back exactly, or with the one change."""
+    if kind == "repeat":
+        return f"Repeat the following text exactly, word for word:\n\n{paragraph}"
+    old, new = EDIT
+    return (
+        f"Repeat the following text exactly, word for word, but write {new!r} wherever it says "
+        f"{old!r}:\n\n{paragraph}"
+    )
+
+
 @dataclass(frozen=True)
 class Workload:
     """One-shot requests of `first_tokens` (next_tokens None), or conversations whose first
     message carries `first_tokens` and whose next turns add `next_tokens` each. `turns` fixes a
     conversation's length (else `bench serve --turns`); `long_window`: sent to the copy of the
-    model whose window is raised to 32k (bench/readme_stack.py `window_copy`)."""
+    model whose window is raised to 32k (bench/readme_stack.py `window_copy`). `copy`: a copy
+    workload instead ("repeat" or "edit": a paragraph back, `copy_ask`), whose request carries
+    the paragraph as OpenAI's `prediction` when `predicted`."""
 
     name: str
     first_tokens: int
     next_tokens: int | None = None
     turns: int | None = None
     long_window: bool = False
+    copy: str | None = None
+    predicted: bool = False
 
     @property
     def conversational(self) -> bool:
@@ -101,9 +135,21 @@ class Workload:
     ) -> list[dict[str, Any]]:
         """The messages of request `turn` (0-based) of one client; `history` holds the earlier
         turns of its conversation (empty for one-shot workloads)."""
+        if self.copy is not None:
+            return [{"role": "user", "content": copy_ask(self.copy, self.paragraph(seed, turn))}]
         tokens = self.first_tokens if turn == 0 or self.next_tokens is None else self.next_tokens
         ask = {"role": "user", "content": texts.text(f"{seed}/{turn}", tokens)}
         return [*history, ask] if self.conversational else [ask]
+
+    def extra(self, seed: str, turn: int) -> dict[str, Any]:
+        """Fields of the request beyond its messages: the prediction of a predicted workload."""
+        if not self.predicted:
+            return {}
+        return {"prediction": {"type": "content", "content": self.paragraph(seed, turn)}}
+
+    @staticmethod
+    def paragraph(seed: str, turn: int) -> str:
+        return PARAGRAPHS[zlib.crc32(f"{seed}/{turn}".encode()) % len(PARAGRAPHS)]
 
 
 WORKLOADS = {
@@ -115,4 +161,8 @@ WORKLOADS = {
     # the whole prompt, the next one's what the prefix cache leaves of it.
     "long16k": Workload("long16k", 16_000, 40, turns=2, long_window=True),
     "long30k": Workload("long30k", 30_000, 40, turns=2, long_window=True),
+    # Copying: the answer repeats the prompt, as in code edits and quoting (speculation's case).
+    "repeat": Workload("repeat", 80, copy="repeat"),
+    "edit": Workload("edit", 90, copy="edit"),
+    "edit-predicted": Workload("edit-predicted", 90, copy="edit", predicted=True),
 }

@@ -1,11 +1,12 @@
 """The side-by-side benchmark: mlxq, mlx_lm.server, vllm-mlx and the baselines, in one run.
 
 mlxq is `mlxq run` as the README starts it, with its shipped defaults (bench/readme_stack.py);
-a labelled row (`--mlxq-tuned`, mlxq-kv8) is the same stack with settings on top. The peers run
-with their shipped defaults too.
+a labelled row (`--mlxq-tuned`, mlxq-kv8, mlxq-spec) is the same stack with settings on top. The
+peers run with their shipped defaults too.
 
 A cell is a workload (bench/prompts.py: short, medium or long prompts, each request with its own
-text, multi-turn conversations, 16k- and 30k-token documents on a 32k-window copy of the model)
+text, multi-turn conversations, 16k- and 30k-token documents on a 32k-window copy of the model,
+paragraphs asked back whole or edited)
 at a concurrency, or the mixed cell (bench/mixed.py). Every system is started once (a peer a
 second time on the 32k-window copy, when a cell needs it), warmed up by a real completion, and
 stays up (idle while the others run). For each repeat and cell, the
@@ -45,10 +46,16 @@ from worker.gguf.default_model import ensure_default_model
 
 ENGINE = "engine (mlx-lm BatchGenerator)"
 FORWARD = "forward step (ceiling)"
-SERVERS = ("mlxq", "mlx_lm.server", "vllm-mlx", "mlxq-kv8")
+SERVERS = ("mlxq", "mlx_lm.server", "vllm-mlx", "mlxq-kv8", "mlxq-spec")
 # mlxq with its KV quantized to 8 bits (MLXQ_KV_BITS=8): measured in the long-prompt cells only,
 # where KV is what fills a worker's memory.
 KV8 = "mlxq-kv8"
+# mlxq with speculative decoding on (prompt lookup and `prediction`, 5 drafted tokens: the best
+# of 3, 5 and 8 in bench/speculation.py): measured in the copy cells, where it pays, and the
+# short ones, where it must cost nothing.
+SPEC = "mlxq-spec"
+SPEC_CELLS = ("short", "repeat", "edit", "edit-predicted")
+LABELLED = {KV8: {"MLXQ_KV_BITS": "8"}, SPEC: {"MLXQ_SPECULATION_TOKENS": "5"}}
 PEER_SYSTEMS = ("mlx_lm.server", "vllm-mlx")
 TEMPLATE_TOKENS = 30  # the default model's chat template around one user message
 # A request of the long cells may wait behind three 30k-token prefills of a peer that runs one
@@ -197,8 +204,8 @@ class Systems:
             self.base = self.base or stack.enter_context(baseline(model))
             self.order.append(ENGINE if name == "engine" else FORWARD)
             return
-        if name in ("mlxq", KV8):
-            env = {"MLXQ_KV_BITS": "8"} if name == KV8 else {}
+        if name == "mlxq" or name in LABELLED:
+            env = LABELLED.get(name, {})
             self.servers[name] = stack.enter_context(readme_stack(model, args.models_dir, env))
         elif name in PEER_SYSTEMS:
             executable = systems.vllm_mlx_executable(args.vllm_mlx)
@@ -227,6 +234,8 @@ class Systems:
         self, name: str, cell: Cell | MixedCell, texts: TextMaker, seed: str
     ) -> dict[str, Any] | None:
         if name == KV8 and not (_long_window(cell) or cell.name == "long"):
+            return None
+        if name == SPEC and not (isinstance(cell, Cell) and cell.name in SPEC_CELLS):
             return None
         if name in self.servers:
             running = self.server(name, cell)

@@ -174,6 +174,17 @@ def _worker_gauges(snapshot: FleetSnapshot) -> Iterator[Metric]:
         "Prompt tokens the worker found in its prefix cache (not prefilled).",
         labels=labels,
     )
+    # vLLM's names for the same two counters, as a dashboard made for it reads them.
+    drafted = CounterMetricFamily(
+        "mlxq:worker_spec_decode_num_draft_tokens",
+        "Drafted tokens (speculative decoding) the worker's batch checked.",
+        labels=labels,
+    )
+    accepted = CounterMetricFamily(
+        "mlxq:worker_spec_decode_num_accepted_tokens",
+        "Drafted tokens the worker's batch kept: each one a token without a forward of its own.",
+        labels=labels,
+    )
     for w in snapshot.workers:
         at = [w.worker_id, w.host, w.model]
         used.add_metric(at, w.slots_used)
@@ -181,7 +192,9 @@ def _worker_gauges(snapshot: FleetSnapshot) -> Iterator[Metric]:
         rate.add_metric(at, w.tokens_per_s)
         queries.add_metric(at, w.prefix_cache_queries)
         hits.add_metric(at, w.prefix_cache_hits)
-    yield from (used, size, rate, queries, hits)
+        drafted.add_metric(at, w.spec_decode_draft_tokens)
+        accepted.add_metric(at, w.spec_decode_accepted_tokens)
+    yield from (used, size, rate, queries, hits, drafted, accepted)
 
 
 def _request_figures(by_model: dict[str, ModelFigures]) -> Iterator[Metric]:

@@ -48,6 +48,9 @@ class WorkerStats(BaseModel):
     # Prompt tokens this worker looked up in its prefix cache, and found there, since it started.
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # Speculative decoding: drafted tokens its batch checked, and kept, since it started.
+    spec_decode_draft_tokens: int = 0
+    spec_decode_accepted_tokens: int = 0
     # When its last job ended (unix s; None: none yet) and the keep_alive that job asked for
     # (None: the model's own): the pool unloads an idle model by them (worker/pool/agent.py).
     last_job_at: float | None = None

@@ -33,7 +33,7 @@ from worker.engine.prefill_policy import PrefillPolicy
 from worker.engine.prefix_cache import PrefixCache, Reuse, level
 from worker.engine.prepare import PreparedJob, Preparer
 from worker.engine.sequence.detokenize import TextDecoder
-from worker.engine.sequence.drafts import PromptLookup, Speculation
+from worker.engine.sequence.drafts import DraftFigures, PromptLookup, Speculation
 from worker.engine.sequence.logprobs import LogprobRecorder, PromptScorer
 from worker.engine.sequence.reasoning import Split
 from worker.engine.sequence.stop import StopStringMatcher
@@ -157,6 +157,7 @@ class Engine:
         )
         self._prefixes = prefixes
         self._speculation = speculation if batch == "slots" else None
+        self.drafts = DraftFigures()  # what the batch checked of its sequences' drafts
         # The KV form of the caches the engine makes: the batch's.
         self._kv_quantization = kv_form(loaded.model, batch, kv_quantization)
         if kv_tokens is not None and (batch != "slots" or plain_kv(loaded.model) is not None):
@@ -337,7 +338,7 @@ class Engine:
     def _drafter(self, prepared: PreparedJob) -> PromptLookup | None:
         if self._speculation is None:
             return None
-        return PromptLookup(self._speculation, list(prepared.predicted))
+        return PromptLookup(self._speculation, list(prepared.predicted), self.drafts)
 
     def _scored(
         self, prepared: PreparedJob, scored: dict[tuple[str, int], list[TokenLogprob] | None]

@@ -5,7 +5,8 @@ queue each job came from. Tokens/s is the engine loop's token counter over the l
 sample per heartbeat, kept for WINDOW_S; nothing is counted per token here. Prefix-cache
 figures are counted per ended job (worker/runtime/prefix_report.py), and so is when the last
 job ended, with the keep_alive it asked for (worker/runtime/recency.py), which the pool agent
-reads to unload an idle model (worker/pool/agent.py).
+reads to unload an idle model (worker/pool/agent.py). Speculation's figures are the engine's
+running totals (worker/engine/sequence/drafts.py DraftFigures), read as they stand.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from shared.observe.fleet import WorkerStats
 from shared.queue.jobs import LANES, Lane
 from shared.queue.keys import Keys
+from worker.engine.sequence.drafts import DraftFigures
 from worker.runtime.loop import DrivenLoop
 from worker.runtime.prefix_report import PrefixFigures
 from worker.runtime.recency import Recency
@@ -36,8 +38,10 @@ class Reporter:
         batch_size: int,
         figures: PrefixFigures | None = None,
         recency: Recency | None = None,
+        drafts: DraftFigures | None = None,
     ):
         self._figures = figures or PrefixFigures()
+        self._drafts = drafts or DraftFigures()
         self._recency = recency or Recency()
         self._loop = loop
         self._held = held
@@ -72,6 +76,8 @@ class Reporter:
             started_at=self._started_at,
             prefix_cache_queries=self._figures.queries,
             prefix_cache_hits=self._figures.hits,
+            spec_decode_draft_tokens=self._drafts.checked,
+            spec_decode_accepted_tokens=self._drafts.kept,
             last_job_at=self._recency.at,
             keep_alive_s=self._recency.keep_alive_s,
         )

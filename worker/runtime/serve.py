@@ -274,8 +274,17 @@ def serve(settings: Settings) -> None:
     lending = start_lending(settings, keys, worker_id, prefixes, services)
     if not present.wait(PRESENCE_WAIT_S):
         log.warning("presence not confirmed yet (Redis slow?); serving anyway")
+    drafts = engine.drafts if isinstance(engine, Engine) else None
     reporter = Reporter(
-        loop, lambda: held(slots), keys, name, worker_id, settings.batch_size, figures, recency
+        loop,
+        lambda: held(slots),
+        keys,
+        name,
+        worker_id,
+        settings.batch_size,
+        figures,
+        recency,
+        drafts,
     )
     # An embedding worker (or a synthetic one without its prefill model) has no prefix cache: it
     # publishes no blocks.

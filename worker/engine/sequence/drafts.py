@@ -31,6 +31,16 @@ class Speculation:
     rows: int
 
 
+@dataclass
+class DraftFigures:
+    """Drafted tokens the batch checked, and of those the ones it kept, since the engine
+    started: one per engine, read by the worker's report for /metrics (two ints: a reader on
+    another thread sees a count at most a step old)."""
+
+    checked: int = 0
+    kept: int = 0
+
+
 class NgramIndex:
     """Where each n-gram of a token list last ended, grown as the list grows."""
 
@@ -63,8 +73,14 @@ class NgramIndex:
 class PromptLookup:
     """One sequence's drafter."""
 
-    def __init__(self, settings: Speculation, predicted: list[int] | None = None):
+    def __init__(
+        self,
+        settings: Speculation,
+        predicted: list[int] | None = None,
+        figures: DraftFigures | None = None,
+    ):
         self.settings = settings
+        self._figures = figures
         self._own = NgramIndex()
         self._predicted = predicted or []
         self._prediction = NgramIndex()
@@ -107,6 +123,9 @@ class PromptLookup:
     def checked(self, drafted: int, kept: int) -> None:
         """The batch kept `kept` tokens of the last draft, of `drafted`."""
         self.accepted += kept
+        if self._figures is not None:
+            self._figures.checked += drafted
+            self._figures.kept += kept
         if self._predicting:
             self.predicted_kept += kept
             self.predicted_rejected += drafted - kept
