@@ -155,3 +155,18 @@ def test_the_default_model_repeating_its_prediction_reports_the_accepted_tokens(
             last = out if out.ends_job else None
     assert text == line
     assert last.accepted_prediction_tokens >= last.completion_tokens // 2
+
+
+def test_a_drafts_length_follows_what_the_batch_kept_of_recent_drafts() -> None:
+    drafter = PromptLookup(Speculation(8, 4))
+    assert drafter.length == 8
+    drafter.checked(8, 0)
+    drafter.checked(8, 0)
+    assert drafter.length <= 3  # two drafts broken at once: short drafts
+    drafter.checked(3, 3)
+    drafter.checked(4, 4)
+    drafter.checked(5, 5)
+    assert drafter.length >= 5  # copying again: long ones
+    for _ in range(6):
+        drafter.checked(drafter.length, drafter.length)
+    assert drafter.length == 8  # never past the setting

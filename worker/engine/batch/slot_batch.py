@@ -380,7 +380,7 @@ class SlotBatch:
             if drafter is None:
                 drafts.append([])
                 continue
-            k = min(drafter.settings.tokens, row.entry.max_tokens - row.read - 1, room)
+            k = min(drafter.length, row.entry.max_tokens - row.read - 1, room)
             drafts.append(drafter.draft(row.tokens, k))
         return drafts
 

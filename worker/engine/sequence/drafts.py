@@ -10,7 +10,10 @@ there (worker/engine/batch/slot_batch.py), so the output is the one without spec
 The index grows by the tokens added since the last lookup (a dict per n-gram length), so a
 lookup costs the new tokens, not the sequence. After a miss the sequence waits a few tokens
 before it looks again (doubling up to MAX_WAIT), so a sequence that copies nothing costs its
-batch few synchronous steps.
+batch few synchronous steps. A draft's length follows what the batch kept of the sequence's
+recent drafts (`length`: one more than their running mean, at most `Speculation.tokens`): a
+sequence copying whole sentences drafts the most, one whose drafts break early drafts little,
+which keeps the positions each step scores in vain few.
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ class PromptLookup:
     ):
         self.settings = settings
         self._figures = figures
+        self.length = settings.tokens  # the next draft's length at most
+        self._kept_mean = float(settings.tokens)  # tokens kept of recent drafts, on average
         self._own = NgramIndex()
         self._predicted = predicted or []
         self._prediction = NgramIndex()
@@ -123,6 +128,10 @@ class PromptLookup:
     def checked(self, drafted: int, kept: int) -> None:
         """The batch kept `kept` tokens of the last draft, of `drafted`."""
         self.accepted += kept
+        # Half of the weight on the last draft: a sequence that stops copying drafts short
+        # within two drafts, and one that copies again grows back as fast.
+        self._kept_mean = (self._kept_mean + kept) / 2
+        self.length = max(1, min(self.settings.tokens, round(self._kept_mean) + 1))
         if self._figures is not None:
             self._figures.checked += drafted
             self._figures.kept += kept
