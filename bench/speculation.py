@@ -19,7 +19,7 @@ from shared.queue.jobs import job_for
 from shared.wire.completions import ChatCompletionRequest
 from worker.engine.generation import Engine
 from worker.engine.model import LoadedModel, load_model
-from worker.engine.sequence.drafts import Speculation
+from worker.runtime.serve import engine_settings
 
 PARAGRAPH = (
     "The lighthouse stood on the rocks at the edge of the bay. Every night the keeper climbed "
@@ -39,10 +39,9 @@ def _request(content: str, max_tokens: int) -> ChatCompletionRequest:
     )
 
 
-def _tokens_per_second(
-    loaded: LoadedModel, spec: Speculation | None, contents: list[str], tokens: int
-) -> float:
-    engine = Engine(loaded, 16, tokens, 4096, None, batch="slots", speculation=spec)
+def _tokens_per_second(loaded: LoadedModel, k: int, contents: list[str], tokens: int) -> float:
+    settings = Settings(batch_size=16, default_max_tokens=tokens, speculation_tokens=k)
+    engine = Engine(loaded, engine_settings(settings))
     for i, content in enumerate(contents):
         engine.insert(engine.prepare(job_for(f"j{i}", _request(content, tokens))))
     produced, started, left = 0, 0.0, len(contents)
@@ -69,9 +68,8 @@ def main() -> None:
     rows: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for k in [0, *args.draft]:
-            spec = Speculation(k, 2) if k else None
             for name, contents in (("repeat c=1", repeat), (f"story c={args.clients}", stories)):
-                rate = _tokens_per_second(loaded, spec, contents, args.tokens)
+                rate = _tokens_per_second(loaded, k, contents, args.tokens)
                 rows.setdefault(f"{name} k={k}", []).append(rate)
     print(json.dumps({name: statistics.median(v) for name, v in rows.items()}, indent=1))
 

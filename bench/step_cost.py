@@ -21,6 +21,7 @@ from shared.queue.jobs import job_for
 from shared.wire.completions import ChatCompletionRequest
 from worker.engine.generation import Engine
 from worker.engine.model import load_model
+from worker.runtime.serve import engine_settings
 
 BATCH = 16
 # A schema that keeps every sequence writing for the whole measurement.
@@ -106,13 +107,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=40)
     args = parser.parse_args()
-    engine = Engine(
-        load_model(args.model),
-        batch_size=BATCH,
-        default_max_tokens=args.max_tokens,
-        prefill_tokens=Settings().prefill_tokens,
-        batch=Settings().batch,
-    )
+    settings = Settings(batch_size=BATCH, default_max_tokens=args.max_tokens)
+    engine = Engine(load_model(args.model), engine_settings(settings))
     one_run(engine, "json_schema", 8)  # warm up: grammar tokenizer, compiled kernels
     steps: dict[str, list[float]] = {name: [] for name in SCENARIOS}
     names = list(SCENARIOS)

@@ -47,6 +47,7 @@ from worker.engine.cpu import matvec
 from worker.engine.generation import Engine
 from worker.engine.model import LoadedModel, load_model
 from worker.engine.sequence.sampling import greedy
+from worker.runtime.serve import engine_settings
 
 WARM = 4  # steps of each run not counted: the batch's first tokens, shapes compiled
 
@@ -88,8 +89,7 @@ def batch(
 
 def _engine(loaded: LoadedModel, size: int) -> Engine:
     never_stops = dataclasses.replace(loaded, stop_ids=frozenset())
-    settings = Settings()
-    return Engine(never_stops, size, 4_000, settings.prefill_tokens, batch=settings.batch)
+    return Engine(never_stops, engine_settings(Settings(batch_size=size, default_max_tokens=4_000)))
 
 
 def _send(run: Engine, job_id: str, max_tokens: int) -> None:

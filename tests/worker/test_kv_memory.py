@@ -12,7 +12,7 @@ from shared.queue.jobs import job_for
 from shared.wire.completions import ChatCompletionRequest
 from shared.wire.errors import ContextLengthError
 from tests.support import MODEL
-from worker.engine.generation import Engine
+from worker.engine.generation import Engine, EngineSettings
 from worker.engine.model import load_model
 
 MODEL_DIR = Path.home() / ".cache" / "mlxq" / "models" / MODEL
@@ -25,7 +25,7 @@ def engine() -> Engine:
     if not MODEL_DIR.is_dir():
         pytest.skip("the default model is not prepared (mlxq prepare-model)")
     loaded = load_model(str(MODEL_DIR))
-    return Engine(loaded, ROWS, 4096, 4096, batch="slots", kv_tokens=KV_TOKENS)
+    return Engine(loaded, EngineSettings(ROWS, 4096, 4096, "slots", kv_tokens=KV_TOKENS))
 
 
 def _job(max_tokens: int | None) -> ChatCompletionRequest:

@@ -134,7 +134,7 @@ def test_the_default_model_repeating_its_prediction_reports_the_accepted_tokens(
     from shared.queue.config import Settings
     from shared.queue.jobs import job_for
     from shared.wire.completions import ChatCompletionRequest
-    from worker.engine.generation import Engine
+    from worker.engine.generation import Engine, EngineSettings
     from worker.engine.model import load_model
 
     loaded = load_model(str(Settings().models_dir / "SmolLM2-135M-Instruct"))
@@ -146,7 +146,7 @@ def test_the_default_model_repeating_its_prediction_reports_the_accepted_tokens(
         "max_tokens": 24,
         "prediction": {"type": "content", "content": line},
     }
-    engine = Engine(loaded, 2, 24, 4096, None, batch="slots", speculation=Speculation(5, 2))
+    engine = Engine(loaded, EngineSettings(2, 24, 4096, "slots", speculation=Speculation(5, 2)))
     engine.insert(engine.prepare(job_for("j", ChatCompletionRequest.model_validate(body))))
     text, last = "", None
     while last is None:

@@ -15,7 +15,7 @@ from shared.queue.config import Settings
 from shared.queue.jobs import job_for
 from shared.wire.completions import CompletionRequest
 from tests.support import MODEL
-from worker.engine.generation import Engine, StepOutput
+from worker.engine.generation import Engine, EngineSettings, StepOutput
 from worker.engine.model import LoadedModel, load_model
 
 BUDGET = 96  # MLXQ_PREFILL_TOKENS: what a step prefills with nothing decoding
@@ -31,7 +31,7 @@ def loaded() -> LoadedModel:
 
 
 def _engine(loaded: LoadedModel) -> Engine:
-    return Engine(loaded, 4, 16, BUDGET, batch="slots")
+    return Engine(loaded, EngineSettings(4, 16, BUDGET, "slots"))
 
 
 def _run(engine: Engine, job_id: str, **body: Any) -> tuple[list[StepOutput], list[int]]:

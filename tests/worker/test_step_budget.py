@@ -16,7 +16,7 @@ from shared.wire.completions import ChatCompletionRequest
 from tests.support import MODEL
 from worker.engine.batch.slot_batch import SlotBatch
 from worker.engine.batch.token_batch import PREFILL_CHUNK
-from worker.engine.generation import Engine
+from worker.engine.generation import Engine, EngineSettings
 from worker.engine.model import LoadedModel, load_model
 from worker.engine.prefill_policy import FIRST_CHUNK, MIN_PREFILL_TOKENS
 
@@ -32,12 +32,14 @@ def loaded() -> LoadedModel:
 def _engine(loaded: LoadedModel, seconds: float | None = None) -> Engine:
     return Engine(
         loaded,
-        4,
-        64,
-        4096,
-        batch="slots",
-        prefill_tokens_decoding=WHILE_DECODING,
-        prefill_seconds_decoding=seconds,
+        EngineSettings(
+            4,
+            64,
+            4096,
+            "slots",
+            prefill_tokens_decoding=WHILE_DECODING,
+            prefill_seconds_decoding=seconds,
+        ),
     )
 
 
@@ -130,7 +132,7 @@ def test_short_prompts_arriving_together_while_another_decodes_start_in_one_step
     loaded: LoadedModel,
 ) -> None:
     # Sixteen prompts of about 30 tokens: ten times the cap on chunks, well within the time.
-    engine = _decoding(Engine(loaded, 17, 64, 4096, batch="slots", **BURST))
+    engine = _decoding(Engine(loaded, EngineSettings(17, 64, 4096, "slots", **BURST)))
     burst = [f"short-{i}" for i in range(16)]
     tokens = sum(_insert(engine, job_id, f"Say {i}.") for i, job_id in enumerate(burst))
     assert tokens > 8 * WHILE_DECODING
@@ -141,7 +143,7 @@ def test_short_prompts_arriving_together_while_another_decodes_start_in_one_step
 def test_a_long_prompt_among_short_ones_still_moves_a_capped_chunk_a_step(
     loaded: LoadedModel,
 ) -> None:
-    engine = _decoding(Engine(loaded, 6, 64, 4096, batch="slots", **BURST))
+    engine = _decoding(Engine(loaded, EngineSettings(6, 64, 4096, "slots", **BURST)))
     _insert(engine, "long", LONG)
     shorts = [f"short-{i}" for i in range(4)]
     for i, job_id in enumerate(shorts):
@@ -155,7 +157,7 @@ def test_a_burst_outnumbering_the_streams_starts_in_one_step_past_the_time_allow
     loaded: LoadedModel,
 ) -> None:
     # A microsecond allows the floor (16 tokens): less than one of these prompts.
-    engine = _decoding(Engine(loaded, 17, 64, 4096, batch="slots", **NO_TIME))
+    engine = _decoding(Engine(loaded, EngineSettings(17, 64, 4096, "slots", **NO_TIME)))
     burst = [f"short-{i}" for i in range(16)]
     for i, job_id in enumerate(burst):
         _insert(engine, job_id, f"Say {i}.")
@@ -164,7 +166,7 @@ def test_a_burst_outnumbering_the_streams_starts_in_one_step_past_the_time_allow
 
 
 def test_a_burst_never_takes_a_chunked_long_prompts_tail_whole(loaded: LoadedModel) -> None:
-    engine = _decoding(Engine(loaded, 8, 64, 4096, batch="slots", **NO_TIME))
+    engine = _decoding(Engine(loaded, EngineSettings(8, 64, 4096, "slots", **NO_TIME)))
     prompt = _insert(engine, "long", LONG)
     engine.step()
     while prompt - 1 - _prefilled(engine, "long") > WHILE_DECODING:  # a chunk a step
@@ -179,7 +181,7 @@ def test_a_burst_never_takes_a_chunked_long_prompts_tail_whole(loaded: LoadedMod
 
 
 def test_prompts_fewer_than_the_streams_keep_the_time_allowed(loaded: LoadedModel) -> None:
-    engine = Engine(loaded, 6, 64, 4096, batch="slots", **NO_TIME)
+    engine = Engine(loaded, EngineSettings(6, 64, 4096, "slots", **NO_TIME))
     for i in range(3):
         _insert(engine, f"running-{i}", "Hi")
     engine.step()
@@ -192,7 +194,9 @@ def test_prompts_fewer_than_the_streams_keep_the_time_allowed(loaded: LoadedMode
 
 
 def test_without_the_burst_rule_a_burst_waits_for_the_time_allowed(loaded: LoadedModel) -> None:
-    engine = _decoding(Engine(loaded, 17, 64, 4096, batch="slots", prefill_burst=False, **NO_TIME))
+    engine = _decoding(
+        Engine(loaded, EngineSettings(17, 64, 4096, "slots", prefill_burst=False, **NO_TIME))
+    )
     burst = [f"short-{i}" for i in range(16)]
     for i, job_id in enumerate(burst):
         _insert(engine, job_id, f"Say {i}.")

@@ -119,44 +119,56 @@ class BatchEngine(Protocol):
     def remove(self, job_ids: list[str]) -> None: ...
 
 
+@dataclass(frozen=True)
+class EngineSettings:
+    """How an engine runs its batch: the worker's MLXQ_* settings (worker/runtime/serve.py
+    `engine_settings` makes them, for the worker and the benchmarks alike).
+
+    `rows`: sequences in the batch at most; `default_max_tokens`: a request's limit when it sets
+    none; `prefill_tokens`: the step's prompt tokens while nothing decodes; `batch`: "slots" or
+    "mlx-lm" (worker/engine/batch/token_batch.py); `kv_tokens`: the KV positions the slot
+    batch's sequences share, which then refuses longer sequences (None: each row its window);
+    `prefill_tokens_decoding`: the step's cap on chunks of prompts that go on while sequences
+    decode (None: `prefill_tokens`), and `prefill_seconds_decoding` about the most that prefill
+    may take then, at the batch's measured prefill rate (None: no limit in time, and the cap
+    holds for whole prompts too); `prefill_burst`: whole short prompts pass that time while
+    more interactive sequences wait for a first token than decode
+    (worker/engine/prefill_policy.py); `kv_quantization`: the slot batch keeps KV quantized
+    (MLXQ_KV_BITS; None: in the model's dtype); `speculation`: each sequence drafts by prompt
+    lookup and the slot batch verifies the drafts (None: off).
+    """
+
+    rows: int
+    default_max_tokens: int
+    prefill_tokens: int
+    batch: str
+    kv_tokens: int | None = None
+    prefill_tokens_decoding: int | None = None
+    prefill_seconds_decoding: float | None = None
+    prefill_burst: bool = True
+    kv_quantization: KVQuantization | None = None
+    speculation: Speculation | None = None
+
+
 class Engine:
     """Continuous batching (worker/engine/batch/token_batch.py), with our stop handling on top."""
 
     def __init__(
-        self,
-        loaded: LoadedModel,
-        batch_size: int,
-        default_max_tokens: int,
-        prefill_tokens: int,
-        prefixes: PrefixCache | None = None,
-        *,
-        batch: str,
-        kv_tokens: int | None = None,
-        prefill_tokens_decoding: int | None = None,
-        prefill_seconds_decoding: float | None = None,
-        prefill_burst: bool = True,
-        kv_quantization: KVQuantization | None = None,
-        speculation: Speculation | None = None,
+        self, loaded: LoadedModel, settings: EngineSettings, prefixes: PrefixCache | None = None
     ):
-        """`batch`: "slots" or "mlx-lm" (worker/engine/batch/token_batch.py); `kv_tokens`: the KV
-        positions the slot batch's sequences share, which then refuses longer sequences;
-        `prefill_tokens_decoding`: the step's cap on chunks of prompts that go on while
-        sequences decode (None: `prefill_tokens`), and `prefill_seconds_decoding` about the most
-        that prefill may take then, at the batch's measured prefill rate (None: no limit in
-        time, and the cap holds for whole prompts too); `prefill_burst`: whole short prompts pass
-        that time while more interactive sequences wait for a first token than decode
-        (worker/engine/prefill_policy.py); `kv_quantization`: the slot batch keeps KV quantized
-        (MLXQ_KV_BITS; None: in the model's dtype); `speculation`: each sequence drafts by
-        prompt lookup and the slot batch verifies the drafts (None: off)."""
+        """`loaded`: the model; `settings`: how its batch runs (EngineSettings); `prefixes`: its
+        prefix cache (None: none)."""
+        s = settings
+        batch, kv_tokens, kv_quantization = s.batch, s.kv_tokens, s.kv_quantization
         self._loaded = loaded
         self._prefill = PrefillPolicy(
-            prefill_tokens,
-            prefill_tokens_decoding or prefill_tokens,
-            prefill_seconds_decoding,
-            prefill_burst,
+            s.prefill_tokens,
+            s.prefill_tokens_decoding or s.prefill_tokens,
+            s.prefill_seconds_decoding,
+            s.prefill_burst,
         )
         self._prefixes = prefixes
-        self._speculation = speculation if batch == "slots" else None
+        self._speculation = s.speculation if batch == "slots" else None
         self.drafts = DraftFigures()  # what the batch checked of its sequences' drafts
         # The KV form of the caches the engine makes: the batch's.
         self._kv_quantization = kv_form(loaded.model, batch, kv_quantization)
@@ -165,11 +177,11 @@ class Engine:
             kv_tokens = None
         window = None if kv_tokens is None else min(kv_tokens, loaded.context_length)
         self._preparer = Preparer(
-            loaded, default_max_tokens, with_history=prefixes is not None, kv_window=window
+            loaded, s.default_max_tokens, with_history=prefixes is not None, kv_window=window
         )
         self._batch = open_batch(
             loaded.model,
-            batch_size,
+            s.rows,
             loaded.stop_ids,
             batch,
             keep_caches=prefixes is not None,
@@ -181,7 +193,7 @@ class Engine:
         self._by_uid: dict[int, Sequence] = {}
         self._jobs: dict[str, JobInBatch] = {}
         self._ready: list[StepOutput] = []  # outputs made at admission (prompts only scored)
-        self._rows = batch_size
+        self._rows = s.rows
         self._staging: deque[StagedPrompt] = deque()  # oldest first
         self._scores: dict[tuple[str, int], list[TokenLogprob] | None] = {}  # scored-only jobs'
         self._interactive: set[int] = set()  # uids of interactive sequences, waiting or running

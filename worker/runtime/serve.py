@@ -45,7 +45,7 @@ from worker.engine.embedding.download import (
 )
 from worker.engine.embedding.encoder import load_encoder
 from worker.engine.embedding.engine import EmbeddingEngine, warm_up
-from worker.engine.generation import BatchEngine, Engine
+from worker.engine.generation import BatchEngine, Engine, EngineSettings
 from worker.engine.hub import cached_folder
 from worker.engine.model import Routes, load_model, load_tokenizer_only, native_folder
 from worker.engine.prefix_cache import PrefixCache
@@ -130,27 +130,28 @@ def build_engine(
         else None
     )
     engine_class = FaultyEngine if settings.fault_injection else Engine
-    engine = engine_class(
-        loaded,
-        settings.batch_size,
-        settings.default_max_tokens,
-        settings.prefill_tokens,
-        prefixes,
-        batch=settings.batch,
-        kv_tokens=settings.kv_tokens,
-        kv_quantization=kv,
-        prefill_tokens_decoding=settings.prefill_tokens_decoding,
-        prefill_seconds_decoding=settings.prefill_seconds_decoding,
-        prefill_burst=settings.prefill_burst,
-        speculation=speculation_of(settings),
-    )
+    engine = engine_class(loaded, engine_settings(settings, kv), prefixes)
     return name, engine, build_spec(loaded.tokenizer, loaded.context_length), prefixes
 
 
-def speculation_of(settings: Settings) -> Speculation | None:
-    if not settings.speculation_tokens:
-        return None
-    return Speculation(settings.speculation_tokens, settings.speculation_rows)
+def engine_settings(settings: Settings, kv: KVQuantization | None = None) -> EngineSettings:
+    """The engine's part of the worker's settings, `kv` the KV form it keeps (`kv_form`): how
+    the worker runs its engine, and how the benchmarks run theirs."""
+    speculation = None
+    if settings.speculation_tokens:
+        speculation = Speculation(settings.speculation_tokens, settings.speculation_rows)
+    return EngineSettings(
+        rows=settings.batch_size,
+        default_max_tokens=settings.default_max_tokens,
+        prefill_tokens=settings.prefill_tokens,
+        batch=settings.batch,
+        kv_tokens=settings.kv_tokens,
+        prefill_tokens_decoding=settings.prefill_tokens_decoding,
+        prefill_seconds_decoding=settings.prefill_seconds_decoding,
+        prefill_burst=settings.prefill_burst,
+        kv_quantization=kv,
+        speculation=speculation,
+    )
 
 
 def disk_tier(
