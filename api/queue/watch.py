@@ -42,7 +42,7 @@ from shared.wire.errors import (
     WorkerLostError,
 )
 from shared.wire.events import ErrorEvent, encode_event
-from shared.wire.pool import LoadFailure
+from shared.wire.fleet.pool import LoadFailure
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from api.routes.files import store as file_store
 from api.stores.batches import BatchStore
 from api.stores.idempotency import idempotent
 from api.stores.listing import parse_query
-from shared.wire.batches import BatchCreateRequest, BatchListQuery
+from shared.wire.batch.batches import BatchCreateRequest, BatchListQuery
 
 bp = Blueprint("batches", __name__)
 

@@ -12,9 +12,9 @@ from api.limits.shares import takes_a_request
 from api.stores.files import FileStore
 from api.stores.idempotency import idempotent
 from api.stores.listing import parse_query
+from shared.wire.batch.files import ExpiresAfter, FileListQuery
 from shared.wire.digits import parse_integer
 from shared.wire.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedParameterError
-from shared.wire.files import ExpiresAfter, FileListQuery
 
 bp = Blueprint("files", __name__)
 

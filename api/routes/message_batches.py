@@ -1,6 +1,6 @@
 """/v1/messages/batches: Anthropic's Message Batches API (create, retrieve, list, cancel, delete,
-results as JSONL), on the Batch API's store and queues (shared/wire/message_batches.py says how
-one maps onto the other). Errors take Anthropic's shape, as on every /v1/messages route.
+results as JSONL), on the Batch API's store and queues (shared/wire/anthropic/message_batches.py
+says how one maps onto the other). Errors take Anthropic's shape, as on every /v1/messages route.
 """
 
 from __future__ import annotations
@@ -19,16 +19,7 @@ from api.routes.messages import check_version
 from api.stores.batches import FINAL, BatchStore
 from api.stores.idempotency import idempotent
 from api.stores.listing import parse_query
-from shared.wire.batches import (
-    COMPLETION_WINDOW_S,
-    Batch,
-    BatchListQuery,
-    BatchOutputLine,
-    StoredBatch,
-)
-from shared.wire.errors import NotFoundError
-from shared.wire.ids import new_id
-from shared.wire.message_batches import (
+from shared.wire.anthropic.message_batches import (
     DeletedMessageBatch,
     IndividualResponse,
     MessageBatch,
@@ -38,7 +29,16 @@ from shared.wire.message_batches import (
     message_batch,
     result_of,
 )
-from shared.wire.messages import MESSAGES_PATH
+from shared.wire.anthropic.messages import MESSAGES_PATH
+from shared.wire.batch.batches import (
+    COMPLETION_WINDOW_S,
+    Batch,
+    BatchListQuery,
+    BatchOutputLine,
+    StoredBatch,
+)
+from shared.wire.errors import NotFoundError
+from shared.wire.ids import new_id
 
 bp = Blueprint("message_batches", __name__)
 bp.before_request(check_version)

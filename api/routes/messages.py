@@ -1,5 +1,6 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API, as a translation
-at the edge onto the chat job (shared/wire/messages.py in, shared/wire/message_answers.py out).
+at the edge onto the chat job (shared/wire/anthropic/messages.py in,
+shared/wire/anthropic/message_answers.py out).
 
 A message runs exactly as a chat completion does: the same job, queue lane, fair share (its
 `metadata.user_id` is the chat request's `user`), metrics, request log line and trace. Errors on
@@ -23,12 +24,7 @@ from api.queue.broker import broker
 from api.queue.generation import KeepaliveEvent, Relayed, RunningJob, collect, start
 from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from shared.queue.jobs import job_for
-from shared.wire.answers import chat_completion
-from shared.wire.completions import ChatCompletionRequest
-from shared.wire.errors import InvalidRequestError, MLXQError
-from shared.wire.events import DoneEvent, TokenEvent
-from shared.wire.ids import new_id
-from shared.wire.message_answers import (
+from shared.wire.anthropic.message_answers import (
     ContentBlockDelta,
     Message,
     MessageStream,
@@ -38,12 +34,17 @@ from shared.wire.message_answers import (
     anthropic_error,
     message,
 )
-from shared.wire.messages import (
+from shared.wire.anthropic.messages import (
     ANTHROPIC_VERSION_PATTERN,
     MessagesInput,
     MessagesRequest,
     TokenCount,
 )
+from shared.wire.chat.answers import chat_completion
+from shared.wire.chat.completions import ChatCompletionRequest
+from shared.wire.errors import InvalidRequestError, MLXQError
+from shared.wire.events import DoneEvent, TokenEvent
+from shared.wire.ids import new_id
 
 bp = Blueprint("messages", __name__)
 

@@ -28,9 +28,14 @@ from shared.wire.digits import parse_integer
 from shared.wire.errors import InvalidRequestError, MLXQError, NotFoundError
 from shared.wire.events import ErrorEvent, RequeuedEvent
 from shared.wire.ids import new_id
-from shared.wire.response_events import ResponseStream, StreamEvent
-from shared.wire.response_state import Progress, lost_error, render
-from shared.wire.responses import ResponseObject, ResponsesRequest, RetrieveQuery, StoredResponse
+from shared.wire.responses.response_events import ResponseStream, StreamEvent
+from shared.wire.responses.response_state import Progress, lost_error, render
+from shared.wire.responses.responses import (
+    ResponseObject,
+    ResponsesRequest,
+    RetrieveQuery,
+    StoredResponse,
+)
 
 bp = Blueprint("responses", __name__)
 

@@ -26,7 +26,13 @@ from rq.serializers import JSONSerializer
 
 from api.queue.broker import Broker
 from shared.queue import queued_tokens
-from shared.wire.batches import BatchError, BatchErrors, LineResult, StoredBatch, line_job_prefix
+from shared.wire.batch.batches import (
+    BatchError,
+    BatchErrors,
+    LineResult,
+    StoredBatch,
+    line_job_prefix,
+)
 
 # KEYS: the batch hash, its lines list, its results hash. ARGV: now, the keys' TTL (s), the
 # batch's record when it changed (else ''), the number of custom_ids n, the n custom_ids, then

@@ -29,7 +29,7 @@ from shared.queue.jobs import LANES, Lane
 from shared.queue.keys import Keys
 from shared.queue.liveness import alive, report_ttl_ms
 from shared.queue.pool import read_reports
-from shared.wire.pool import PoolReport
+from shared.wire.fleet.pool import PoolReport
 
 PLACEMENT = ("followed", "overridden_busy", "overridden_wait", "spread")
 

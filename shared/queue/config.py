@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from shared.wire.keep_alive import KeepAlive
+from shared.wire.fleet.keep_alive import KeepAlive
 
 
 def _default_models_dir() -> Path:
@@ -298,7 +298,7 @@ class PoolSettings(BaseModel):
     # How long an idle model stays loaded (Ollama's keep_alive: "5m", seconds, 0, -1 forever).
     keep_alive: KeepAlive = 300.0
     # The longest a request's keep_alive may keep a model (a key that is not an operator's;
-    # shared/wire/keep_alive.py `asked`).
+    # shared/wire/fleet/keep_alive.py `asked`).
     keep_alive_max: KeepAlive = 3600.0
     # A model's queue must outrun its workers this long before another replica loads, and a
     # model loaded less than `pool_cooldown_s` ago is not evicted for another.

@@ -22,8 +22,8 @@ from redis import Redis
 
 from shared.queue.jobs import QueuedJob
 from shared.queue.keys import Keys
-from shared.wire.catalog import ModelKind
 from shared.wire.errors import InvalidRequestError
+from shared.wire.fleet.catalog import ModelKind
 
 # What a job of the other kind is told a model of each kind is.
 _WHAT_IT_IS: dict[ModelKind, str] = {

@@ -36,10 +36,15 @@ from pydantic import BaseModel
 from tokenizers import Tokenizer
 
 from shared.queue.jobs import GenerationJob
-from shared.wire.completions import ChatMessage
+from shared.wire.chat.completions import ChatMessage
 from shared.wire.errors import InvalidRequestError
-from shared.wire.reasoning import ReasoningControl
-from shared.wire.tools import ToolUse, fallback_call_text, fallback_system_prompt, template_call
+from shared.wire.generation.reasoning import ReasoningControl
+from shared.wire.generation.tools import (
+    ToolUse,
+    fallback_call_text,
+    fallback_system_prompt,
+    template_call,
+)
 
 
 class TokenizerSpec(BaseModel):
@@ -50,7 +55,8 @@ class TokenizerSpec(BaseModel):
     tokenizer_json: str | None = None
     chat_template: str | None = None
     template_vars: dict[str, Any] = {}
-    # Whether tools go to the chat template (else shared/wire/tools.py's fallback renders them).
+    # Whether tools go to the chat template (else shared/wire/generation/tools.py's fallback renders
+    # them).
     tools_in_template: bool = False
 
     def digest(self) -> str:

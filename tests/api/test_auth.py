@@ -25,7 +25,7 @@ from shared.queue.cache_scope import SCOPE_PATTERN
 from shared.queue.config import KeyLimits, Settings
 from shared.queue.jobs import GenerationJob, job_for
 from shared.queue.keys import Keys, is_valid_id
-from shared.wire.completions import ChatCompletionRequest
+from shared.wire.chat.completions import ChatCompletionRequest
 from tests.support import assert_openai_error
 
 KEYS = ("sk-first-0123456789", "sk-second-9876543210")

@@ -9,7 +9,7 @@ from flask.testing import FlaskClient
 from api.queue.broker import Broker
 from api.routes import batches, files, responses
 from api.stores.responses import ResponseStore
-from shared.wire.responses import ResponsesRequest, StoredResponse
+from shared.wire.responses.responses import ResponsesRequest, StoredResponse
 from tests.support import assert_openai_error, batch_body, post_file
 
 

@@ -4,7 +4,7 @@ template with a developer role of its own keeps it (shared/queue/prompt_tokens.p
 from __future__ import annotations
 
 from shared.queue.prompt_tokens import chat_input, compile_chat_template, knows_developer_role
-from shared.wire.completions import ChatMessage
+from shared.wire.chat.completions import ChatMessage
 
 # A small template of the kind that gives developer messages their own header (gpt-oss style).
 WITH_DEVELOPER = (

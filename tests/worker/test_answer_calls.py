@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.wire.tools import (
+from shared.wire.generation.tools import (
     ANSWER_FRAME,
     ChatTool,
     FunctionChoice,

@@ -11,7 +11,7 @@ from redis import Redis
 from shared.queue.config import Settings
 from shared.queue.jobs import GenerationJob, JobOutcome
 from shared.queue.keys import Keys
-from shared.wire.batches import BatchLine, LineResult
+from shared.wire.batch.batches import BatchLine, LineResult
 from tests.support import MODEL
 from worker.runtime.batch_lines import BatchLines, server_error
 

@@ -15,7 +15,7 @@ from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
 from shared.queue.prefix_blocks import block_hashes
 from shared.queue.prompt_tokens import PromptCounter
-from shared.wire.completions import ChatMessage
+from shared.wire.chat.completions import ChatMessage
 from worker.engine.doubles.synthetic import SyntheticEngine
 from worker.engine.doubles.synthetic_prefill import SyntheticPrefill, SyntheticPrefixCache
 from worker.engine.generation import StepOutput

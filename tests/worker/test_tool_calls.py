@@ -9,7 +9,7 @@ from functools import partial
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.wire.tools import CALL_END, CALL_START
+from shared.wire.generation.tools import CALL_END, CALL_START
 from worker.engine.sequence.call_readers import CallReader, JsonCallReader, ParsedCallReader
 from worker.engine.sequence.tool_calls import MarkedCallScanner, Scanned
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shared.queue.jobs import GenerationJob
-from shared.wire.logprobs import TokenLogprob
-from shared.wire.tools import ToolCall, ToolCallDelta
+from shared.wire.generation.logprobs import TokenLogprob
+from shared.wire.generation.tools import ToolCall, ToolCallDelta
 from worker.engine.batch.quantized_kv import KVQuantization
 from worker.engine.batch.token_batch import kv_form, open_batch, plain_kv
 from worker.engine.batch.types import Entry, PrefillBudget

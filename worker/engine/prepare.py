@@ -158,8 +158,8 @@ class Preparer:
         split: Split | None = None
         budget = job.reasoning.budget_tokens if job.reasoning is not None else None
         if job.messages is not None and self._harmony is not None:
-            # A budget reached the template as an effort (shared/wire/reasoning.py): harmony
-            # sets its reasoning length by effort, and its analysis is not cut short.
+            # A budget reached the template as an effort (shared/wire/generation/reasoning.py):
+            # harmony sets its reasoning length by effort, and its analysis is not cut short.
             split = HarmonySplit(self._harmony)
             if grammar is not None:
                 raise InvalidRequestError(

@@ -24,7 +24,7 @@ from rq.serializers import JSONSerializer
 
 from shared.queue import backlog, queued_tokens
 from shared.queue.keys import Keys
-from shared.wire.batches import LineResult
+from shared.wire.batch.batches import LineResult
 from shared.wire.errors import ModelLoadError
 from shared.wire.events import ErrorEvent
 from worker.runtime.batch_lines import BatchLines

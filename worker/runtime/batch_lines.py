@@ -3,7 +3,7 @@
 Before: a line whose batch no longer runs (cancelled, failed, past its completion window), or
 that already has its answer, is skipped without generating; a line that runs starts a fresh
 event log, so a retried line (its first worker died) never mixes two attempts. After: its answer
-is built from its event log (shared/wire/batches.py `answer_body`: the endpoint's body, or the
+is built from its event log (shared/wire/batch/batches.py `answer_body`: the endpoint's body, or the
 error event's OpenAI error) and recorded in the batch's results hash under the line's index by
 one Lua script that writes only while the batch is `in_progress`, only if no answer is there yet
 (a retry never doubles a line), and then bumps the batch's counters. A cancelled line records
@@ -27,8 +27,8 @@ from redis import Redis
 from shared.queue import queued_tokens
 from shared.queue.jobs import GenerationJob, JobOutcome, QueuedJob
 from shared.queue.keys import Keys
-from shared.wire.answers import Transcripts
-from shared.wire.batches import BatchLine, BatchOutputLine, LineResult, answer_body
+from shared.wire.batch.batches import BatchLine, BatchOutputLine, LineResult, answer_body
+from shared.wire.chat.answers import Transcripts
 from shared.wire.errors import ErrorBody, ErrorDetail
 from shared.wire.events import (
     ChoiceEndEvent,

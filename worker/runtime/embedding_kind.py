@@ -21,9 +21,9 @@ from redis import Redis
 
 from shared.queue.jobs import EMBEDDING_JOB_FUNCTION, EmbeddingJob, JobOutcome
 from shared.queue.keys import Keys
-from shared.wire.catalog import ModelKind
-from shared.wire.completions import Usage
+from shared.wire.chat.completions import Usage
 from shared.wire.events import DoneEvent, EmbeddingEvent, Event
+from shared.wire.fleet.catalog import ModelKind
 from worker.engine.embedding.engine import EmbeddingOutput, PreparedEmbedding
 from worker.runtime.job_function import Run
 from worker.runtime.loop import Admission, Ending

@@ -21,8 +21,7 @@ from redis import Redis
 
 from shared.queue.jobs import JOB_FUNCTION, GenerationJob, JobOutcome
 from shared.queue.keys import Keys
-from shared.wire.catalog import ModelKind
-from shared.wire.completions import (
+from shared.wire.chat.completions import (
     CompletionTokensDetails,
     FinishReason,
     PromptTokensDetails,
@@ -30,6 +29,7 @@ from shared.wire.completions import (
 )
 from shared.wire.errors import GenerationError
 from shared.wire.events import ChoiceEndEvent, DoneEvent, ErrorEvent, Event, TokenEvent
+from shared.wire.fleet.catalog import ModelKind
 from worker.engine.generation import StepOutput
 from worker.engine.prepare import PreparedJob
 from worker.runtime.batch_lines import BatchLines

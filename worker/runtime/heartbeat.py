@@ -26,7 +26,7 @@ from shared.observe.fleet import WorkerStats, publish_stats
 from shared.observe.history import sample_if_due
 from shared.queue.keys import Keys
 from shared.queue.liveness import report_ttl_ms
-from shared.wire.catalog import ModelKind
+from shared.wire.fleet.catalog import ModelKind
 from worker.runtime.prefix_report import PrefixReport
 
 log = logging.getLogger(__name__)

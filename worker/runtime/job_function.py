@@ -54,8 +54,7 @@ from shared.queue.jobs import (
 )
 from shared.queue.keys import Keys, is_valid_id
 from shared.queue.model_kinds import wrong_kind
-from shared.wire.catalog import ModelKind
-from shared.wire.completions import Usage
+from shared.wire.chat.completions import Usage
 from shared.wire.errors import (
     GenerationError,
     GenerationTimeoutError,
@@ -64,6 +63,7 @@ from shared.wire.errors import (
     QueueTimeoutError,
 )
 from shared.wire.events import DoneEvent, ErrorEvent, Event
+from shared.wire.fleet.catalog import ModelKind
 from worker.runtime.loop import EngineLoop, O, P, SteppedEngine, StepReader
 from worker.runtime.prefix_report import PrefixFigures
 from worker.runtime.publish import EventSink, Route

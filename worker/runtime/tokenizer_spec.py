@@ -24,8 +24,14 @@ from shared.queue.prompt_tokens import (
     chat_input,
     knows_developer_role,
 )
-from shared.wire.completions import ChatMessage
-from shared.wire.tools import ChatTool, FunctionCall, FunctionDefinition, ToolCall, ToolUse
+from shared.wire.chat.completions import ChatMessage
+from shared.wire.generation.tools import (
+    ChatTool,
+    FunctionCall,
+    FunctionDefinition,
+    ToolCall,
+    ToolUse,
+)
 from worker.engine.sequence.tool_calls import ToolFormat
 
 log = logging.getLogger(__name__)

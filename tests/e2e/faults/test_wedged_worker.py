@@ -19,7 +19,7 @@ import pytest
 from api.queue.broker import standalone
 from shared.queue.jobs import GenerationJob
 from shared.wire.events import DoneEvent, ErrorEvent, RequeuedEvent, decode_event
-from shared.wire.sampling import SamplingParams
+from shared.wire.generation.sampling import SamplingParams
 from tests.e2e.faults.conftest import HEARTBEAT_S, exactly_workers
 from tests.support import MODEL, Stream, chat_body, post, rq_job
 from worker.engine.doubles.faults import RAISE, WEDGE

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.wire.generation.tools import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta
 from shared.wire.ids import new_id
-from shared.wire.tools import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta
 from worker.engine.sequence.call_readers import CallPiece, ReadCall
 
 

@@ -3,8 +3,8 @@
 A `ToolCallScanner` sits after the stop-string matcher. Most families mark their calls, and a
 `MarkedCallScanner` reads them: text outside a call passes through,
 text from the call's start marker to its end marker goes to a reader for the model's format
-(worker/engine/sequence/call_readers.py; shared/wire/tools.py says which format a model gets),
-which says
+(worker/engine/sequence/call_readers.py; shared/wire/generation/tools.py says which format a model
+gets), which says
 what may be sent of the call as it is written. The scanner numbers the calls of its sequence and
 turns them into OpenAI's stream pieces (`ToolCallDelta`: the first with the call's id and name,
 then its arguments) and, at each end marker, the whole `ToolCall`. A suffix that could still
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from mlx_lm.tool_parsers import json_tools
 
-from shared.wire.tools import (
+from shared.wire.generation.tools import (
     ANSWER_FRAME,
     CALL_END,
     CALL_START,
@@ -142,7 +142,7 @@ def _partial_suffix(text: str, marker: str) -> int:
 
 @dataclass(frozen=True)
 class ToolFormat:
-    """How one model writes tool calls (shared/wire/tools.py explains the cases)."""
+    """How one model writes tool calls (shared/wire/generation/tools.py explains the cases)."""
 
     in_template: bool
     start: str

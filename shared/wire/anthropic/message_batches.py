@@ -1,5 +1,6 @@
 """Anthropic's Message Batches API (/v1/messages/batches): its request, batch object and result
-lines, translated onto the Batch API's machinery (shared/wire/batches.py, api/stores/batches.py).
+lines, translated onto the Batch API's machinery (shared/wire/batch/batches.py,
+api/stores/batches.py).
 
 A message batch is a batch on the endpoint `/v1/messages`: its requests become the JSONL lines
 the Batch API takes in (`lines`, read by the batch's intake process: api/stores/batch_feed.py),
@@ -20,11 +21,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.wire.batches import MAX_LINES, Batch, BatchError, BatchOutputLine
+from shared.wire.anthropic.message_answers import AnthropicErrorBody, anthropic_error
+from shared.wire.anthropic.messages import MESSAGES_PATH
+from shared.wire.batch.batches import MAX_LINES, Batch, BatchError, BatchOutputLine
 from shared.wire.errors import ErrorBody, ErrorDetail
 from shared.wire.ids import ID_PATTERN
-from shared.wire.message_answers import AnthropicErrorBody, anthropic_error
-from shared.wire.messages import MESSAGES_PATH
 
 # Lines the batch store ends without an answer, by its error code.
 _UNANSWERED: dict[str, Literal["canceled", "expired"]] = {

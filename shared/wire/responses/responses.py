@@ -1,16 +1,17 @@
 """Wire formats of /v1/responses (text only): the request, the response object, its stored record.
 
 A response is one generation job; its state is derived from the job's events
-(shared/wire/response_state.py). Choices where OpenAI's documents leave room: `instructions` become
-a system message before the input; `queue_position` (an mlxq extension, present only while queued)
-counts the background jobs ahead of this one (0: it is next).
+(shared/wire/responses/response_state.py). Choices where OpenAI's documents leave room:
+`instructions` become a system message before the input; `queue_position` (an mlxq extension,
+present only while queued) counts the background jobs ahead of this one (0: it is next).
 
-Reasoning: `reasoning.effort` becomes the job's `ReasoningControl` (shared/wire/reasoning.py);
-`reasoning.summary` is accepted, and no summary is written (a reasoning item carries the reasoning
-itself); `include: ["reasoning.encrypted_content"]` asks for the opaque value a client sends back
-(shared/wire/reasoning_blob.py). Accepted and changing nothing here: `prompt_cache_key` and
-`prompt_cache_retention` (the worker's prefix cache reuses any repeated prompt opening without
-them), `safety_identifier` (mlxq checks no policies per end user).
+Reasoning: `reasoning.effort` becomes the job's `ReasoningControl`
+(shared/wire/generation/reasoning.py); `reasoning.summary` is accepted, and no summary is written (a
+reasoning item carries the reasoning itself); `include: ["reasoning.encrypted_content"]` asks for
+the opaque value a client sends back (shared/wire/responses/reasoning_blob.py). Accepted and
+changing nothing here: `prompt_cache_key` and `prompt_cache_retention` (the worker's prefix cache
+reuses any repeated prompt opening without them), `safety_identifier` (mlxq checks no policies per
+end user).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from shared.wire.completions import (
+from shared.wire.chat.completions import (
     MAX_MESSAGES,
     MAX_METADATA,
     MODEL_NAME_PATTERN,
@@ -35,14 +36,22 @@ from shared.wire.completions import (
     Usage,
 )
 from shared.wire.errors import InvalidRequestError, UnsupportedParameterError
-from shared.wire.grammar import (
+from shared.wire.generation.grammar import (
     SCHEMA_NAME_PATTERN,
     JsonObjectFormat,
     TextFormat,
     grammar_for_schema,
 )
-from shared.wire.reasoning import Effort, ReasoningControl
-from shared.wire.response_items import (
+from shared.wire.generation.reasoning import Effort, ReasoningControl
+from shared.wire.generation.tools import (
+    MAX_TOOLS,
+    FunctionChoice,
+    NamedToolChoice,
+    ToolChoice,
+    ToolUse,
+    check_tools,
+)
+from shared.wire.responses.response_items import (
     FunctionCallItem,
     FunctionCallOutput,
     FunctionTool,
@@ -53,14 +62,6 @@ from shared.wire.response_items import (
     Text,
     add_call,
     add_reasoning,
-)
-from shared.wire.tools import (
-    MAX_TOOLS,
-    FunctionChoice,
-    NamedToolChoice,
-    ToolChoice,
-    ToolUse,
-    check_tools,
 )
 
 Metadata = Annotated[

@@ -5,7 +5,7 @@ mlxq does not implement are declared so that their default value passes and any 
 is refused with a 400 naming the parameter, never silently ignored.
 
 Every size a request can choose is bounded here (the limits below and a message's in
-shared/wire/chat_messages.py, in the OpenAPI document too),
+shared/wire/chat/chat_messages.py, in the OpenAPI document too),
 each refused with OpenAI's code: `array_above_max_length`, `string_above_max_length`,
 `integer_above_max_value` (api/http/errors.py). The body as a whole is bounded by
 MLXQ_MAX_BODY_BYTES.
@@ -23,18 +23,17 @@ from pydantic import (
     model_validator,
 )
 
-from shared.wire.chat_messages import MAX_CONTENT_CHARS as MAX_CONTENT_CHARS
-from shared.wire.chat_messages import MAX_CONTENT_PARTS as MAX_CONTENT_PARTS
-from shared.wire.chat_messages import ChatMessage as ChatMessage
-from shared.wire.chat_messages import HistoryText, TextPart
+from shared.wire.chat.chat_messages import MAX_CONTENT_CHARS as MAX_CONTENT_CHARS
+from shared.wire.chat.chat_messages import MAX_CONTENT_PARTS as MAX_CONTENT_PARTS
+from shared.wire.chat.chat_messages import ChatMessage as ChatMessage
+from shared.wire.chat.chat_messages import HistoryText, TextPart
 from shared.wire.digits import parse_integer
 from shared.wire.errors import InvalidRequestError, UnsupportedParameterError
-from shared.wire.grammar import ResponseFormat
-from shared.wire.ids import MODEL_NAME_PATTERN as MODEL_NAME_PATTERN
-from shared.wire.keep_alive import KeepAlive
-from shared.wire.reasoning import Effort, ReasoningControl
-from shared.wire.sampling import SamplingParams
-from shared.wire.tools import (
+from shared.wire.fleet.keep_alive import KeepAlive
+from shared.wire.generation.grammar import ResponseFormat
+from shared.wire.generation.reasoning import Effort, ReasoningControl
+from shared.wire.generation.sampling import SamplingParams
+from shared.wire.generation.tools import (
     MAX_TOOLS,
     ChatTool,
     NamedToolChoice,
@@ -42,6 +41,7 @@ from shared.wire.tools import (
     ToolUse,
     check_tools,
 )
+from shared.wire.ids import MODEL_NAME_PATTERN as MODEL_NAME_PATTERN
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 ServiceTier = Literal["auto", "default", "flex"]
@@ -263,8 +263,8 @@ class ChatCompletionRequest(SamplingRequest):
     # request adds to the prefix cache in memory, off the disk tier (shared/queue/jobs.py).
     store: bool | None = None
     service_tier: ServiceTier | None = None
-    # How a reasoning model thinks (shared/wire/reasoning.py): OpenAI's effort, vLLM's budget of
-    # reasoning tokens, and variables for the chat template (vLLM's and mlx_lm.server's).
+    # How a reasoning model thinks (shared/wire/generation/reasoning.py): OpenAI's effort, vLLM's
+    # budget of reasoning tokens, and variables for the chat template (vLLM's and mlx_lm.server's).
     reasoning_effort: Effort | None = None
     thinking_token_budget: Annotated[int, Field(ge=0, le=MAX_TOKENS)] | None = None
     chat_template_kwargs: TemplateKwargs | None = None

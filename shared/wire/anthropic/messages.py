@@ -8,8 +8,8 @@ Everything that could fail is checked on this side, so the translation itself ca
 
 How Anthropic's shapes map:
 - `system` (text or text blocks) -> a system message, less Claude Code's billing line
-  (shared/wire/billing_line.py); the messages' blocks as
-  shared/wire/message_blocks.py says (thinking blocks -> the turn's reasoning).
+  (shared/wire/anthropic/billing_line.py); the messages' blocks as
+  shared/wire/anthropic/message_blocks.py says (thinking blocks -> the turn's reasoning).
 - `tool_choice` auto/any/tool/none -> auto/required/named/none, each `any` and `tool`
   constrained by grammar; `disable_parallel_tool_use` -> parallel_tool_calls false.
 - `output_config.format` json_schema -> response_format json_schema (constrained by grammar).
@@ -28,8 +28,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.wire.billing_line import system_text
-from shared.wire.completions import (
+from shared.wire.anthropic.billing_line import system_text
+from shared.wire.anthropic.message_blocks import CacheControl, InputMessage, Text, TextBlock
+from shared.wire.chat.completions import (
     MAX_CONTENT_PARTS,
     MAX_MESSAGES,
     MAX_STOP,
@@ -39,11 +40,9 @@ from shared.wire.completions import (
     ChatMessage,
 )
 from shared.wire.errors import InvalidRequestError
-from shared.wire.grammar import JsonSchemaFormat, JsonSchemaSpec, grammar_for_schema
-from shared.wire.ids import MODEL_NAME_PATTERN
-from shared.wire.message_blocks import CacheControl, InputMessage, Text, TextBlock
-from shared.wire.reasoning import ReasoningControl
-from shared.wire.tools import (
+from shared.wire.generation.grammar import JsonSchemaFormat, JsonSchemaSpec, grammar_for_schema
+from shared.wire.generation.reasoning import ReasoningControl
+from shared.wire.generation.tools import (
     MAX_TOOLS,
     ChatTool,
     FunctionChoice,
@@ -53,6 +52,7 @@ from shared.wire.tools import (
     ToolChoice,
     check_tools,
 )
+from shared.wire.ids import MODEL_NAME_PATTERN
 
 # The routes that speak Anthropic's API (and answer errors in its shape, api/http/errors.py).
 MESSAGES_PATH = "/v1/messages"

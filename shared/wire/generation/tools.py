@@ -31,7 +31,7 @@ from pydantic import (
     model_serializer,
 )
 
-from shared.wire.grammar import grammar_for_schema
+from shared.wire.generation.grammar import grammar_for_schema
 
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 MAX_TOOLS = 128  # OpenAI's limit

@@ -14,15 +14,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 
-from shared.wire.completions import (
+from shared.wire.chat.completions import (
     ChatCompletionRequest,
     CompletionRequest,
     FinishReason,
     Usage,
 )
 from shared.wire.events import ChoiceEndEvent, DoneEvent, TokenEvent
-from shared.wire.logprobs import ChoiceLogprobs, TextLogprobs, TokenLogprob
-from shared.wire.tools import ToolCall, ToolCallDelta
+from shared.wire.generation.logprobs import ChoiceLogprobs, TextLogprobs, TokenLogprob
+from shared.wire.generation.tools import ToolCall, ToolCallDelta
 
 
 class AssistantMessage(BaseModel):

@@ -1,5 +1,5 @@
 """The content blocks of Anthropic's input messages, and an input message's translation into chat
-messages (shared/wire/messages.py puts them together into the chat request).
+messages (shared/wire/anthropic/messages.py puts them together into the chat request).
 
 An agent sends the assistant's blocks back as it received them (the `anthropic` SDK's
 `block.model_dump()`), so every field Anthropic's reference documents on them is accepted:
@@ -7,7 +7,7 @@ An agent sends the assistant's blocks back as it received them (the `anthropic` 
 nothing here changes with them), and `thinking` / `redacted_thinking` blocks, whose text becomes
 the turn's reasoning for the chat template. A signature is not checked: mlxq's own sign nothing,
 and any other server's cannot be checked here. A redacted block's `data` gives text only when
-mlxq made it (shared/wire/reasoning_blob.py); other data is accepted and left out.
+mlxq made it (shared/wire/responses/reasoning_blob.py); other data is accepted and left out.
 
 How the blocks map: `tool_result` blocks -> tool messages; an assistant's `tool_use` blocks ->
 its tool_calls (arguments as JSON text); its thinking -> the message's `reasoning_content`.
@@ -20,9 +20,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.wire.chat_messages import MAX_CONTENT_CHARS, MAX_CONTENT_PARTS, ChatMessage
-from shared.wire.reasoning_blob import decode_reasoning_blob
-from shared.wire.tools import FunctionCall, FunctionName, ToolCall
+from shared.wire.chat.chat_messages import MAX_CONTENT_CHARS, MAX_CONTENT_PARTS, ChatMessage
+from shared.wire.generation.tools import FunctionCall, FunctionName, ToolCall
+from shared.wire.responses.reasoning_blob import decode_reasoning_blob
 
 Text = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
 ToolUseId = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,128}$")]

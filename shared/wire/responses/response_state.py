@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from shared.wire.answers import Transcript
+from shared.wire.chat.answers import Transcript
 from shared.wire.errors import ErrorDetail
 from shared.wire.events import (
     DoneEvent,
@@ -24,9 +24,15 @@ from shared.wire.events import (
     StartedEvent,
     TokenEvent,
 )
-from shared.wire.reasoning_blob import encode_reasoning_blob
-from shared.wire.response_items import FunctionCallItem, ItemStatus, ReasoningItem, ReasoningText
-from shared.wire.responses import (
+from shared.wire.generation.tools import ToolCall
+from shared.wire.responses.reasoning_blob import encode_reasoning_blob
+from shared.wire.responses.response_items import (
+    FunctionCallItem,
+    ItemStatus,
+    ReasoningItem,
+    ReasoningText,
+)
+from shared.wire.responses.responses import (
     IncompleteDetails,
     OutputMessage,
     OutputText,
@@ -37,7 +43,6 @@ from shared.wire.responses import (
     StoredResponse,
     TextConfig,
 )
-from shared.wire.tools import ToolCall
 
 
 @dataclass
@@ -169,7 +174,8 @@ def call_item(call: ToolCall, status: Literal["in_progress", "completed"]) -> Fu
 def reasoning_item(stored: StoredResponse, text: str, status: ItemStatus) -> ReasoningItem:
     """The reasoning as the Responses API's reasoning item. With `include:
     ["reasoning.encrypted_content"]`, its `encrypted_content` carries the text back when a client
-    passes the item in again (shared/wire/reasoning_blob.py), as Codex does with `store: false`."""
+    passes the item in again (shared/wire/responses/reasoning_blob.py), as Codex does with `store:
+    false`."""
     wanted = "reasoning.encrypted_content" in (stored.request.include or [])
     return ReasoningItem(
         id=stored.reasoning_id(),

@@ -46,16 +46,16 @@ from shared.wire.events import (
     StartedEvent,
     TokenEvent,
 )
-from shared.wire.response_items import FunctionCallItem, ItemStatus, ReasoningItem
-from shared.wire.response_state import Progress, call_item, reasoning_item, render
-from shared.wire.responses import (
+from shared.wire.generation.tools import FunctionCall, ToolCall, ToolCallDelta
+from shared.wire.responses.response_items import FunctionCallItem, ItemStatus, ReasoningItem
+from shared.wire.responses.response_state import Progress, call_item, reasoning_item, render
+from shared.wire.responses.responses import (
     OutputMessage,
     OutputText,
     ResponseObject,
     ResponseStatus,
     StoredResponse,
 )
-from shared.wire.tools import FunctionCall, ToolCall, ToolCallDelta
 
 
 class LifecycleEvent(BaseModel):

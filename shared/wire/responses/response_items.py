@@ -11,8 +11,8 @@ answer, not what to generate. Any other field is a 400 naming it.
 A reasoning item passed back gives its text to the assistant turn that follows it (the chat
 template decides whether to render it: Qwen3's keeps only the current turn's): its
 `reasoning_text` content, else what its `encrypted_content` carries when mlxq made it
-(shared/wire/reasoning_blob.py), else its summary. An opaque value mlxq did not make is accepted
-and left out.
+(shared/wire/responses/reasoning_blob.py), else its summary. An opaque value mlxq did not make is
+accepted and left out.
 """
 
 from __future__ import annotations
@@ -21,10 +21,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from shared.wire.completions import MAX_CONTENT_CHARS, MAX_CONTENT_PARTS, ChatMessage
+from shared.wire.chat.completions import MAX_CONTENT_CHARS, MAX_CONTENT_PARTS, ChatMessage
 from shared.wire.errors import UnsupportedParameterError
-from shared.wire.reasoning_blob import decode_reasoning_blob
-from shared.wire.tools import ChatTool, FunctionCall, FunctionDefinition, FunctionName, ToolCall
+from shared.wire.generation.tools import (
+    ChatTool,
+    FunctionCall,
+    FunctionDefinition,
+    FunctionName,
+    ToolCall,
+)
+from shared.wire.responses.reasoning_blob import decode_reasoning_blob
 
 Text = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
 

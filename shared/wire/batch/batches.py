@@ -22,20 +22,25 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.wire.answers import Transcripts, chat_completion, text_completion
-from shared.wire.completions import ChatCompletionRequest, CompletionRequest
+from shared.wire.anthropic.message_answers import message
+from shared.wire.anthropic.messages import MessagesRequest
+from shared.wire.batch.files import ExpiresAfter
+from shared.wire.chat.answers import Transcripts, chat_completion, text_completion
+from shared.wire.chat.completions import ChatCompletionRequest, CompletionRequest
 from shared.wire.errors import ErrorBody
 from shared.wire.events import DoneEvent
-from shared.wire.files import ExpiresAfter
 from shared.wire.ids import ID_PATTERN, new_id
-from shared.wire.message_answers import message
-from shared.wire.messages import MessagesRequest
-from shared.wire.response_state import Progress, render
-from shared.wire.responses import Metadata, ResponsesRequest, ResponseUsage, StoredResponse
+from shared.wire.responses.response_state import Progress, render
+from shared.wire.responses.responses import (
+    Metadata,
+    ResponsesRequest,
+    ResponseUsage,
+    StoredResponse,
+)
 
 OpenAIEndpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
-# A batch of Anthropic's Message Batches API (shared/wire/message_batches.py) runs its requests
-# as the lines of a batch on this endpoint.
+# A batch of Anthropic's Message Batches API (shared/wire/anthropic/message_batches.py) runs its
+# requests as the lines of a batch on this endpoint.
 Endpoint = OpenAIEndpoint | Literal["/v1/messages"]
 LineRequest = ChatCompletionRequest | CompletionRequest | ResponsesRequest | MessagesRequest
 REQUEST_MODELS: dict[str, type[LineRequest]] = {

@@ -1,5 +1,5 @@
 """Wire formats of /v1/models and /health: the fleet's catalog (the models live workers serve
-and those the pools may load, shared/wire/pool.py), each with its state across the fleet."""
+and those the pools may load, shared/wire/fleet/pool.py), each with its state across the fleet."""
 
 from __future__ import annotations
 

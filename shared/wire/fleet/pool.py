@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from shared.wire.catalog import ModelKind
 from shared.wire.errors import ModelLoadError
+from shared.wire.fleet.catalog import ModelKind
 
 MIB = 1 << 20
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from shared.wire.tools import MAX_TOOLS, ToolCall
+from shared.wire.generation.tools import MAX_TOOLS, ToolCall
 
 MAX_CONTENT_CHARS = 1_048_576  # characters in one message (all its parts) or one prompt
 MAX_CONTENT_PARTS = 1024  # text parts in one message

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from shared.wire.message_blocks import TextBlock, joined
+from shared.wire.anthropic.message_blocks import TextBlock, joined
 
 BILLING_LINE = re.compile(
     r"x-anthropic-billing-header: cc_version=[^;\s]+; cc_entrypoint=[^;\s]+; "

@@ -1,6 +1,6 @@
 """Anthropic's Messages API answers: the message body, its stream events and its error body,
 each translated from what the chat side already has (the chat completion built by
-shared/wire/answers.py, a job's events, an mlxq error).
+shared/wire/chat/answers.py, a job's events, an mlxq error).
 
 The stream (`MessageStream`) turns a job's events into Anthropic's sequence: `message_start`,
 then per content block `content_block_start`, its deltas (`thinking_delta`, `text_delta`,
@@ -9,9 +9,9 @@ then per content block `content_block_start`, its deltas (`thinking_delta`, `tex
 tool call, whose text is empty, is one `tool_use` block, as Anthropic sends it.
 
 A reasoning model's reasoning is a `thinking` block before the others; it closes with a
-`signature_delta` whose signature is opaque and never empty (shared/wire/reasoning_blob.py:
-it carries the thinking itself, so a block sent back on the next turn gives it to the
-template).
+`signature_delta` whose signature is opaque and never empty
+(shared/wire/responses/reasoning_blob.py: it carries the thinking itself, so a block sent back on
+the next turn gives it to the template).
 
 Usage follows Anthropic's accounting: `input_tokens` are the prompt tokens computed for this
 request, `cache_read_input_tokens` those the worker's prefix cache already held; the prompt is
@@ -26,12 +26,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, RootModel
 
-from shared.wire.answers import ChatCompletion
-from shared.wire.completions import FinishReason, Usage
+from shared.wire.chat.answers import ChatCompletion
+from shared.wire.chat.completions import FinishReason, Usage
 from shared.wire.errors import ErrorDetail
 from shared.wire.events import DoneEvent, TokenEvent
-from shared.wire.reasoning_blob import encode_reasoning_blob
-from shared.wire.tools import ToolCall, ToolCallDelta
+from shared.wire.generation.tools import ToolCall, ToolCallDelta
+from shared.wire.responses.reasoning_blob import encode_reasoning_blob
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
