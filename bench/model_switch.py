@@ -36,7 +36,7 @@ from bench.machine import describe
 from bench.report import markdown_table, write
 from shared.queue import pool as pools
 from shared.queue.config import Settings
-from shared.wire.pool import MIB
+from shared.wire.fleet.pool import MIB
 from worker.engine.model import load_model
 from worker.gguf.default_model import ensure_default_model
 from worker.ops.cluster import Cluster, wait_until

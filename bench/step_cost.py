@@ -18,7 +18,7 @@ from typing import Any
 
 from shared.queue.config import Settings
 from shared.queue.jobs import job_for
-from shared.wire.completions import ChatCompletionRequest
+from shared.wire.chat.completions import ChatCompletionRequest
 from worker.engine.generation import Engine
 from worker.engine.model import load_model
 from worker.runtime.serve import engine_settings

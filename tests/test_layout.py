@@ -11,6 +11,8 @@ fresh interpreter:
 - the limits (`api.limits`) know nothing of routes, stores or the broker.
 - no module of `api`, `worker` or `shared` imports, through others, itself: an import for type
   checking only counts too, since it is the same circle with the knot hidden.
+- no package of `api`, `shared` or `worker` holds more than 12 modules at its top: a crowded one
+  is split into rooms (sub-packages) by concern, each with an `__init__` saying what it owns.
 """
 
 from __future__ import annotations
@@ -62,6 +64,37 @@ def test_a_package_imports_only_what_its_layer_allows(
     package: str, forbidden: tuple[str, ...]
 ) -> None:
     assert violations(package, forbidden) == []
+
+
+TOP_MODULES_MAX = 12
+
+
+def crowded_packages(root: Path) -> dict[str, int]:
+    """Each package of `api`, `shared` and `worker` under `root` (a folder with an `__init__.py`)
+    holding more than TOP_MODULES_MAX modules (`*.py` but `__init__.py`) directly in it, with
+    their number."""
+    counts = {
+        str(init.parent.relative_to(root)): sum(
+            1 for module in init.parent.glob("*.py") if module.name != "__init__.py"
+        )
+        for package in ("api", "shared", "worker")
+        for init in (root / package).rglob("__init__.py")
+    }
+    return {package: n for package, n in sorted(counts.items()) if n > TOP_MODULES_MAX}
+
+
+def test_no_package_holds_more_than_twelve_modules_at_its_top() -> None:
+    crowded = crowded_packages(ROOT)
+    assert crowded == {}, "split into rooms: " + ", ".join(f"{p} ({n})" for p, n in crowded.items())
+
+
+def test_the_crowding_check_counts_a_package_s_top_only(tmp_path: Path) -> None:
+    (tmp_path / "api/room").mkdir(parents=True)
+    for name in ["__init__", *(f"m{i}" for i in range(TOP_MODULES_MAX + 1))]:
+        (tmp_path / f"api/{name}.py").write_text("")
+    for name in ["__init__", *(f"r{i}" for i in range(TOP_MODULES_MAX))]:
+        (tmp_path / f"api/room/{name}.py").write_text("")
+    assert crowded_packages(tmp_path) == {"api": TOP_MODULES_MAX + 1}
 
 
 def test_only_model_loading_imports_the_cpu_room() -> None:

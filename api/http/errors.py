@@ -1,5 +1,6 @@
 """The one translation point from any failure to OpenAI's error body (or, on the routes of
-Anthropic's Messages API, to Anthropic's: shared/wire/message_answers.py maps one onto the other).
+Anthropic's Messages API, to Anthropic's: shared/wire/anthropic/message_answers.py maps one onto the
+other).
 
 MLXQError carries its own status; pydantic's ValidationError becomes a 400 naming the first
 offending parameter; a RedisError is a 503; Werkzeug's HTTP errors (404, 405, 413, ...) keep
@@ -17,6 +18,8 @@ from redis.exceptions import RedisError
 from werkzeug.exceptions import HTTPException
 
 from shared.queue.connection import unavailable
+from shared.wire.anthropic.message_answers import anthropic_error
+from shared.wire.anthropic.messages import MESSAGES_PATH
 from shared.wire.errors import (
     ErrorBody,
     ErrorDetail,
@@ -25,8 +28,6 @@ from shared.wire.errors import (
     NotFoundError,
     PayloadTooLargeError,
 )
-from shared.wire.message_answers import anthropic_error
-from shared.wire.messages import MESSAGES_PATH
 
 log = logging.getLogger(__name__)
 

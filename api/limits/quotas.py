@@ -47,7 +47,7 @@ from api.backend import Backend
 from shared.queue.config import Settings
 from shared.queue.connection import redis_errors_as_503
 from shared.queue.keys import Keys
-from shared.wire.batches import COMPLETION_WINDOW_S, FINAL_STATUSES
+from shared.wire.batch.batches import COMPLETION_WINDOW_S, FINAL_STATUSES
 from shared.wire.errors import MLXQError, QuotaExceededError, RateLimitError
 
 Kind = Literal["files", "responses", "batches", "open_batches", "background", "idempotency"]

@@ -5,7 +5,7 @@ once, in the order a client sees their refusals:
 0. the job's model must be of the job's kind (400 naming `model`: a chat on an embedding model,
    embeddings on a chat model; shared/queue/model_kinds.py), and its keep_alive one its key may
    ask (400 naming `keep_alive`: only operators unload or pin a shared model; other keys' values
-   are capped at MLXQ_KEEP_ALIVE_MAX: shared/wire/keep_alive.py), before its prompt is counted
+   are capped at MLXQ_KEEP_ALIVE_MAX: shared/wire/fleet/keep_alive.py), before its prompt is counted
    with a tokenizer that was never meant for it or its key is charged for it;
 1. it counts the prompt, rendered and tokenized once (api/queue/context_window.py), for the
    next two checks and placement;
@@ -36,7 +36,7 @@ from api.queue.context_window import PromptCount
 from api.queue.placement import Outcome
 from api.queue.relay import Subscription
 from shared.queue.jobs import GenerationJob, QueuedJob
-from shared.wire.keep_alive import asked
+from shared.wire.fleet.keep_alive import asked
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from api.queue.relay import Subscription
 from shared.observe import tracing
 from shared.observe.logs import log_event
 from shared.queue.jobs import QueuedJob
-from shared.wire.answers import Transcripts
+from shared.wire.chat.answers import Transcripts
 from shared.wire.errors import (
     BackendUnavailableError,
     ClientClosedError,

@@ -18,8 +18,8 @@ from shared.queue.jobs import QueuedJob
 from shared.queue.liveness import horizon, live_workers
 from shared.queue.model_kinds import read_kinds, refuse_wrong_kind
 from shared.queue.pool import Catalog, read_catalog
-from shared.wire.catalog import ModelKind
 from shared.wire.errors import ModelNotFoundError
+from shared.wire.fleet.catalog import ModelKind
 
 
 class Roster:

@@ -14,17 +14,17 @@ from api.queue.broker import broker
 from api.queue.generation import RunningJob, collect, start, stream_frames
 from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from shared.queue.jobs import job_for
-from shared.wire.answers import (
+from shared.wire.chat.answers import (
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
     ChunkDelta,
     chat_completion,
 )
-from shared.wire.completions import ChatCompletionRequest, FinishReason
+from shared.wire.chat.completions import ChatCompletionRequest, FinishReason
 from shared.wire.events import ChoiceEndEvent, DoneEvent, TokenEvent
+from shared.wire.generation.logprobs import ChoiceLogprobs
 from shared.wire.ids import new_id
-from shared.wire.logprobs import ChoiceLogprobs
 
 bp = Blueprint("chat", __name__)
 

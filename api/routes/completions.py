@@ -14,11 +14,11 @@ from api.queue.broker import broker
 from api.queue.generation import RunningJob, collect, start, stream_frames
 from api.stores.idempotency import STREAMED, idempotent, refuse_key
 from shared.queue.jobs import job_for
-from shared.wire.answers import Completion, TextChoice, text_completion
-from shared.wire.completions import CompletionRequest, FinishReason
+from shared.wire.chat.answers import Completion, TextChoice, text_completion
+from shared.wire.chat.completions import CompletionRequest, FinishReason
 from shared.wire.events import ChoiceEndEvent, DoneEvent, TokenEvent
+from shared.wire.generation.logprobs import TextLogprobs
 from shared.wire.ids import new_id
-from shared.wire.logprobs import TextLogprobs
 
 bp = Blueprint("completions", __name__)
 

@@ -6,7 +6,7 @@ from flask import Blueprint, Response
 
 from api.backend import backend
 from api.queue.roster import roster
-from shared.wire.catalog import Health
+from shared.wire.fleet.catalog import Health
 
 bp = Blueprint("health", __name__)
 

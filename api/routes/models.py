@@ -11,8 +11,8 @@ from __future__ import annotations
 from flask import Blueprint, Response
 
 from api.queue.roster import roster
-from shared.wire.catalog import ModelCard, ModelList, ModelStatus
 from shared.wire.errors import ModelNotFoundError
+from shared.wire.fleet.catalog import ModelCard, ModelList, ModelStatus
 
 bp = Blueprint("models", __name__)
 

@@ -35,29 +35,29 @@ from pydantic import BaseModel
 from shared.observe.fleet import FleetSnapshot
 from shared.observe.history import FleetHistory
 from shared.observe.metrics import RECENT_JOBS
-from shared.wire.answers import ChatCompletion, ChatCompletionChunk, Completion
-from shared.wire.batches import Batch, BatchCreateRequest, BatchList
-from shared.wire.catalog import Health, ModelCard, ModelList
-from shared.wire.completions import ChatCompletionRequest, CompletionRequest
-from shared.wire.embeddings import EmbeddingList, EmbeddingRequest
-from shared.wire.errors import ErrorBody
-from shared.wire.files import FileDeleted, FileList, FileObject, FileUpload
-from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
-from shared.wire.message_answers import AnthropicErrorBody, Message, MessageStreamEvent
-from shared.wire.message_batches import (
+from shared.wire.anthropic.message_answers import AnthropicErrorBody, Message, MessageStreamEvent
+from shared.wire.anthropic.message_batches import (
     DeletedMessageBatch,
     MessageBatch,
     MessageBatchCreate,
     MessageBatchList,
 )
-from shared.wire.messages import (
+from shared.wire.anthropic.messages import (
     ANTHROPIC_VERSION_PATTERN,
     MessagesInput,
     MessagesRequest,
     TokenCount,
 )
-from shared.wire.response_events import ResponseStreamEvent
-from shared.wire.responses import ResponseDeleted, ResponseObject, ResponsesRequest
+from shared.wire.batch.batches import Batch, BatchCreateRequest, BatchList
+from shared.wire.batch.files import FileDeleted, FileList, FileObject, FileUpload
+from shared.wire.chat.answers import ChatCompletion, ChatCompletionChunk, Completion
+from shared.wire.chat.completions import ChatCompletionRequest, CompletionRequest
+from shared.wire.embeddings import EmbeddingList, EmbeddingRequest
+from shared.wire.errors import ErrorBody
+from shared.wire.fleet.catalog import Health, ModelCard, ModelList
+from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
+from shared.wire.responses.response_events import ResponseStreamEvent
+from shared.wire.responses.responses import ResponseDeleted, ResponseObject, ResponsesRequest
 
 bp = Blueprint("openapi", __name__)
 

@@ -28,9 +28,14 @@ from shared.wire.digits import parse_integer
 from shared.wire.errors import InvalidRequestError, MLXQError, NotFoundError
 from shared.wire.events import ErrorEvent, RequeuedEvent
 from shared.wire.ids import new_id
-from shared.wire.response_events import ResponseStream, StreamEvent
-from shared.wire.response_state import Progress, lost_error, render
-from shared.wire.responses import ResponseObject, ResponsesRequest, RetrieveQuery, StoredResponse
+from shared.wire.responses.response_events import ResponseStream, StreamEvent
+from shared.wire.responses.response_state import Progress, lost_error, render
+from shared.wire.responses.responses import (
+    ResponseObject,
+    ResponsesRequest,
+    RetrieveQuery,
+    StoredResponse,
+)
 
 bp = Blueprint("responses", __name__)
 
@@ -160,7 +165,8 @@ def replay_stream(
     cursor, attempt = 0, 1
     last_sent = last_check = time.monotonic()
     while True:
-        # A requeued job's log starts over (worker/runtime/reaper.py): then read it from its start.
+        # A requeued job's log starts over (worker/runtime/liveness/reaper.py): then read it from
+        # its start.
         events, begin = responses.events_since(stored.id, cursor, attempt)
         cursor = begin + len(events)
         for event in events:

@@ -49,7 +49,8 @@ from api.stores.batch_queue import BatchQueue
 from api.stores.files import FileStore
 from shared.observe.logs import configure
 from shared.queue.config import Settings
-from shared.wire.batches import MAX_INPUT_BYTES, BatchError, StoredBatch
+from shared.wire.anthropic.message_batches import MessageBatchCreate
+from shared.wire.batch.batches import MAX_INPUT_BYTES, BatchError, StoredBatch
 from shared.wire.errors import (
     ErrorDetail,
     InvalidRequestError,
@@ -57,7 +58,6 @@ from shared.wire.errors import (
     ModelNotFoundError,
     RateLimitError,
 )
-from shared.wire.message_batches import MessageBatchCreate
 
 log = logging.getLogger(__name__)
 

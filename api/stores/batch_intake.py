@@ -28,7 +28,7 @@ from api.http.errors import validation_detail
 from api.http.validation import check_values
 from shared.queue.jobs import GenerationJob, job_for
 from shared.queue.model_kinds import refuse_wrong_kind
-from shared.wire.batches import (
+from shared.wire.batch.batches import (
     MAX_LINES,
     REQUEST_MODELS,
     BatchError,
@@ -39,7 +39,6 @@ from shared.wire.batches import (
     StoredBatch,
     line_job_id,
 )
-from shared.wire.catalog import ModelKind
 from shared.wire.errors import (
     ErrorBody,
     InvalidRequestError,
@@ -47,6 +46,7 @@ from shared.wire.errors import (
     ModelNotFoundError,
     UnsupportedParameterError,
 )
+from shared.wire.fleet.catalog import ModelKind
 
 # Errors kept on a batch that failed validation.
 MAX_ERRORS = 100

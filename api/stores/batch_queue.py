@@ -8,7 +8,7 @@ nothing once the batch has stopped (cancelled, failed): the intake process can n
 behind a cancel. `drop_queued` takes every still queued line of a batch off its models' batch
 lanes in one script per lane (the lane is rewritten without them: O(lane), not a worker's take
 per line), then deletes their RQ jobs; a line a worker took already is stopped by the caller
-(`stop`) or sees the batch's status and skips (worker/runtime/batch_lines.py).
+(`stop`) or sees the batch's status and skips (worker/runtime/kinds/batch_lines.py).
 
 While its intake process runs (api/stores/batch_feed.py) a batch's hash holds `intake_until`,
 the time by which the intake must next renew it; `close_intake` removes it once every line is
@@ -26,7 +26,13 @@ from rq.serializers import JSONSerializer
 
 from api.queue.broker import Broker
 from shared.queue import queued_tokens
-from shared.wire.batches import BatchError, BatchErrors, LineResult, StoredBatch, line_job_prefix
+from shared.wire.batch.batches import (
+    BatchError,
+    BatchErrors,
+    LineResult,
+    StoredBatch,
+    line_job_prefix,
+)
 
 # KEYS: the batch hash, its lines list, its results hash. ARGV: now, the keys' TTL (s), the
 # batch's record when it changed (else ''), the number of custom_ids n, the n custom_ids, then

@@ -2,13 +2,13 @@
 finalized lazily by whoever reads them.
 
 No coordinator process. Creation writes the batch hash `validating` (layout in
-shared/wire/batches.py) and starts its intake process (api/stores/batch_feed.py), then answers:
-that process reads and checks the input (api/stores/batch_intake.py) off the API's hub and
+shared/wire/batch/batches.py) and starts its intake process (api/stores/batch_feed.py), then
+answers: that process reads and checks the input (api/stores/batch_intake.py) off the API's hub and
 records and queues the lines a chunk at a time (api/stores/batch_queue.py), one RQ job per line
 on its model's batch lane (with RQ retries for lines whose worker dies); the first chunk moves
 the batch to `in_progress`, a batch that fails validation ends `failed` with its errors. Each
 worker records its line's answer in the batch's results hash, first write wins, and bumps the
-counters (worker/runtime/batch_lines.py), only while the batch is `in_progress`.
+counters (worker/runtime/kinds/batch_lines.py), only while the batch is `in_progress`.
 
 Reading a batch settles it: once its intake has ended and every line is recorded (or its
 completion window has passed) the reader moves it to `finalizing` with a compare-and-set, takes
@@ -41,7 +41,8 @@ from api.stores.batch_queue import BatchQueue
 from api.stores.files import FileStore
 from api.stores.listing import page
 from shared.queue import queued_tokens
-from shared.wire.batches import (
+from shared.wire.anthropic.messages import MESSAGES_PATH
+from shared.wire.batch.batches import (
     COMPLETION_WINDOW_S,
     FINAL_STATUSES,
     Batch,
@@ -55,7 +56,6 @@ from shared.wire.batches import (
 )
 from shared.wire.errors import InvalidRequestError, MLXQError, NotFoundError
 from shared.wire.ids import new_id
-from shared.wire.messages import MESSAGES_PATH
 
 # Moves a batch from one status to another only if it is still in the first one.
 _MOVE = """

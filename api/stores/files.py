@@ -17,8 +17,8 @@ from api.http.auth import is_owner
 from api.limits.quotas import Quotas, Usage
 from api.stores.listing import page
 from shared.queue.keys import Keys
+from shared.wire.batch.files import FileDeleted, FileList, FileListQuery, FileObject, FilePurpose
 from shared.wire.errors import NotFoundError
-from shared.wire.files import FileDeleted, FileList, FileListQuery, FileObject, FilePurpose
 from shared.wire.ids import new_id
 
 

@@ -4,9 +4,9 @@ The record (keys.py `response`) holds the owner, the `StoredResponse` (id, creat
 background, the request) and a cancelled flag. Everything else comes from the job that
 generates it (job id = response id): its event log (keys.py `replay`, kept by the worker for as
 long as the record lives) and, while that log has no final event, its RQ record (queued with a
-position, started, ended, failed or gone). shared/wire/responses.py derives the response object from
-those, so every API process answers the same, and nothing needs updating when the job moves.
-A stored response, and a background one until it ends, takes a place in its owner's quotas
+position, started, ended, failed or gone). shared/wire/responses/responses.py derives the response
+object from those, so every API process answers the same, and nothing needs updating when the job
+moves. A stored response, and a background one until it ends, takes a place in its owner's quotas
 (api/limits/quotas.py) before its job is queued (`usages`).
 """
 
@@ -26,8 +26,13 @@ from api.limits.shares import release_hold
 from api.queue.broker import Broker
 from shared.wire.errors import NotFoundError
 from shared.wire.events import Event, RequeuedEvent, decode_event
-from shared.wire.response_state import JobView, Progress, derive
-from shared.wire.responses import FINAL_STATUSES, ResponseDeleted, ResponseObject, StoredResponse
+from shared.wire.responses.response_state import JobView, Progress, derive
+from shared.wire.responses.responses import (
+    FINAL_STATUSES,
+    ResponseDeleted,
+    ResponseObject,
+    StoredResponse,
+)
 
 _WAITING = {JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED, JobStatus.CREATED}
 
@@ -70,7 +75,7 @@ class ResponseStore:
 
     def events_since(self, response_id: str, start: int, attempt: int) -> tuple[list[Event], int]:
         """The log's events from `start`, and where they begin: 0 instead of `start` when the
-        job was requeued (worker/runtime/reaper.py resets the log to a RequeuedEvent) after
+        job was requeued (worker/runtime/liveness/reaper.py resets the log to a RequeuedEvent) after
         `attempt`,
         so that a reader replays the new attempt from its beginning. One atomic read."""
         key = self._keys.replay(response_id)

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from shared.wire.keep_alive import KeepAlive
+from shared.wire.fleet.keep_alive import KeepAlive
 
 
 def _default_models_dir() -> Path:
@@ -64,7 +64,7 @@ class ApiKey(BaseModel):
     """One entry of MLXQ_API_KEYS: a key, and after it, in any order, its limits (`:rpm=N`,
     `:tpm=N`, `:queued=N`, `:open=N`) and the name of the prefix cache scope it shares with the
     other keys naming it (`:cache=NAME`; none: the key's cache is its own,
-    shared/queue/cache_scope.py)."""
+    shared/queue/prefix/cache_scope.py)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -242,8 +242,8 @@ class WorkerSettings(BaseModel):
     prefix_cache_disk_write_mb_s: float = Field(default=100.0, gt=0)
     # With a disk tier: a worker fetches a prompt's cache from the worker holding it instead of
     # prefilling it, where the transfer, at this rate until one is measured, is clearly faster
-    # (worker/runtime/prefix_fetch.py); and lends what it holds to the others. The rate, end to
-    # end (the holder's write included): 41-65 MB/s measured over loopback on 2 busy cores.
+    # (worker/runtime/prefix/prefix_fetch.py); and lends what it holds to the others. The rate, end
+    # to end (the holder's write included): 41-65 MB/s measured over loopback on 2 busy cores.
     prefix_fetch: bool = True
     prefix_fetch_mb_s: float = Field(default=50.0, gt=0)
     # The most MiB of one lent cache file, and of the files a lender has put into Redis within
@@ -298,7 +298,7 @@ class PoolSettings(BaseModel):
     # How long an idle model stays loaded (Ollama's keep_alive: "5m", seconds, 0, -1 forever).
     keep_alive: KeepAlive = 300.0
     # The longest a request's keep_alive may keep a model (a key that is not an operator's;
-    # shared/wire/keep_alive.py `asked`).
+    # shared/wire/fleet/keep_alive.py `asked`).
     keep_alive_max: KeepAlive = 3600.0
     # A model's queue must outrun its workers this long before another replica loads, and a
     # model loaded less than `pool_cooldown_s` ago is not evicted for another.

@@ -23,17 +23,17 @@ from typing import Annotated, Any, ClassVar, Literal, TypedDict
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.queue import fair_order
-from shared.queue.cache_scope import SCOPE_PATTERN, UNSCOPED, narrowed
-from shared.wire.batches import BatchLine
-from shared.wire.catalog import ModelKind
-from shared.wire.completions import ChatCompletionRequest, ChatMessage, CompletionRequest
+from shared.queue.prefix.cache_scope import SCOPE_PATTERN, UNSCOPED, narrowed
+from shared.wire.anthropic.messages import MessagesInput
+from shared.wire.batch.batches import BatchLine
+from shared.wire.chat.completions import ChatCompletionRequest, ChatMessage, CompletionRequest
 from shared.wire.embeddings import MAX_INPUTS, EmbeddingRequest
+from shared.wire.fleet.catalog import ModelKind
+from shared.wire.generation.reasoning import ReasoningControl
+from shared.wire.generation.sampling import SamplingParams
+from shared.wire.generation.tools import ToolUse
 from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
-from shared.wire.messages import MessagesInput
-from shared.wire.reasoning import ReasoningControl
-from shared.wire.responses import ResponsesRequest
-from shared.wire.sampling import SamplingParams
-from shared.wire.tools import ToolUse
+from shared.wire.responses.responses import ResponsesRequest
 
 # Where a job waits, in the order workers take: a client waiting on it; a background response
 # (or a request with `service_tier: flex`); a batch line.
@@ -87,8 +87,8 @@ class QueuedJobBase(BaseModel):
     # The W3C traceparent of the API's span for the request, when tracing is on
     # (shared/observe/tracing.py).
     trace: str | None = None
-    # Ollama's keep_alive from the request, in seconds (shared/wire/keep_alive.py): how long its
-    # model stays loaded once idle after it; None: the model's own keep-alive (worker/pool/).
+    # Ollama's keep_alive from the request, in seconds (shared/wire/fleet/keep_alive.py): how long
+    # its model stays loaded once idle after it; None: the model's own keep-alive (worker/pool/).
     keep_alive_s: float | None = None
     # Set for a batch's line: the worker records its answer in the batch.
     batch_line: BatchLine | None = None
@@ -122,18 +122,20 @@ class GenerationJob(QueuedJobBase):
     max_tokens: Annotated[int, Field(ge=0)] | None = None
     # Set for Anthropic's messages, whose max_tokens is a ceiling: a prompt that leaves less room
     # generates what fits (ending "length") instead of being refused
-    # (shared/queue/context_window.py).
+    # (shared/queue/prompt/context_window.py).
     max_tokens_ceiling: bool = False
     sampling: SamplingParams = SamplingParams()
     stop: Annotated[list[str], Field(max_length=4)] = []
     n: Annotated[int, Field(ge=1, le=128)] = 1  # choices per prompt, each its own sequence
     # Set for an echoed text completion with logprobs: the prompt tokens' logprobs, k alternatives.
     prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    # An llguidance grammar (shared/wire/grammar.py) the output must match; None: free text.
+    # An llguidance grammar (shared/wire/generation/grammar.py) the output must match; None: free
+    # text.
     grammar: str | None = None
     # Set when a chat request gave tools: how they are rendered, parsed and maybe forced.
     tools: ToolUse | None = None
-    # How a reasoning model may think (shared/wire/reasoning.py); None: its template's default.
+    # How a reasoning model may think (shared/wire/generation/reasoning.py); None: its template's
+    # default.
     reasoning: ReasoningControl | None = None
     # Passed to the chat template as they are (vLLM's and mlx_lm.server's `chat_template_kwargs`).
     chat_template_kwargs: dict[str, Any] | None = None
@@ -141,7 +143,7 @@ class GenerationJob(QueuedJobBase):
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     # Keep the job's event log this long once it ends (instead of the worker's default).
     replay_ttl_s: Annotated[int, Field(ge=1)] | None = None
-    # Whose prefix cache entries it may reuse and adds to (shared/queue/cache_scope.py).
+    # Whose prefix cache entries it may reuse and adds to (shared/queue/prefix/cache_scope.py).
     cache_scope: Annotated[str, Field(pattern=SCOPE_PATTERN)] = UNSCOPED
     # False for a request that said `store: false`: what it adds to the prefix cache stays in
     # memory, never in the disk tier's files.

@@ -24,22 +24,23 @@ Layout under the namespace `ns` (default "mlxq"):
                                 (shared/queue/fair_order.py): "{round} {priority} {share}"
     {ns}:rounds:{model}         hash  share (an API key's owner, or `user`) -> its last round
     {ns}:round:{model}          string  the round of the job taken last
-    {ns}:blocks:{worker_id}     set  the prefix-block hashes (shared/queue/prefix_blocks.py) of
-                                what the worker's prefix cache holds or is computing; rewritten
+    {ns}:blocks:{worker_id}     set  the prefix-block hashes
+                                (shared/queue/prefix/prefix_blocks.py) of what the worker's
+                                prefix cache holds or is computing; rewritten
                                 each heartbeat, added to when a slot takes a job, with a TTL
     {ns}:prefix_asks:{worker_id} list  asks for a prefix cache this worker holds, from the
-                                worker that took its job (worker/runtime/prefix_fetch.py)
+                                worker that took its job (worker/runtime/prefix/prefix_fetch.py)
     {ns}:lends:{worker_id}      string  the identity of the caches this worker lends (while its
                                 lending thread runs, with a TTL)
     {ns}:prefix_reply:{ask_id}  list  the cache file asked for, in pieces, then an empty piece
     {ns}:placement:{model}      hash  queued interactive job id -> "{worker_id}|{unix s}": the
                                 worker that holds its prefix takes it first, any worker after
-                                that time (api/queue/placement.py, worker/runtime/slots.py)
+                                that time (api/queue/placement.py, worker/runtime/intake/slots.py)
     {ns}:job_blocks:{model}     hash  queued interactive job id -> its prompt's block hashes,
                                 comma-separated, added to its taker's blocks set when taken
     {ns}:tokenizer:{model}      hash  "spec": the model's TokenizerSpec
-                                (shared/queue/prompt_tokens.py), "digest": its digest; written by
-                                each worker serving the model
+                                (shared/queue/prompt/prompt_tokens.py), "digest": its digest;
+                                written by each worker serving the model
     {ns}:worker:{worker_id}     hash  a worker's report (shared/observe/fleet.py WorkerStats):
                                 host, model, slots in use per lane, tokens/s; rewritten each
                                 heartbeat, with a TTL of a few heartbeats so a dead worker's
@@ -55,23 +56,25 @@ Layout under the namespace `ns` (default "mlxq"):
     {ns}:history:turn           string  held for one sample period by the worker taking the
                                 fleet's sample, so the fleet takes one per period
     {ns}:pools                  zset  pool agent (a machine, shared/queue/pool.py) -> its last beat
-    {ns}:pool:{machine}         string  the machine's pool report (shared/wire/pool.py PoolReport):
-                                catalog with costs, budget, loaded and loading models, loads
-                                and evictions; rewritten each beat, with a TTL of a few beats
+    {ns}:pool:{machine}         string  the machine's pool report
+                                (shared/wire/fleet/pool.py PoolReport): catalog with costs,
+                                budget, loaded and loading models, loads and evictions;
+                                rewritten each beat, with a TTL of a few beats
     {ns}:loading:{model}        string  the machine loading the model: one load at a time per
                                 model in the fleet (SET NX, a TTL of the load's time limit)
-    {ns}:load_failed:{model}    string  the last failed load of the model (shared/wire/pool.py
+    {ns}:load_failed:{model}    string  the last failed load of the model (shared/wire/fleet/pool.py
                                 LoadFailure); the API ends the waits of jobs queued before it
     {ns}:pins                   set  pinned models: loaded and kept, never evicted (`mlxq pin`)
     {ns}:pool_orders            hash  model -> an operator's order (`mlxq load|unload`,
-                                shared/wire/pool.py PoolOrder), read by every pool agent
+                                shared/wire/fleet/pool.py PoolOrder), read by every pool agent
     RQ queue "{ns}.{model}"     interactive jobs for one model (RQ prefixes its keys "rq:")
     RQ queue "{ns}.{model}.background"  background responses (and `service_tier: flex`):
                                 workers take them only when the interactive queue is empty
     RQ queue "{ns}.{model}.batch"  batch lines: taken only when both others are empty
-    {ns}:response:{id}          hash  a stored response: owner, record (shared/wire/responses.py),
-                                cancelled; TTL MLXQ_RESPONSE_TTL_S. Its events are the job's replay.
-    {ns}:file:{id}              hash  a file: owner, object (shared/wire/files.py), content
+    {ns}:response:{id}          hash  a stored response: owner, record
+                                (shared/wire/responses/responses.py), cancelled;
+                                TTL MLXQ_RESPONSE_TTL_S. Its events are the job's replay.
+    {ns}:file:{id}              hash  a file: owner, object (shared/wire/batch/files.py), content
     {ns}:files:{owner}          zset  the owner's file ids -> created_at
     {ns}:batch:{id}             hash  a batch: owner, record, status, *_at times, counters, file ids
     {ns}:batch:{id}:lines       list  the custom_id of every input line, in input order

@@ -25,9 +25,9 @@ from redis import Redis
 
 from shared.queue.keys import Keys
 from shared.queue.liveness import LIVE_FACTOR, report_ttl_ms
-from shared.wire.catalog import ModelState
 from shared.wire.errors import InvalidRequestError
-from shared.wire.pool import MIB, LoadFailure, PoolOrder, PoolReport
+from shared.wire.fleet.catalog import ModelState
+from shared.wire.fleet.pool import MIB, LoadFailure, PoolOrder, PoolReport
 
 # A pool counts as live this long at least after its last beat, whatever the heartbeat: an agent
 # on a loaded machine may miss a few beats while a model loads, and a pool taken for gone ends

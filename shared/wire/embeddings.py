@@ -18,10 +18,10 @@ from typing import Annotated, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.wire.completions import PRIORITY_LIMIT, PromptText, TokenIds
+from shared.wire.chat.completions import PRIORITY_LIMIT, PromptText, TokenIds
 from shared.wire.errors import UnsupportedParameterError
+from shared.wire.fleet.keep_alive import KeepAlive
 from shared.wire.ids import MODEL_NAME_PATTERN
-from shared.wire.keep_alive import KeepAlive
 
 MAX_INPUTS = 2048  # inputs in one request (OpenAI's limit)
 EncodingFormat = Literal["float", "base64"]
@@ -42,7 +42,7 @@ class EmbeddingRequest(BaseModel):
     user: str | None = None
     # vLLM's: lower runs earlier among the caller's own queued jobs, as for generation.
     priority: Annotated[int, Field(ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)] = 0
-    # Ollama's, as for generation (shared/wire/keep_alive.py).
+    # Ollama's, as for generation (shared/wire/fleet/keep_alive.py).
     keep_alive: KeepAlive | None = None
 
     @model_validator(mode="after")

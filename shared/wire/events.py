@@ -24,10 +24,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from shared.wire.completions import FinishReason, Usage
+from shared.wire.chat.completions import FinishReason, Usage
 from shared.wire.errors import ErrorDetail, GenerationError, MLXQError
-from shared.wire.logprobs import TokenLogprob
-from shared.wire.tools import ToolCall, ToolCallDelta
+from shared.wire.generation.logprobs import TokenLogprob
+from shared.wire.generation.tools import ToolCall, ToolCallDelta
 
 
 class StartedEvent(BaseModel):

@@ -18,7 +18,7 @@ from api import create_app
 from api.stores.batch_feed import CHUNK_LINES
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
-from shared.wire.batches import line_job_id
+from shared.wire.batch.batches import line_job_id
 from tests.support import CHAT, MODEL, batch_body, chat_line, post_file, rq_queue, taken_in
 
 # More lines than one chunk, so a batch is queued in several.

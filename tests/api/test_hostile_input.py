@@ -18,7 +18,7 @@ from redis.client import PubSub
 from werkzeug.test import TestResponse
 
 from shared.queue.keys import Keys
-from shared.wire.completions import MAX_CONTENT_CHARS, MAX_MESSAGES, MAX_STOP_CHARS, MAX_TOKENS
+from shared.wire.chat.completions import MAX_CONTENT_CHARS, MAX_MESSAGES, MAX_STOP_CHARS, MAX_TOKENS
 from tests.support import MODEL, assert_openai_error, rq_queue
 from worker.ops.cluster import wait_until
 

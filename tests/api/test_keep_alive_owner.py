@@ -1,4 +1,4 @@
-"""A model's lifetime is the operator's (shared/wire/keep_alive.py, api/queue/admission.py): a
+"""A model's lifetime is the operator's (shared/wire/fleet/keep_alive.py, api/queue/admission.py): a
 key that is not an operator's gets a 400 naming `keep_alive` for 0 (unload now) or a negative
 value (keep loaded), on every generating route, before anything is queued; an operator key
 may send them. A stand-in worker serves the model, so a request that passes is queued."""

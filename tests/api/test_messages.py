@@ -17,18 +17,18 @@ from werkzeug.test import TestResponse
 
 from api import create_app
 from api.http.sse import named_frame
-from api.routes.messages import frames_of
+from api.routes.anthropic.messages import frames_of
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
-from shared.wire.completions import Usage
-from shared.wire.events import DoneEvent, TokenEvent
-from shared.wire.message_answers import (
+from shared.wire.anthropic.message_answers import (
     ContentBlockDelta,
     ContentBlockStart,
     MessageDelta,
     MessageStream,
 )
-from shared.wire.tools import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta
+from shared.wire.chat.completions import Usage
+from shared.wire.events import DoneEvent, TokenEvent
+from shared.wire.generation.tools import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta
 from tests.support import CHAT, MODEL, finish_queued, rq_job, rq_queue, taken_in
 from worker.ops.cluster import wait_until
 

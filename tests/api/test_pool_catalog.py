@@ -17,7 +17,7 @@ from redis import Redis
 
 from shared.queue.keys import Keys
 from shared.queue.pool import publish_report, record_failure
-from shared.wire.pool import MIB, CatalogEntry, LoadFailure, ModelCost, PoolReport
+from shared.wire.fleet.pool import MIB, CatalogEntry, LoadFailure, ModelCost, PoolReport
 from tests.support import CHAT, MESSAGES, assert_openai_error, rq_queue
 from worker.ops.cluster import wait_until
 

@@ -43,7 +43,7 @@ def test_worker_modules_load_where_flask_cannot_be_imported() -> None:
         "engine.prepare",
         "runtime.loop",
         "runtime.job_function",
-        "runtime.slots",
+        "runtime.intake.slots",
         "ops.stack",
         "ops.cli",
         "gguf.convert",

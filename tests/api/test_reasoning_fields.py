@@ -37,7 +37,7 @@ from redis.client import PubSub
 from werkzeug.test import TestResponse
 
 from shared.queue.keys import Keys
-from shared.wire.reasoning_blob import encode_reasoning_blob
+from shared.wire.responses.reasoning_blob import encode_reasoning_blob
 from tests.api.test_messages import assert_anthropic_error
 from tests.shared.thinking_template import word_spec
 from tests.support import CHAT, MODEL, assert_openai_error, chat, finish_queued, rq_job, rq_queue

@@ -10,10 +10,10 @@ import pytest
 from flask import Flask
 
 from api.stores.responses import ResponseStore
-from shared.wire.completions import Usage
+from shared.wire.chat.completions import Usage
 from shared.wire.events import DoneEvent, Event, StartedEvent
-from shared.wire.response_state import JobView
-from shared.wire.responses import ResponsesRequest, StoredResponse
+from shared.wire.responses.response_state import JobView
+from shared.wire.responses.responses import ResponsesRequest, StoredResponse
 
 DONE = DoneEvent(
     finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from openai._streaming import SSEDecoder
 
 from api.http.sse import DONE, KEEPALIVE, event_frame, frame, token_framer
-from shared.wire.answers import ChatChunkChoice, ChatCompletionChunk, ChunkDelta
+from shared.wire.chat.answers import ChatChunkChoice, ChatCompletionChunk, ChunkDelta
 from shared.wire.events import TokenEvent
 
 # Any text a model can produce: every code point but surrogates, newlines and SSE syntax included.

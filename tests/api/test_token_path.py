@@ -27,7 +27,7 @@ from api import create_app
 from api.queue.relay import EventRelay
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
-from shared.wire.completions import Usage
+from shared.wire.chat.completions import Usage
 from shared.wire.events import (
     AliveEvent,
     DoneEvent,

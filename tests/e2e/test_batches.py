@@ -12,7 +12,7 @@ from shared.observe.fleet import read_snapshot
 from shared.observe.metrics import JobRecord
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
-from shared.wire.batches import StoredBatch
+from shared.wire.batch.batches import StoredBatch
 from tests.support import (
     CHAT,
     MODEL,

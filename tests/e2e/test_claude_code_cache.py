@@ -1,6 +1,6 @@
 """A Claude Code session through Anthropic's SDK hits the worker's prefix cache from turn 2,
 although each of its requests opens its system prompt with a new billing nonce
-(shared/wire/billing_line.py)."""
+(shared/wire/anthropic/billing_line.py)."""
 
 from __future__ import annotations
 

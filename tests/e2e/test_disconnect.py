@@ -21,7 +21,7 @@ from api.queue.broker import standalone
 from shared.queue.config import Settings
 from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
-from shared.wire.sampling import SamplingParams
+from shared.wire.generation.sampling import SamplingParams
 from tests.support import MODEL, Stream, chat_body, rq_queue, stand_in_worker
 from worker.ops.cluster import Cluster, wait_until
 

@@ -25,7 +25,7 @@ from rq.serializers import JSONSerializer
 from shared.queue.config import Settings
 from shared.queue.jobs import JOB_FUNCTION, GenerationJob, JobLimits
 from shared.queue.keys import Keys
-from shared.wire.completions import ChatMessage
+from shared.wire.chat.completions import ChatMessage
 from shared.wire.ids import new_id
 from tests.e2e.conftest import ARTIFACTS
 from tests.support import MODEL, chat_line, start_batch

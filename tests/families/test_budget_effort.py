@@ -1,6 +1,7 @@
 """Anthropic's `thinking.budget_tokens` on gpt-oss, whose template sets its reasoning length by
 effort: the budget reaches the real gpt-oss template as the effort it stands for
-(shared/wire/reasoning.py `budget_effort`), counted by the API as the worker renders it."""
+(shared/wire/generation/reasoning.py `budget_effort`), counted by the API as the worker renders
+it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from shared.queue.prompt_tokens import chat_input
-from shared.wire.messages import MessagesInput
+from shared.queue.prompt.prompt_tokens import chat_input
+from shared.wire.anthropic.messages import MessagesInput
 from tests.families.vocab import family_tokenizer
 
 

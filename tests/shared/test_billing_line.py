@@ -1,5 +1,5 @@
-"""Claude Code's billing line (shared/wire/billing_line.py): removed from the first system block
-of a /v1/messages request in exactly its form, kept everywhere else."""
+"""Claude Code's billing line (shared/wire/anthropic/billing_line.py): removed from the first system
+block of a /v1/messages request in exactly its form, kept everywhere else."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from shared.wire.billing_line import without_billing_line
-from shared.wire.messages import MessagesInput
+from shared.wire.anthropic.billing_line import without_billing_line
+from shared.wire.anthropic.messages import MessagesInput
 
 LINE = "x-anthropic-billing-header: cc_version=2.1.37.3a1; cc_entrypoint=cli; cch=9f0c2;"
 PROMPT = "You are Claude Code, Anthropic's official CLI for Claude."

@@ -9,7 +9,7 @@ from typing import Any
 import llguidance
 import pytest
 
-from shared.wire.tools import CALL_END, CALL_START, ChatTool, FunctionDefinition, ToolUse
+from shared.wire.generation.tools import CALL_END, CALL_START, ChatTool, FunctionDefinition, ToolUse
 
 WEATHER: dict[str, Any] = {
     "type": "object",

@@ -1,13 +1,13 @@
-"""The API's cache of compiled grammars (shared/wire/grammar.py) is bounded by the bytes of the
-grammars it holds, not by their count: a key sending megabyte schemas cannot grow it."""
+"""The API's cache of compiled grammars (shared/wire/generation/grammar.py) is bounded by the bytes
+of the grammars it holds, not by their count: a key sending megabyte schemas cannot grow it."""
 
 from __future__ import annotations
 
 import pytest
 from cachetools import LRUCache
 
-from shared.wire import grammar
-from shared.wire.grammar import grammar_for_schema
+from shared.wire.generation import grammar
+from shared.wire.generation.grammar import grammar_for_schema
 
 
 def _schema(i: int, width: int) -> dict[str, object]:

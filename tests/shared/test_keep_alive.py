@@ -1,5 +1,5 @@
-"""Ollama's keep_alive as requests and settings give it (shared/wire/keep_alive.py), and who may
-set a shared model's lifetime: operators alone unload or pin it, other keys only lengthen its
+"""Ollama's keep_alive as requests and settings give it (shared/wire/fleet/keep_alive.py), and who
+may set a shared model's lifetime: operators alone unload or pin it, other keys only lengthen its
 stay (the pool's rule, and each worker's record of what its requests asked)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from shared.wire.errors import InvalidRequestError
-from shared.wire.keep_alive import FOREVER, asked, keep_alive_seconds, stay_s
+from shared.wire.fleet.keep_alive import FOREVER, asked, keep_alive_seconds, stay_s
 from worker.runtime.recency import Recency
 
 

@@ -4,14 +4,14 @@ Responses API's reasoning item before the message."""
 
 from __future__ import annotations
 
-from shared.wire.answers import Transcripts, chat_completion
-from shared.wire.completions import ChatCompletionRequest, CompletionTokensDetails, Usage
+from shared.wire.anthropic.message_answers import MessageStream, message
+from shared.wire.chat.answers import Transcripts, chat_completion
+from shared.wire.chat.completions import ChatCompletionRequest, CompletionTokensDetails, Usage
 from shared.wire.events import DoneEvent, Event, StartedEvent, TokenEvent
-from shared.wire.message_answers import MessageStream, message
-from shared.wire.reasoning_blob import decode_reasoning_blob
-from shared.wire.response_events import ResponseStream
-from shared.wire.response_state import Progress, render
-from shared.wire.responses import ResponsesRequest, StoredResponse
+from shared.wire.responses.reasoning_blob import decode_reasoning_blob
+from shared.wire.responses.response_events import ResponseStream
+from shared.wire.responses.response_state import Progress, render
+from shared.wire.responses.responses import ResponsesRequest, StoredResponse
 
 USAGE = Usage(
     prompt_tokens=5,

@@ -1,7 +1,7 @@
 """Reasoning sent back in history, and the reasoning controls, reach the chat template as the
-families' templates read them, on the API's renderer (shared/queue/prompt_tokens.py); the
+families' templates read them, on the API's renderer (shared/queue/prompt/prompt_tokens.py); the
 worker renders the same (tests/worker/test_reasoning_template.py). Also the opaque reasoning
-value (shared/wire/reasoning_blob.py) and the context window's ceiling.
+value (shared/wire/responses/reasoning_blob.py) and the context window's ceiling.
 
 The template (tests/shared/thinking_template.py) reads what Qwen3's and gpt-oss's read.
 """
@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from shared.queue.context_window import completion_budget
 from shared.queue.jobs import job_for
-from shared.queue.prompt_tokens import PromptCounter, job_chat_input
-from shared.wire.completions import ChatCompletionRequest
+from shared.queue.prompt.context_window import completion_budget
+from shared.queue.prompt.prompt_tokens import PromptCounter, job_chat_input
+from shared.wire.anthropic.messages import MessagesRequest
+from shared.wire.chat.completions import ChatCompletionRequest
 from shared.wire.errors import ContextLengthError, InvalidRequestError
-from shared.wire.messages import MessagesRequest
-from shared.wire.reasoning import ReasoningControl
-from shared.wire.reasoning_blob import decode_reasoning_blob, encode_reasoning_blob
-from shared.wire.responses import ResponsesRequest
+from shared.wire.generation.reasoning import ReasoningControl
+from shared.wire.responses.reasoning_blob import decode_reasoning_blob, encode_reasoning_blob
+from shared.wire.responses.responses import ResponsesRequest
 from tests.shared.thinking_template import HISTORY, THINKING_TEMPLATE, word_spec
 
 # A template that uses a variable as text: a client's variable of another type breaks it.

@@ -3,13 +3,13 @@ every event as the original did; the derived response object follows the same ev
 
 from __future__ import annotations
 
-from shared.wire.completions import Usage
+from shared.wire.chat.completions import Usage
 from shared.wire.errors import ErrorDetail
 from shared.wire.events import DoneEvent, ErrorEvent, Event, StartedEvent, TokenEvent
-from shared.wire.response_events import ResponseStream
-from shared.wire.response_state import JobView, Progress, derive
-from shared.wire.responses import ResponsesRequest, StoredResponse
-from shared.wire.tools import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta
+from shared.wire.generation.tools import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta
+from shared.wire.responses.response_events import ResponseStream
+from shared.wire.responses.response_state import JobView, Progress, derive
+from shared.wire.responses.responses import ResponsesRequest, StoredResponse
 
 USAGE = Usage(prompt_tokens=5, completion_tokens=3, total_tokens=8)
 EVENTS: list[Event] = [

@@ -7,7 +7,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
-from shared.wire.sampling import SamplingParams
+from shared.wire.generation.sampling import SamplingParams
 from worker.engine.batch.mlx_lm_decode import use_decode_batch
 from worker.engine.sequence.sampling import greedy, make_sampler
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shared.queue.jobs import job_for
-from shared.wire.completions import ChatCompletionRequest
+from shared.wire.chat.completions import ChatCompletionRequest
 from shared.wire.errors import ContextLengthError
 from tests.support import MODEL
 from worker.engine.generation import Engine, EngineSettings

@@ -28,8 +28,8 @@ from mlx_lm.models import activations, base, llama
 from mlx_lm.models.cache import make_prompt_cache
 
 from shared.queue.config import Settings
-from shared.wire.logprobs import TokenLogprob
-from shared.wire.sampling import SamplingParams
+from shared.wire.generation.logprobs import TokenLogprob
+from shared.wire.generation.sampling import SamplingParams
 from tests.support import MODEL
 from worker.engine.batch.slot_batch import SlotBatch
 from worker.engine.batch.token_batch import PREFILL_CHUNK

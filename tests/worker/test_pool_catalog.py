@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from shared.queue.config import Settings
-from shared.wire.keep_alive import FOREVER
-from shared.wire.pool import MIB
+from shared.wire.fleet.keep_alive import FOREVER
+from shared.wire.fleet.pool import MIB
 from worker.engine.embedding.download import DEFAULT_EMBEDDER_NAME, ensure_default_embedder
 from worker.gguf.default_model import default_model_dtype, ensure_default_model
 from worker.pool.catalog import read_catalog

@@ -20,23 +20,23 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from redis import Redis
 
-from shared.queue.cache_scope import UNSCOPED
 from shared.queue.keys import Keys
-from shared.queue.prefix_blocks import HeldPrompt, block_hashes
+from shared.queue.prefix.cache_scope import UNSCOPED
+from shared.queue.prefix.prefix_blocks import HeldPrompt, block_hashes
 from worker.engine.prefix_cache import PrefixCache
 from worker.engine.prefix_disk import DiskTier
 from worker.engine.prefix_file import file_name
 from worker.engine.prefix_identity import model_identity, probe, probe_layout, token_bytes
 from worker.engine.prepare import PreparedJob
 from worker.ops.cluster import wait_until
-from worker.runtime.prefix_fetch import (
+from worker.runtime.prefix.prefix_fetch import (
     MIN_GAIN_TOKENS,
     RECOVER_S,
     FetchRule,
     PrefixFetch,
     held_tokens,
 )
-from worker.runtime.prefix_lend import Ask, Header, LendBounds, Lender
+from worker.runtime.prefix.prefix_lend import Ask, Header, LendBounds, Lender
 
 HISTORY = list(range(1, 41))
 PROMPT = [*HISTORY, 50, 51]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from shared.wire.tools import CALL_END, CALL_START
+from shared.wire.generation.tools import CALL_END, CALL_START
 from worker.engine.sequence.harmony import HarmonySplit, HarmonyTokens
 from worker.engine.sequence.reasoning import ReasoningGate, ThinkMarkers, ThinkSplit
 

@@ -12,10 +12,10 @@ from mlx_lm.utils import load_tokenizer
 
 from shared.queue.config import Settings
 from shared.queue.jobs import job_for
-from shared.queue.prompt_tokens import PromptCounter, job_chat_input
-from shared.wire.completions import ChatCompletionRequest
+from shared.queue.prompt.prompt_tokens import PromptCounter, job_chat_input
+from shared.wire.anthropic.messages import MessagesRequest
+from shared.wire.chat.completions import ChatCompletionRequest
 from shared.wire.errors import ContextLengthError
-from shared.wire.messages import MessagesRequest
 from tests.shared.thinking_template import HISTORY, THINKING_TEMPLATE
 from tests.support import MODEL
 from worker.engine.model import LoadedModel, load_model

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-from shared.wire.sampling import SamplingParams
+from shared.wire.generation.sampling import SamplingParams
 from tests.worker.tiny_models import TINY_LLAMA, VOCAB, tiny_model
 from worker.engine.batch.quantized_kv import KVQuantization, prompt_cache
 from worker.engine.batch.slot_batch import SlotBatch

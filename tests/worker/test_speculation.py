@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from shared.wire.sampling import SamplingParams
+from shared.wire.generation.sampling import SamplingParams
 from tests.worker.tiny_models import TINY_LLAMA, tiny_model
 from worker.engine.batch.slot_batch import SlotBatch
 from worker.engine.batch.types import Entry, Token
@@ -120,7 +120,7 @@ def test_a_row_that_predicted_its_answer_keeps_the_prediction_as_drafts(tiny: An
 
 def test_a_chat_request_s_prediction_reaches_its_job_as_text() -> None:
     from shared.queue.jobs import job_for
-    from shared.wire.completions import ChatCompletionRequest
+    from shared.wire.chat.completions import ChatCompletionRequest
 
     body = {
         "model": "m",
@@ -133,7 +133,7 @@ def test_a_chat_request_s_prediction_reaches_its_job_as_text() -> None:
 def test_the_default_model_repeating_its_prediction_reports_the_accepted_tokens() -> None:
     from shared.queue.config import Settings
     from shared.queue.jobs import job_for
-    from shared.wire.completions import ChatCompletionRequest
+    from shared.wire.chat.completions import ChatCompletionRequest
     from worker.engine.generation import Engine, EngineSettings
     from worker.engine.model import load_model
 

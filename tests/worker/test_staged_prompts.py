@@ -13,7 +13,7 @@ import pytest
 
 from shared.queue.config import Settings
 from shared.queue.jobs import job_for
-from shared.wire.completions import CompletionRequest
+from shared.wire.chat.completions import CompletionRequest
 from tests.support import MODEL
 from worker.engine.generation import Engine, EngineSettings, StepOutput
 from worker.engine.model import LoadedModel, load_model

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from shared.observe.fleet import FleetSnapshot, LaneView, ModelView, WorkerView
 from shared.queue.jobs import LANES
-from shared.wire.pool import HeldModel, PoolEvent, PoolReport
+from shared.wire.fleet.pool import HeldModel, PoolEvent, PoolReport
 from worker.ops.status import render
 
 

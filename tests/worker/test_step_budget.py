@@ -12,7 +12,7 @@ import pytest
 
 from shared.queue.config import Settings
 from shared.queue.jobs import job_for
-from shared.wire.completions import ChatCompletionRequest
+from shared.wire.chat.completions import ChatCompletionRequest
 from tests.support import MODEL
 from worker.engine.batch.slot_batch import SlotBatch
 from worker.engine.batch.token_batch import PREFILL_CHUNK

@@ -13,13 +13,13 @@ import pytest
 from shared.queue.config import Settings
 from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
-from shared.queue.prefix_blocks import block_hashes
-from shared.queue.prompt_tokens import PromptCounter
-from shared.wire.completions import ChatMessage
+from shared.queue.prefix.prefix_blocks import block_hashes
+from shared.queue.prompt.prompt_tokens import PromptCounter
+from shared.wire.chat.completions import ChatMessage
 from worker.engine.doubles.synthetic import SyntheticEngine
 from worker.engine.doubles.synthetic_prefill import SyntheticPrefill, SyntheticPrefixCache
 from worker.engine.generation import StepOutput
-from worker.runtime.prefix_report import PrefixReport
+from worker.runtime.prefix.prefix_report import PrefixReport
 from worker.runtime.serve import build_synthetic
 
 COST_S = 0.0005  # per uncached prompt token

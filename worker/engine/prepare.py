@@ -1,10 +1,10 @@
 """A job turned into what the batch needs, outside the engine loop (in the job's RQ slot thread).
 
-`Preparer.prepare` renders and tokenizes the prompt (shared/queue/prompt_tokens.py's `chat_input`,
-as
-the API counts it), applies the context-window rule (shared/queue/context_window.py), and builds one
-`ChoiceSetup` per requested choice (`n`): its sampler and, only where the job asked for them,
-logits processors (penalties, logit bias, a grammar), a logprob recorder and a tool-call
+`Preparer.prepare` renders and tokenizes the prompt (shared/queue/prompt/prompt_tokens.py's
+`chat_input`, as
+the API counts it), applies the context-window rule (shared/queue/prompt/context_window.py), and
+builds one `ChoiceSetup` per requested choice (`n`): its sampler and, only where the job asked for
+them, logits processors (penalties, logit bias, a grammar), a logprob recorder and a tool-call
 scanner. Every choice gets objects of its own: they keep per-sequence state.
 """
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from mlx_lm.sample_utils import LogitsProcessor
 
-from shared.queue.cache_scope import UNSCOPED
-from shared.queue.context_window import completion_budget
 from shared.queue.jobs import GenerationJob
-from shared.queue.prompt_tokens import (
+from shared.queue.prefix.cache_scope import UNSCOPED
+from shared.queue.prompt.context_window import completion_budget
+from shared.queue.prompt.prompt_tokens import (
     ChatInput,
     job_chat_input,
     knows_developer_role,
@@ -25,13 +25,13 @@ from shared.queue.prompt_tokens import (
 )
 from shared.wire.errors import ContextLengthError, InvalidRequestError
 from worker.engine.model import LoadedModel
+from worker.engine.sequence.calls.tool_calls import ToolCallScanner, ToolFormat
 from worker.engine.sequence.grammar import GrammarConstraint, Grammars
 from worker.engine.sequence.harmony import HarmonySplit, HarmonyTokens
 from worker.engine.sequence.logprobs import LogprobRecorder
 from worker.engine.sequence.processors import processors_for
 from worker.engine.sequence.reasoning import ReasoningGate, Split, ThinkMarkers, ThinkSplit
 from worker.engine.sequence.sampling import Sampler, make_sampler
-from worker.engine.sequence.tool_calls import ToolCallScanner, ToolFormat
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class PreparedJob:
     # A client waits on it (not a background response or a batch line): its prefill is paced.
     interactive: bool = True
     # Whose prefix cache entries it reuses and adds to, and whether those may go to disk
-    # (shared/queue/cache_scope.py, shared/queue/jobs.py).
+    # (shared/queue/prefix/cache_scope.py, shared/queue/jobs.py).
     cache_scope: str = UNSCOPED
     keep_on_disk: bool = True
     # The tokens of the text it predicted (OpenAI's `prediction`): a draft source.
@@ -158,8 +158,8 @@ class Preparer:
         split: Split | None = None
         budget = job.reasoning.budget_tokens if job.reasoning is not None else None
         if job.messages is not None and self._harmony is not None:
-            # A budget reached the template as an effort (shared/wire/reasoning.py): harmony
-            # sets its reasoning length by effort, and its analysis is not cut short.
+            # A budget reached the template as an effort (shared/wire/generation/reasoning.py):
+            # harmony sets its reasoning length by effort, and its analysis is not cut short.
             split = HarmonySplit(self._harmony)
             if grammar is not None:
                 raise InvalidRequestError(

@@ -20,7 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from shared.wire.logprobs import TokenLogprob
+from shared.wire.generation.logprobs import TokenLogprob
 from worker.engine.batch.quantized_kv import KVQuantization, prompt_cache
 from worker.engine.batch.token_batch import PREFILL_CHUNK
 from worker.engine.prefix_cache import Reuse

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 import openai
 
-from shared.wire.batches import Batch
-from shared.wire.files import FileObject
+from shared.wire.batch.batches import Batch
+from shared.wire.batch.files import FileObject
 
 FINAL = ("completed", "failed", "expired", "cancelled")
 T = TypeVar("T")

@@ -55,7 +55,7 @@ def _order(args: argparse.Namespace, settings: Settings) -> int:
     from shared.queue import pool
     from shared.queue.connection import connect
     from shared.queue.keys import Keys
-    from shared.wire.pool import PoolOrder
+    from shared.wire.fleet.pool import PoolOrder
 
     redis, keys = connect(settings), Keys(settings.namespace)
     if args.command in ("pin", "unpin"):

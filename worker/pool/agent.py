@@ -49,8 +49,8 @@ from shared.queue.config import Settings
 from shared.queue.connection import connect
 from shared.queue.keys import Keys
 from shared.queue.liveness import live_workers
-from shared.wire.keep_alive import FOREVER, stay_s
-from shared.wire.pool import MIB, LoadFailure, PoolEvent, PoolOrder, PoolReport
+from shared.wire.fleet.keep_alive import FOREVER, stay_s
+from shared.wire.fleet.pool import MIB, LoadFailure, PoolEvent, PoolOrder, PoolReport
 from worker.ops.cluster import reap
 from worker.pool import held as processes
 from worker.pool.budget import Candidate, budget_bytes, to_evict

@@ -2,7 +2,7 @@
 
 The budget (MLXQ_POOL_BUDGET_MB, else MLXQ_POOL_BUDGET_SHARE of the machine: of its RAM on
 Linux, of MLX's recommended working set on a Mac) bounds the costs of every model the pool
-holds or loads (shared/wire/pool.py ModelCost: weights, KV at rows x context, prefix cache,
+holds or loads (shared/wire/fleet/pool.py ModelCost: weights, KV at rows x context, prefix cache,
 headroom), so by default no worker runs the machine out of memory.
 
 Eviction takes idle models only (no job running or waiting, not pinned, loaded longer than
@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 
 from shared.queue.config import Settings
-from shared.wire.pool import MIB
+from shared.wire.fleet.pool import MIB
 
 RELOAD_WEIGHT = 10.0
 

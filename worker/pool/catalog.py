@@ -8,7 +8,7 @@ config.json and safetensors weights, an embedding model when it holds a sentence
 layout (worker/engine/embedding/download.py). It is read again every few seconds, so a model
 dropped into the folder is served on its first request, with no restart.
 
-A model's cost (shared/wire/pool.py ModelCost) is read from its files only:
+A model's cost (shared/wire/fleet/pool.py ModelCost) is read from its files only:
 - weights: the sizes of its safetensors files;
 - KV per token: layers x KV heads x 2 (keys and values) x one head's vector, in its activations'
   dtype or quantized as MLXQ_KV_BITS stores it, from config.json and the safetensors header
@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from shared.queue.config import Settings
-from shared.wire.catalog import ModelKind
-from shared.wire.keep_alive import keep_alive_seconds
-from shared.wire.pool import MIB, CatalogEntry, ModelCost
+from shared.wire.fleet.catalog import ModelKind
+from shared.wire.fleet.keep_alive import keep_alive_seconds
+from shared.wire.fleet.pool import MIB, CatalogEntry, ModelCost
 from worker.engine.embedding.download import is_embedder_dir
 from worker.engine.hub import cached_folder
 from worker.engine.model_config import (

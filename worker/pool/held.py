@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shared.queue.config import Settings
-from shared.wire.pool import MIB, HeldModel
+from shared.wire.fleet.pool import MIB, HeldModel
 from worker.ops.cluster import WORKER, Worker, environment, rss_mb, spawn
 from worker.pool.catalog import Found
 from worker.pool.spare import Spare

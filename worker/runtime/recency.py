@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.wire.keep_alive import FOREVER
+from shared.wire.fleet.keep_alive import FOREVER
 
 
 @dataclass
@@ -17,7 +17,7 @@ class Recency:
 
     def note(self, at: float, keep_alive_s: float | None) -> None:
         """A job ended at `at`, having asked `keep_alive_s`: the model stays at least as long as
-        an earlier request asked (no key shortens another's: shared/wire/keep_alive.py), but
+        an earlier request asked (no key shortens another's: shared/wire/fleet/keep_alive.py), but
         an operator's 0 or FOREVER is its order, as it is."""
         earlier = self.keep_alive_s
         if keep_alive_s in (0, FOREVER):

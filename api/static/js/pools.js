@@ -1,7 +1,7 @@
 // Each machine's model pool, from the /v1/fleet snapshot that fleet.js polls (its `pools`: one
-// PoolReport of shared/wire/pool.py per machine): the memory its models are counted at against
-// its budget and what its workers measure, the models it holds and on which worker, and its last
-// loads, unloads, evictions and failed loads. A fleet of fixed workers has no pool.
+// PoolReport of shared/wire/fleet/pool.py per machine): the memory its models are counted at
+// against its budget and what its workers measure, the models it holds and on which worker, and its
+// last loads, unloads, evictions and failed loads. A fleet of fixed workers has no pool.
 import { $, ago, cell, clock, fill, seconds } from "./dom.js";
 
 const MIB = 2 ** 20;

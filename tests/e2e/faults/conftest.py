@@ -25,7 +25,7 @@ from rq.job import Job
 from shared.queue import pool as pools
 from shared.queue.config import Settings
 from shared.queue.liveness import worker_of
-from shared.wire.pool import MIB, PoolReport
+from shared.wire.fleet.pool import MIB, PoolReport
 from tests.support import MODEL, REAL_ENGINE, rq_job, rq_queue
 from worker.gguf.default_model import ensure_default_model
 from worker.ops.cluster import Cluster, Worker, wait_until

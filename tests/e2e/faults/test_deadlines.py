@@ -16,7 +16,7 @@ import pytest
 
 from shared.queue.jobs import JOB_FUNCTION, GenerationJob, JobLimits
 from shared.wire.events import DoneEvent, ErrorEvent, Event, decode_event
-from shared.wire.sampling import SamplingParams
+from shared.wire.generation.sampling import SamplingParams
 from tests.e2e.faults.conftest import started_ids
 from tests.support import MODEL, chat_body, post, rq_job, rq_queue
 from worker.ops.cluster import Cluster, wait_until

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from shared.wire.completions import PRIORITY_LIMIT
+from shared.wire.chat.completions import PRIORITY_LIMIT
 from tests.support import CHAT, MODEL, rq_queue
 from worker.ops.cluster import Cluster
 

@@ -27,7 +27,7 @@ import pytest
 from shared.observe.fleet import read_snapshot
 from shared.queue import pool as pools
 from shared.queue.liveness import worker_of
-from shared.wire.pool import MIB, PoolReport
+from shared.wire.fleet.pool import MIB, PoolReport
 from tests.e2e.faults.conftest import (
     HEADROOM_MB,
     LOAD_S,

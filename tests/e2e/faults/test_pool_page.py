@@ -14,7 +14,7 @@ import openai
 import pytest
 from playwright.sync_api import Browser, Locator, Page
 
-from shared.wire.pool import PoolReport
+from shared.wire.fleet.pool import PoolReport
 from tests.e2e.conftest import ARTIFACTS
 from tests.e2e.faults.conftest import ask, pool_report, start_pool_cluster
 from worker.ops.cluster import Cluster, wait_until

@@ -18,7 +18,7 @@ import pytest
 from api.queue.broker import standalone
 from shared.queue.jobs import GenerationJob
 from shared.wire.events import RequeuedEvent, decode_event
-from shared.wire.sampling import SamplingParams
+from shared.wire.generation.sampling import SamplingParams
 from tests.e2e.faults.conftest import exactly_workers, started_ids
 from tests.support import MODEL, STORY, Reply, Stream, chat_body, post, rq_job, rq_queue
 from worker.ops.cluster import Cluster, wait_until

@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from shared.queue.jobs import job_for
-from shared.wire.completions import ChatCompletionRequest
+from shared.wire.chat.completions import ChatCompletionRequest
 from tests.support import CHAT, MODEL
 from worker.ops.cluster import Cluster, free_port, wait_until
 

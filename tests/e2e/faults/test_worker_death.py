@@ -21,7 +21,7 @@ from api.queue.broker import standalone
 from shared.queue.jobs import JOB_FUNCTION, GenerationJob
 from shared.queue.liveness import LIVE_FACTOR
 from shared.wire.events import DoneEvent, RequeuedEvent, StartedEvent, decode_event
-from shared.wire.sampling import SamplingParams
+from shared.wire.generation.sampling import SamplingParams
 from tests.e2e.faults.conftest import HEARTBEAT_S, exactly_workers, holder, started_ids
 from tests.support import MODEL, STORY, Stream, chat_body, post, rq_job, rq_queue
 from worker.ops.cluster import Cluster, wait_until

@@ -6,11 +6,11 @@ prompt tokens as the API does, keep a prefix cache, and take longer for what is 
 with MLXQ_SYNTHETIC_PREFILL_S_PER_TOKEN above 0 a synthetic worker:
 
 - tokenizes each prompt with its served model's real tokenizer, through the `PromptCounter` the
-  API builds from the spec the worker publishes (shared/queue/prompt_tokens.py), so both sides
-  see the same token ids and so the same block hashes;
+  API builds from the spec the worker publishes (shared/queue/prompt/prompt_tokens.py), so both
+  sides see the same token ids and so the same block hashes;
 - keeps a bounded LRU of the token sequences it has prefilled (`SyntheticPrefixCache`), each
-  under its job's cache scope, whose `held` is what worker/runtime/prefix_report.py publishes,
-  as from the real `PrefixCache`;
+  under its job's cache scope, whose `held` is what worker/runtime/prefix/prefix_report.py
+  publishes, as from the real `PrefixCache`;
 - charges each step the prompt tokens it prefills that are not in that cache, at the configured
   seconds per token, up to the step's prefill budget (MLXQ_PREFILL_TOKENS), in admission order,
   as the real engine's chunked prefill does; a sequence's first token comes in the step its
@@ -30,8 +30,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from shared.queue.jobs import GenerationJob
-from shared.queue.prefix_blocks import HeldPrompt
-from shared.queue.prompt_tokens import PromptCounter
+from shared.queue.prefix.prefix_blocks import HeldPrompt
+from shared.queue.prompt.prompt_tokens import PromptCounter
 from worker.engine.prepare import PreparedJob
 
 _Key = tuple[str, tuple[int, ...]]  # a scope and its tokens

@@ -1,4 +1,5 @@
-"""Constrained decoding: a job's grammar (shared/wire/grammar.py) enforced token by token.
+"""Constrained decoding: a job's grammar (shared/wire/generation/grammar.py) enforced token by
+token.
 
 One llguidance matcher per constrained sequence, as a logits processor
 (worker/engine/sequence/processors.py's

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from shared.wire.tools import CALL_END, CALL_START
+from shared.wire.generation.tools import CALL_END, CALL_START
 
 _RECIPIENT = re.compile(r"to=(\S+)")
 

@@ -19,7 +19,7 @@ from typing import TypeVar, cast
 
 import mlx.core as mx
 
-from shared.wire.logprobs import TokenLogprob, TopLogprob
+from shared.wire.generation.logprobs import TokenLogprob, TopLogprob
 from worker.engine.sequence.sampling import Sampler
 
 T = TypeVar("T", bound=TopLogprob)

@@ -20,7 +20,7 @@ from typing import cast
 import mlx.core as mx
 from mlx_lm.sample_utils import LogitsProcessor
 
-from shared.wire.sampling import SamplingParams
+from shared.wire.generation.sampling import SamplingParams
 
 
 class Penalties:

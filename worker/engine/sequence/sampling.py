@@ -15,7 +15,7 @@ from collections.abc import Callable
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-from shared.wire.sampling import SamplingParams
+from shared.wire.generation.sampling import SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
 

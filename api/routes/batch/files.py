@@ -1,0 +1,103 @@
+"""/v1/files: upload (multipart, purpose=batch), retrieve, content, delete, list."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, request
+from pydantic import BaseModel, ValidationError
+
+from api.backend import backend
+from api.http.auth import owner_id
+from api.limits.quotas import quotas
+from api.limits.shares import takes_a_request
+from api.stores.files import FileStore
+from api.stores.idempotency import idempotent
+from api.stores.listing import parse_query
+from shared.wire.batch.files import ExpiresAfter, FileListQuery
+from shared.wire.digits import parse_integer
+from shared.wire.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedParameterError
+
+bp = Blueprint("files", __name__)
+
+# Room for the multipart framing and the other form fields around the file itself.
+FORM_OVERHEAD_BYTES = 64 * 1024
+FORM_FIELDS = {"purpose", "expires_after[anchor]", "expires_after[seconds]"}
+MAX_FILENAME_CHARS = 255
+
+
+def store() -> FileStore:
+    b = backend()
+    return FileStore(b.redis, b.keys, b.settings.batch_ttl_s, quotas())
+
+
+def _json(model: BaseModel, status: int = 200) -> Response:
+    return Response(model.model_dump_json(), status=status, mimetype="application/json")
+
+
+@bp.before_request
+def _upload_cap() -> None:
+    """An upload may be larger than other bodies: its cap is set before anything reads it."""
+    if request.endpoint == "files.create_file":
+        request.max_content_length = backend().settings.max_file_bytes + FORM_OVERHEAD_BYTES
+
+
+@bp.post("/v1/files")
+@takes_a_request
+@idempotent
+def create_file() -> Response:
+    cap = backend().settings.max_file_bytes
+    upload = request.files.get("file")
+    if upload is None:
+        raise InvalidRequestError("Missing the 'file' form field.", param="file")
+    unknown = sorted(str(name) for name in set(request.form) - FORM_FIELDS)
+    if unknown:
+        raise InvalidRequestError(
+            f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0]
+        )
+    purpose = request.form.get("purpose")
+    if purpose != "batch":
+        raise UnsupportedParameterError(
+            f"purpose {purpose!r} is not supported: only 'batch' is", param="purpose"
+        )
+    ttl_s = _expires_after_s()
+    content = upload.read(cap + 1)
+    if len(content) > cap:
+        raise PayloadTooLargeError(f"The file is larger than the {cap}-byte limit.", param="file")
+    filename = (upload.filename or "upload.jsonl").replace("\x00", "")[:MAX_FILENAME_CHARS]
+    created = store().create(owner_id(), filename, "batch", content, ttl_s=ttl_s)
+    return _json(created)
+
+
+def _expires_after_s() -> int | None:
+    anchor = request.form.get("expires_after[anchor]")
+    seconds = request.form.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return None
+    try:
+        # The seconds in ASCII digits only: the model's lax mode would take "+3_600.0".
+        written = {"anchor": anchor, "seconds": parse_integer(seconds or "")}
+        return ExpiresAfter.model_validate(written).seconds
+    except ValidationError as err:
+        raise InvalidRequestError(
+            "expires_after needs anchor 'created_at' and seconds between 3600 and 2592000.",
+            param="expires_after",
+        ) from err
+
+
+@bp.get("/v1/files")
+def list_files() -> Response:
+    return _json(store().listing(owner_id(), parse_query(FileListQuery)))
+
+
+@bp.get("/v1/files/<file_id>")
+def retrieve_file(file_id: str) -> Response:
+    return _json(store().get(owner_id(), file_id))
+
+
+@bp.get("/v1/files/<file_id>/content")
+def file_content(file_id: str) -> Response:
+    return Response(store().content(owner_id(), file_id), mimetype="application/octet-stream")
+
+
+@bp.delete("/v1/files/<file_id>")
+def delete_file(file_id: str) -> Response:
+    return _json(store().delete(owner_id(), file_id))
