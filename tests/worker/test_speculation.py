@@ -233,3 +233,75 @@ def test_at_temperature_1_drafting_rows_draw_from_the_distribution_of_plain_ones
     for position in (0, 9):
         chi = _homogeneity(plain[:, position], drafting[:, position])
         assert chi < CRITICAL, (position, chi)
+
+
+def _answer(loaded: Any, body: dict[str, Any], k: int) -> tuple[str, Any]:
+    """The text and the last output of the default model's engine on `body`, drafting k."""
+    from shared.queue.jobs import job_for
+    from shared.wire.chat.completions import ChatCompletionRequest
+    from worker.engine.generation import Engine, EngineSettings
+
+    speculation = Speculation(k, 2) if k else None
+    engine = Engine(loaded, EngineSettings(2, 48, 4096, "slots", speculation=speculation))
+    engine.insert(engine.prepare(job_for("j", ChatCompletionRequest.model_validate(body))))
+    text, last = "", None
+    while last is None:
+        for out in engine.step():
+            text += out.text
+            last = out if out.ends_job else None
+    return text, last
+
+
+@pytest.fixture(scope="module")
+def smollm() -> Any:
+    from shared.queue.config import Settings
+    from worker.engine.model import load_model
+
+    return load_model(str(Settings().models_dir / "SmolLM2-135M-Instruct"))
+
+
+PASSAGE = (
+    "The lighthouse stood on the rocks at the edge of the bay. Every night the keeper climbed "
+    "the stairs and lit the lamp."
+)
+
+
+def _repeat(**fields: Any) -> dict[str, Any]:
+    ask = f"Repeat this text word for word:\n\n{PASSAGE}"
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": ask}],
+        "temperature": 0,
+        "max_tokens": 48,
+        "prediction": {"type": "content", "content": PASSAGE},
+        **fields,
+    }
+
+
+def test_a_stop_string_inside_a_kept_draft_ends_the_answer_where_it_ends_without_drafts(
+    smollm: Any,
+) -> None:
+    body = _repeat(stop=["keeper"])  # about twenty tokens in: inside a draft of the prediction
+    plain, plain_end = _answer(smollm, body, 0)
+    drafted, end = _answer(smollm, body, 8)
+    assert (drafted, end.finish_reason, end.stop_sequence) == (plain, "stop", "keeper")
+    assert plain_end.completion_tokens == end.completion_tokens
+    assert end.accepted_prediction_tokens > 0
+
+
+def test_a_grammar_constrained_answer_is_the_same_with_drafts(smollm: Any) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"text": {"type": "string"}},
+        "required": ["text"],
+        "additionalProperties": False,
+    }
+    body = _repeat(
+        response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}},
+        prediction={"type": "content", "content": f'{{"text": "{PASSAGE}"}}'},
+    )
+    plain, _ = _answer(smollm, body, 0)
+    drafted, end = _answer(smollm, body, 8)
+    assert drafted == plain
+    assert plain.startswith("{")
+    assert end.accepted_prediction_tokens > 0
