@@ -305,3 +305,28 @@ def test_a_grammar_constrained_answer_is_the_same_with_drafts(smollm: Any) -> No
     assert drafted == plain
     assert plain.startswith("{")
     assert end.accepted_prediction_tokens > 0
+
+
+class CountingLookup(PromptLookup):
+    """A drafter that counts the steps that asked it for a draft."""
+
+    asked = 0
+
+    def draft(self, tokens: list[int], k: int) -> list[int]:
+        self.asked += 1
+        return super().draft(tokens, k)
+
+
+def test_a_step_that_prefills_a_prompt_asks_for_no_draft(tiny: Any) -> None:
+    drafter = CountingLookup(Speculation(4, 4))
+    batch = SlotBatch(tiny, 4, frozenset({3}), 64, keep_caches=False, positions=512)
+    batch.insert([Entry(PROMPTS[0], [], None, 200, greedy, [], drafter)])
+    while drafter.drafted == 0:
+        batch.next(None)
+    before = drafter.asked
+    batch.insert([Entry(list(range(10, 90)), [], None, 8, greedy, [], None)])
+    batch.next(None)  # prefills the new prompt, and decodes the first row without a draft
+    assert batch.prefilled > 0 and drafter.asked == before
+    for _ in range(8):
+        batch.next(None)
+    assert drafter.asked > before  # the steps after it draft again

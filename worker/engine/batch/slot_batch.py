@@ -199,7 +199,8 @@ class SlotBatch:
         step that starts a sequence's first token, this forward's tokens too."""
         self._prefill(prefill_budget or PrefillBudget.flat(sys.maxsize))
         rows = self._rows[: self._decoding]
-        if rows and self._speculates(rows):
+        # A step that prefilled is compute-bound already: drafts would add positions to score.
+        if rows and not self._prefilled and self._speculates(rows):
             # Drafts follow the last tokens: those are read first, with no overlap.
             out = self._read()
             rows = self._rows[: self._decoding]
