@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -74,6 +75,14 @@ class Pool:
         for h in self.report().held:
             if h.state == "loaded":
                 held.setdefault(h.model, []).append(h.worker_id)
+        return held
+
+    def loaded_with(self, model: str, timeout_s: float = 10) -> dict[str, list[str]]:
+        """`loaded` once it shows `model` (the report is rewritten each beat), or as it is
+        after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while model not in (held := self.loaded()) and time.monotonic() < deadline:
+            time.sleep(0.1)
         return held
 
 
@@ -201,19 +210,17 @@ def test_a_chat_model_and_an_embedding_model_of_another_family_are_held_side_by_
         model=CHAT[4], messages=[{"role": "user", "content": "Say hi"}], max_tokens=4
     )
     assert chat.choices[0].message.content
-    wait_until(lambda: CHAT[4] in pool.loaded(), 10, "the chat model's report")
-    holders = pool.loaded()
+    holders = pool.loaded_with(CHAT[4])
     vectors = pool.client.embeddings.create(model=EMBEDDER, input=["a cat", "a dog"])
     assert [len(v.embedding) for v in vectors.data] == [384, 384]
     chat = pool.client.chat.completions.create(
         model=CHAT[4], messages=[{"role": "user", "content": "Say hi"}], max_tokens=4
     )
     assert chat.choices[0].message.content
-    wait_until(lambda: EMBEDDER in pool.loaded(), 10, "the embedding model's report")
-    now = pool.loaded()
+    now = pool.loaded_with(EMBEDDER)
     # Both held at once, each by one worker, and what was held before by the same workers.
-    assert len(now[CHAT[4]]) == len(now[EMBEDDER]) == 1
-    assert holders.items() <= now.items()
+    assert [len(now.get(m, [])) for m in (CHAT[4], EMBEDDER)] == [1, 1], now
+    assert holders.items() <= now.items(), (holders, now)
     report = pool.report()
     assert (report.evictions, report.unloads) == (0, 0)
     assert not [e for e in report.events if e.what in ("evict", "unload")]
