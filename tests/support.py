@@ -1,6 +1,7 @@
 """What the tests share, in one place: the model they ask for, the check of OpenAI's error body,
 plain requests and SSE streams (httpx with httpx-sse), Batch and Responses API steps through
-the SDK, RQ lookups, and the flush of a test's namespace.
+the SDK, RQ lookups, the flush of a test's namespace, and the models the tests make from others
+and keep between runs (`derived_model`: the Gemma GGUF import, the quantized default model).
 
 Starting processes is not here: that is worker/ops/cluster.py, the harness `mlxq run` and the
 benchmarks use too.
@@ -12,11 +13,14 @@ import errno
 import io
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -307,6 +311,33 @@ def flush_namespace(redis: Redis, namespace: str) -> None:
     doomed |= rq_keys
     if doomed:
         redis.delete(*doomed)
+
+
+# Models made from others, kept between runs
+
+
+def derived_model(parent: Path, prefix: str, key: str, make: Callable[[Path], None]) -> Path:
+    """A model folder the tests make from others (a GGUF import, a quantization), kept under
+    `parent` as `{prefix}{key}`, where `key` digests everything it is made from: a rerun (another
+    checkout's too) finds it and makes nothing; a new key makes it again and removes the folders
+    the older keys left (`{prefix}*`, each maybe a gigabyte). `make(folder)` writes the model
+    into `folder`, which does not exist yet: it is built beside the target and renamed into place,
+    so a folder half made (a run killed, two test processes at once) is never found."""
+    target = parent / f"{prefix}{key}"
+    if (target / "config.json").is_file():
+        return target
+    parent.mkdir(parents=True, exist_ok=True)
+    for stale in parent.glob(f"{prefix}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=f".{prefix}", dir=parent) as tmp:
+        building = Path(tmp) / target.name
+        make(building)
+        try:
+            os.rename(building, target)
+        except OSError:  # another process got there first
+            if not (target / "config.json").is_file():
+                raise
+    return target
 
 
 # Network namespaces
