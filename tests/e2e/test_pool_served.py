@@ -28,7 +28,7 @@ from mlx_lm.generate import stream_generate
 
 from shared.queue import pool as pools
 from shared.queue.config import Settings
-from shared.wire.pool import MIB, PoolReport
+from shared.wire.fleet.pool import MIB, PoolReport
 from tests.quantized import quantized_model
 from worker.engine.embedding.download import ensure_default_embedder
 from worker.ops.cluster import Cluster, wait_until
@@ -37,7 +37,7 @@ from worker.pool.catalog import read_catalog
 BITS = (4, 8)
 CHAT = {bits: f"smol-{bits}bit" for bits in BITS}  # their names in the catalog
 EMBEDDER = "minilm"
-TOKENS = 24
+TOKENS = 12
 LOAD_S = 180  # a load on a loaded 2-core machine
 # What each model is given; the budget is what they cost together (`pool`).
 POOL = {"pool_rows": 2, "pool_kv_tokens": 1024, "prefix_cache_mb": 16, "pool_headroom_mb": 512}

@@ -14,7 +14,7 @@ import pytest
 
 from shared.wire.generation.sampling import SamplingParams
 from tests.worker.tiny_models import TINY_LLAMA, tiny_model
-from worker.engine.batch.slot_batch import SlotBatch
+from worker.engine.batch.slot_batch import LONG_PREFILL, SlotBatch
 from worker.engine.batch.types import Entry, Token
 from worker.engine.sequence.drafts import PromptLookup, Speculation
 from worker.engine.sequence.processors import processors_for
@@ -317,16 +317,17 @@ class CountingLookup(PromptLookup):
         return super().draft(tokens, k)
 
 
-def test_a_step_that_prefills_a_prompt_asks_for_no_draft(tiny: Any) -> None:
+def test_a_step_that_prefills_a_long_prompt_asks_for_no_draft(tiny: Any) -> None:
     drafter = CountingLookup(Speculation(4, 4))
     batch = SlotBatch(tiny, 4, frozenset({3}), 64, keep_caches=False, positions=512)
     batch.insert([Entry(PROMPTS[0], [], None, 200, greedy, [], drafter)])
     while drafter.drafted == 0:
         batch.next(None)
     before = drafter.asked
-    batch.insert([Entry(list(range(10, 90)), [], None, 8, greedy, [], None)])
+    long = [10 + i % 80 for i in range(LONG_PREFILL + 20)]
+    batch.insert([Entry(long, [], None, 8, greedy, [], None)])
     batch.next(None)  # prefills the new prompt, and decodes the first row without a draft
-    assert batch.prefilled > 0 and drafter.asked == before
+    assert batch.prefilled >= LONG_PREFILL and drafter.asked == before
     for _ in range(8):
         batch.next(None)
     assert drafter.asked > before  # the steps after it draft again

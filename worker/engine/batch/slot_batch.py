@@ -70,6 +70,11 @@ from worker.engine.sequence.sampling import greedy
 # many positions, padding included, and while padding adds at most this share of work.
 GROUP_TOKENS = 512
 PADDING = 1.25
+# A step that prefilled this many prompt tokens verifies no draft: it is compute-bound, and a
+# draft's read of the last tokens before the forward (no overlap) would hold back the rows'
+# next tokens behind the prefill. A prompt's own first step (a few tokens left of its chunks,
+# or a short prompt) still speculates: that is where a prediction's first draft is checked.
+LONG_PREFILL = 256
 
 
 @dataclass(eq=False)  # a row is itself: compared by identity
@@ -199,8 +204,7 @@ class SlotBatch:
         step that starts a sequence's first token, this forward's tokens too."""
         self._prefill(prefill_budget or PrefillBudget.flat(sys.maxsize))
         rows = self._rows[: self._decoding]
-        # A step that prefilled is compute-bound already: drafts would add positions to score.
-        if rows and not self._prefilled and self._speculates(rows):
+        if rows and self._prefilled < LONG_PREFILL and self._speculates(rows):
             # Drafts follow the last tokens: those are read first, with no overlap.
             out = self._read()
             rows = self._rows[: self._decoding]
