@@ -1,5 +1,5 @@
 """A conversation's next turn on a worker that never saw it: its cache fetched from the worker
-holding it (worker/runtime/prefix_fetch.py), against the same turn prefilled there.
+holding it (worker/runtime/prefix/prefix_fetch.py), against the same turn prefilled there.
 
 `python -m bench.prefix_fetch [--repeats 2] [--max-tokens 16]` runs one mlxq with two workers of
 one slot each, each with a cache folder of its own (two machines on one Redis), once with the

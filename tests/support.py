@@ -339,8 +339,8 @@ def announce(
     host: str = "host-a",
     model: str = MODEL,
 ) -> None:
-    """What a live worker's heartbeat writes (worker/runtime/heartbeat.py): its model and its
-    report, `busy` interactive rows running, at time `at`."""
+    """What a live worker's heartbeat writes (worker/runtime/liveness/heartbeat.py): its model and
+    its report, `busy` interactive rows running, at time `at`."""
     stats = WorkerStats(
         worker_id=worker_id,
         host=host,

@@ -188,7 +188,8 @@ class Broker:
         check).
 
         No client waits on a bulk job, so when its worker is lost it is retried from scratch,
-        up to `retries` times (default `bulk_retries`; worker/runtime/reaper.py), instead of failed.
+        up to `retries` times (default `bulk_retries`; worker/runtime/liveness/reaper.py), instead
+        of failed.
         """
         if retries is None:
             retries = self.settings.bulk_retries

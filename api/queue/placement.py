@@ -1,12 +1,12 @@
 """Prefix-aware placement: an interactive job goes to the worker whose cache holds its prefix.
 
 Workers advertise the block hashes of what their prefix caches hold (shared/queue/prefix_blocks.py,
-worker/runtime/prefix_report.py). At admission (api/queue/admission.py), just before the enqueue,
-the API hashes the prompt's tokens, counted once exactly as the worker renders them
+worker/runtime/prefix/prefix_report.py). At admission (api/queue/admission.py), just before the
+enqueue, the API hashes the prompt's tokens, counted once exactly as the worker renders them
 (api/queue/context_window.py), and finds among the live workers it read the one holding most of
 the prompt's first tokens, its holder (`holder`). The job stays on its model's one interactive
 queue, in its fair place; a placement record names the worker that may take it first and until
-when (worker/runtime/placed_take.py). Why this shape: docs/architecture.md, "Placement".
+when (worker/runtime/intake/placed_take.py). Why this shape: docs/architecture.md, "Placement".
 
 The rule, applied by one script against the fleet as it is at that instant (`_PLACE`), so that
 requests arriving together, read side by side by one API process or several, are placed one

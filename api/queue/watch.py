@@ -15,7 +15,7 @@ with an OpenAI error object in `data:`, a request that has not answered yet answ
 A killed worker is seen within one poll (its presence channel empties when its process dies),
 a hung or sleeping one within LIVE_FACTOR heartbeats. Putting the job's records right (RQ
 registries, replay log) and retrying bulk jobs is the live workers' business
-(worker/runtime/reaper.py).
+(worker/runtime/liveness/reaper.py).
 """
 
 from __future__ import annotations

@@ -165,7 +165,8 @@ def replay_stream(
     cursor, attempt = 0, 1
     last_sent = last_check = time.monotonic()
     while True:
-        # A requeued job's log starts over (worker/runtime/reaper.py): then read it from its start.
+        # A requeued job's log starts over (worker/runtime/liveness/reaper.py): then read it from
+        # its start.
         events, begin = responses.events_since(stored.id, cursor, attempt)
         cursor = begin + len(events)
         for event in events:

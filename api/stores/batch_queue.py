@@ -8,7 +8,7 @@ nothing once the batch has stopped (cancelled, failed): the intake process can n
 behind a cancel. `drop_queued` takes every still queued line of a batch off its models' batch
 lanes in one script per lane (the lane is rewritten without them: O(lane), not a worker's take
 per line), then deletes their RQ jobs; a line a worker took already is stopped by the caller
-(`stop`) or sees the batch's status and skips (worker/runtime/batch_lines.py).
+(`stop`) or sees the batch's status and skips (worker/runtime/kinds/batch_lines.py).
 
 While its intake process runs (api/stores/batch_feed.py) a batch's hash holds `intake_until`,
 the time by which the intake must next renew it; `close_intake` removes it once every line is

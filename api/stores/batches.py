@@ -8,7 +8,7 @@ records and queues the lines a chunk at a time (api/stores/batch_queue.py), one 
 on its model's batch lane (with RQ retries for lines whose worker dies); the first chunk moves
 the batch to `in_progress`, a batch that fails validation ends `failed` with its errors. Each
 worker records its line's answer in the batch's results hash, first write wins, and bumps the
-counters (worker/runtime/batch_lines.py), only while the batch is `in_progress`.
+counters (worker/runtime/kinds/batch_lines.py), only while the batch is `in_progress`.
 
 Reading a batch settles it: once its intake has ended and every line is recorded (or its
 completion window has passed) the reader moves it to `finalizing` with a compare-and-set, takes

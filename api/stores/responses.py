@@ -75,7 +75,7 @@ class ResponseStore:
 
     def events_since(self, response_id: str, start: int, attempt: int) -> tuple[list[Event], int]:
         """The log's events from `start`, and where they begin: 0 instead of `start` when the
-        job was requeued (worker/runtime/reaper.py resets the log to a RequeuedEvent) after
+        job was requeued (worker/runtime/liveness/reaper.py resets the log to a RequeuedEvent) after
         `attempt`,
         so that a reader replays the new attempt from its beginning. One atomic read."""
         key = self._keys.replay(response_id)

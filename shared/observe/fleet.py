@@ -1,7 +1,7 @@
 """The fleet at one moment, read from Redis: live workers, queues per model and lane, recent jobs.
 
-Workers publish a `WorkerStats` with each heartbeat (worker/runtime/heartbeat.py), under a key
-that expires after a few heartbeats; `read_snapshot` joins them with the heartbeat zsets and
+Workers publish a `WorkerStats` with each heartbeat (worker/runtime/liveness/heartbeat.py), under a
+key that expires after a few heartbeats; `read_snapshot` joins them with the heartbeat zsets and
 presence channels (the liveness rule of shared/queue/liveness.py: a worker whose heartbeat is old,
 or whose process has gone, is not listed, so a dead worker is never shown busy), the RQ queues of
 each model, the recent-jobs list (shared/observe/metrics.py) and the machines' pool reports

@@ -45,7 +45,7 @@ COUNTERS = (
     "generation_tokens",
     "prefix_cache_queries",
     "prefix_cache_hits",
-    # Prefix-aware placement (api/queue/placement.py, worker/runtime/placed_take.py).
+    # Prefix-aware placement (api/queue/placement.py, worker/runtime/intake/placed_take.py).
     "placement_followed",
     "placement_overridden_busy",
     "placement_overridden_wait",

@@ -242,8 +242,8 @@ class WorkerSettings(BaseModel):
     prefix_cache_disk_write_mb_s: float = Field(default=100.0, gt=0)
     # With a disk tier: a worker fetches a prompt's cache from the worker holding it instead of
     # prefilling it, where the transfer, at this rate until one is measured, is clearly faster
-    # (worker/runtime/prefix_fetch.py); and lends what it holds to the others. The rate, end to
-    # end (the holder's write included): 41-65 MB/s measured over loopback on 2 busy cores.
+    # (worker/runtime/prefix/prefix_fetch.py); and lends what it holds to the others. The rate, end
+    # to end (the holder's write included): 41-65 MB/s measured over loopback on 2 busy cores.
     prefix_fetch: bool = True
     prefix_fetch_mb_s: float = Field(default=50.0, gt=0)
     # The most MiB of one lent cache file, and of the files a lender has put into Redis within

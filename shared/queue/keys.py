@@ -28,13 +28,13 @@ Layout under the namespace `ns` (default "mlxq"):
                                 what the worker's prefix cache holds or is computing; rewritten
                                 each heartbeat, added to when a slot takes a job, with a TTL
     {ns}:prefix_asks:{worker_id} list  asks for a prefix cache this worker holds, from the
-                                worker that took its job (worker/runtime/prefix_fetch.py)
+                                worker that took its job (worker/runtime/prefix/prefix_fetch.py)
     {ns}:lends:{worker_id}      string  the identity of the caches this worker lends (while its
                                 lending thread runs, with a TTL)
     {ns}:prefix_reply:{ask_id}  list  the cache file asked for, in pieces, then an empty piece
     {ns}:placement:{model}      hash  queued interactive job id -> "{worker_id}|{unix s}": the
                                 worker that holds its prefix takes it first, any worker after
-                                that time (api/queue/placement.py, worker/runtime/slots.py)
+                                that time (api/queue/placement.py, worker/runtime/intake/slots.py)
     {ns}:job_blocks:{model}     hash  queued interactive job id -> its prompt's block hashes,
                                 comma-separated, added to its taker's blocks set when taken
     {ns}:tokenizer:{model}      hash  "spec": the model's TokenizerSpec

@@ -1,9 +1,9 @@
 """What kind of model each served model is, and the one rule for a job of the other kind.
 
 A worker says what its model is, `chat` or `embedding`, in `{ns}:model-kinds`
-(worker/runtime/heartbeat.py `born`) before its first heartbeat, so every model a live worker
-serves has its kind there. A job of the other kind (a chat, completion, response or message on
-an embedding model, embeddings on a chat model) can never run: no worker of that model takes
+(worker/runtime/liveness/heartbeat.py `born`) before its first heartbeat, so every model a live
+worker serves has its kind there. A job of the other kind (a chat, completion, response or message
+on an embedding model, embeddings on a chat model) can never run: no worker of that model takes
 it for what it is. Queued, a client waiting on it would only hear of it from the worker, and a
 background response or a batch line would wait for a worker that never answers it. So the API
 refuses it before anything is queued, on every route (api/queue/admission.py, the batch

@@ -5,7 +5,7 @@ and each block is named by a hash chained on the previous block's hash, as LMCac
 two sequences of one cache scope share their first k block hashes exactly when they share their
 first k x BLOCK_TOKENS tokens, so "how much of this prompt does a worker hold" is "how many of the
 prompt's hashes, from the first, are in the worker's set". Workers publish the hashes of what
-their prefix cache holds (worker/runtime/prefix_report.py); the API hashes a prompt's tokens,
+their prefix cache holds (worker/runtime/prefix/prefix_report.py); the API hashes a prompt's tokens,
 counted exactly as the worker renders them (shared/queue/prompt_tokens.py), and scores the live
 workers with them (api/queue/placement.py). Nothing here talks to Redis.
 """

@@ -14,8 +14,8 @@ whoever records its end gives them back here, in a pipeline it sends anyway:
 - the API that withdraws an interactive job nobody waits for, or cancels a background response.
 
 A batch holds one entry, all its lines' tokens from its creation; each line's answer, recorded
-once (worker/runtime/batch_lines.py), takes the line's share off (`LINE_RELEASE`), and the batch's
-end (cancelled, finalized, failed) drops what is left.
+once (worker/runtime/kinds/batch_lines.py), takes the line's share off (`LINE_RELEASE`), and the
+batch's end (cancelled, finalized, failed) drops what is left.
 
 Each entry also carries the time by which its job must have ended (its queue deadline, or the
 response's or batch's lifetime, plus the longest run): admission drops entries past it, so a
@@ -29,8 +29,8 @@ from redis.client import Pipeline
 from shared.queue.jobs import QueuedJob
 from shared.queue.keys import Keys
 
-# Appended to a batch line's record script (worker/runtime/batch_lines.py) after the answer was
-# written (so once per line): KEYS[3], KEYS[4] the owner's entries and their deadlines,
+# Appended to a batch line's record script (worker/runtime/kinds/batch_lines.py) after the answer
+# was written (so once per line): KEYS[3], KEYS[4] the owner's entries and their deadlines,
 # ARGV[6] the batch id, ARGV[7] the line's tokens. The entry goes once nothing is left of it.
 LINE_RELEASE = """
 if KEYS[3] and redis.call('HEXISTS', KEYS[3], ARGV[6]) == 1 then

@@ -1,7 +1,7 @@
 """The three lanes of a model (shared/queue/jobs.py), on the session's real Redis: with a stand-in
 worker, a request a client waits on goes to the interactive queue, one with OpenAI's
 `service_tier: flex` and a background response to the background queue; a worker's slots, as
-the worker makes them (worker/runtime/slots.py `make_slots`), take from the queues in that
+the worker makes them (worker/runtime/intake/slots.py `make_slots`), take from the queues in that
 order, batch lines last, and its reserved slots take interactive jobs only."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from shared.queue.jobs import JOB_FUNCTION
 from shared.queue.keys import Keys
 from tests.support import CHAT, MODEL, rq_queue
 from worker.ops.cluster import wait_until
-from worker.runtime.slots import make_slots
+from worker.runtime.intake.slots import make_slots
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -31,7 +31,7 @@ from tests.support import (
     stand_in_worker,
     taken_in,
 )
-from worker.runtime.heartbeat import born
+from worker.runtime.liveness.heartbeat import born
 
 EMBEDDER = "all-MiniLM-L6-v2"
 GENERATING: dict[str, dict[str, Any]] = {

@@ -1,4 +1,4 @@
-"""A batch line's work around its generation (worker/runtime/batch_lines.py), on the session's
+"""A batch line's work around its generation (worker/runtime/kinds/batch_lines.py), on the session's
 real Redis: a line always ends its batch's count, even when its events were lost."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from shared.queue.jobs import GenerationJob, JobOutcome
 from shared.queue.keys import Keys
 from shared.wire.batch.batches import BatchLine, LineResult
 from tests.support import MODEL
-from worker.runtime.batch_lines import BatchLines, server_error
+from worker.runtime.kinds.batch_lines import BatchLines, server_error
 
 BATCH = "batch_0123456789abcdef0123456789abcdef"
 

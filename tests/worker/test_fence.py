@@ -1,5 +1,5 @@
-"""The fence (worker/runtime/fence.py) on a real redis-server of its own, which each test stops
-and starts again on the same port: a worker cut off from Redis keeps stepping without raising,
+"""The fence (worker/runtime/liveness/fence.py) on a real redis-server of its own, which each test
+stops and starts again on the same port: a worker cut off from Redis keeps stepping without raising,
 and once Redis answers again it checks its tombstone before it publishes anything."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from shared.queue.connection import client_for
 from shared.queue.keys import Keys
 from shared.wire.events import TokenEvent
 from worker.ops.cluster import free_port, local_url, start_redis, stop
-from worker.runtime.fence import FencedSink
+from worker.runtime.liveness.fence import FencedSink
 from worker.runtime.publish import Route
 
 WORKER_ID = "host.1"

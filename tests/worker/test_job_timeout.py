@@ -1,6 +1,6 @@
 """A job past RQ's job timeout (MLXQ_JOB_TIMEOUT_S), on real parts: a worker's RQ slot
-(worker/runtime/slots.py) runs it through the job function (worker/runtime/job_function.py) on
-a real engine loop driven by the SYNTHETIC engine (no model), over the session's Redis. RQ
+(worker/runtime/intake/slots.py) runs it through the job function (worker/runtime/job_function.py)
+on a real engine loop driven by the SYNTHETIC engine (no model), over the session's Redis. RQ
 raises its timeout in the slot thread; the job must leave the engine before RQ fails it (and
 retries it), so a retry never runs beside its first copy."""
 
@@ -22,10 +22,10 @@ from tests.support import flush_namespace, rq_queue
 from tests.worker.test_loop import STEP_S, events, job, looping
 from worker.engine.doubles.synthetic import SyntheticEngine
 from worker.ops.cluster import wait_until
-from worker.runtime.generation_kind import GenerationKind
+from worker.runtime.intake.slots import LEAVE_S, make_slots, start_slots, stop_slots
 from worker.runtime.job_function import Runtime, bind
+from worker.runtime.kinds.generation_kind import GenerationKind
 from worker.runtime.publish import EventSink
-from worker.runtime.slots import LEAVE_S, make_slots, start_slots, stop_slots
 
 JOB_TIMEOUT_S = 1  # RQ's timeout of the job, and the worker's: one setting on both sides
 

@@ -36,8 +36,8 @@ from worker.engine.embedding.engine import EmbeddingOutput, PreparedEmbedding
 from worker.engine.generation import StepOutput
 from worker.engine.prepare import PreparedJob
 from worker.ops.cluster import wait_until
-from worker.runtime.embedding_kind import EmbeddingKind
-from worker.runtime.generation_kind import GenerationKind
+from worker.runtime.kinds.embedding_kind import EmbeddingKind
+from worker.runtime.kinds.generation_kind import GenerationKind
 from worker.runtime.loop import EngineLoop, Prepared
 from worker.runtime.publish import EventSink, Route
 

@@ -29,14 +29,14 @@ from worker.engine.prefix_file import file_name
 from worker.engine.prefix_identity import model_identity, probe, probe_layout, token_bytes
 from worker.engine.prepare import PreparedJob
 from worker.ops.cluster import wait_until
-from worker.runtime.prefix_fetch import (
+from worker.runtime.prefix.prefix_fetch import (
     MIN_GAIN_TOKENS,
     RECOVER_S,
     FetchRule,
     PrefixFetch,
     held_tokens,
 )
-from worker.runtime.prefix_lend import Ask, Header, LendBounds, Lender
+from worker.runtime.prefix.prefix_lend import Ask, Header, LendBounds, Lender
 
 HISTORY = list(range(1, 41))
 PROMPT = [*HISTORY, 50, 51]

@@ -17,7 +17,7 @@ from shared.queue.config import Settings
 from shared.queue.jobs import JOB_FUNCTION, GenerationJob
 from shared.queue.keys import Keys
 from shared.wire.events import ErrorEvent, RequeuedEvent, decode_event
-from worker.runtime.reaper import POISON_DEATHS, Reaper
+from worker.runtime.liveness.reaper import POISON_DEATHS, Reaper
 
 MODEL = "reaper-test-model"
 

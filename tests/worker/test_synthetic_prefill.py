@@ -19,7 +19,7 @@ from shared.wire.chat.completions import ChatMessage
 from worker.engine.doubles.synthetic import SyntheticEngine
 from worker.engine.doubles.synthetic_prefill import SyntheticPrefill, SyntheticPrefixCache
 from worker.engine.generation import StepOutput
-from worker.runtime.prefix_report import PrefixReport
+from worker.runtime.prefix.prefix_report import PrefixReport
 from worker.runtime.serve import build_synthetic
 
 COST_S = 0.0005  # per uncached prompt token

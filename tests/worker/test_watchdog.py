@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from worker.runtime.watchdog import Watchdog
+from worker.runtime.liveness.watchdog import Watchdog
 
 TIMEOUT_S = 0.2
 

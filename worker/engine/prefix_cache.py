@@ -10,8 +10,8 @@ so that a burst of requests sharing a system prompt computes it once, not once p
 Storage and lookup are mlx-lm's `LRUPromptCache` (a token trie with least-recently-used
 eviction by entries and bytes); this module decides what goes in and hands out a copy.
 The engine thread uses it; `held` is a snapshot it leaves for other threads (the worker's
-heartbeat advertises what the cache holds: worker/runtime/prefix_report.py). One other thread
-reads it: the lending thread (`lend`: worker/runtime/prefix_fetch.py), under a lock that the
+heartbeat advertises what the cache holds: worker/runtime/prefix/prefix_report.py). One other thread
+reads it: the lending thread (`lend`: worker/runtime/prefix/prefix_fetch.py), under a lock that the
 engine takes only around the LRU's own calls, never around a forward.
 
 Every entry belongs to a cache scope (shared/queue/cache_scope.py): a request reuses only what
@@ -135,7 +135,7 @@ class PrefixCache:
         """The file of a cache of `prompt`'s first tokens in `scope`, from memory or disk,
         holding no more than those it shares with `prompt` (a longer one is cut and written
         first), or None: nothing of it is held (or only in memory's own). Called by the lending
-        thread, for another worker (worker/runtime/prefix_fetch.py)."""
+        thread, for another worker (worker/runtime/prefix/prefix_fetch.py)."""
         if self._disk is None:
             return None
         on_disk, stored = self._disk.best(prompt, scope)

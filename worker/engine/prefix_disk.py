@@ -181,7 +181,7 @@ class DiskTier:
         return stored.path if stored is not None else None
 
     def adopt(self, data: bytes, scope: str) -> list[int] | None:
-        """Keep a file another worker sent (worker/runtime/prefix_fetch.py) when it is one of
+        """Keep a file another worker sent (worker/runtime/prefix/prefix_fetch.py) when it is one of
         this model's, of the `scope` asked for: the tokens it holds, or None (it is dropped, as
         a spoiled file is)."""
         temporary = self._dir / f".adopt.{os.getpid()}.{threading.get_ident()}{SUFFIX}"

@@ -3,7 +3,7 @@
 A cache file (worker/engine/prefix_disk.py) is only ever read by a worker whose identity is the
 file's: same config, same weights, same KV form. The identity must mean the same on every
 machine, since a worker may fetch a cache another machine's worker wrote
-(worker/runtime/prefix_fetch.py). So the weights are named by their whole content, never by
+(worker/runtime/prefix/prefix_fetch.py). So the weights are named by their whole content, never by
 where or when they were written: a file of the hub's cache is a link to a blob named by its
 content hash, used as it is; any other weight file is hashed whole, once: its hash is kept in
 `{root}/weights.json` under its path, inode, size and modification time, so a worker's start

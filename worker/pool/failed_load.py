@@ -7,7 +7,7 @@ the model's background and batch lanes then is taken off its queue (LREM: whoeve
 owns it, so a job a worker took meanwhile runs there instead), its place in the fair order and
 its backlog entry are released, RQ's record is failed, and an ErrorEvent goes to its replay log
 and channel (a background response reads as failed). A batch line also gets its error line in
-its batch (worker/runtime/batch_lines.py, first write wins), so the batch ends. Jobs queued
+its batch (worker/runtime/kinds/batch_lines.py, first write wins), so the batch ends. Jobs queued
 after the failure wait for the next try, as interactive ones do.
 """
 
@@ -27,8 +27,8 @@ from shared.queue.keys import Keys
 from shared.wire.batch.batches import LineResult
 from shared.wire.errors import ModelLoadError
 from shared.wire.events import ErrorEvent
-from worker.runtime.batch_lines import BatchLines
-from worker.runtime.job_records import announce, queued_job
+from worker.runtime.kinds.batch_lines import BatchLines
+from worker.runtime.liveness.job_records import announce, queued_job
 
 log = logging.getLogger(__name__)
 

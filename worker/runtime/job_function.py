@@ -1,15 +1,15 @@
 """The job functions RQ runs: hand a job to the engine loop and wait for it, whatever its kind.
 
 RQ calls `run_generation` or `run_embedding` (`shared.queue.jobs.JOB_FUNCTION`,
-`EMBEDDING_JOB_FUNCTION`, through worker/runtime/fixed_job.py) in a slot thread of a worker
+`EMBEDDING_JOB_FUNCTION`, through worker/runtime/intake/fixed_job.py) in a slot thread of a worker
 process that has bound its runtime with `bind`; the model stays loaded in that process across
 jobs. Both run the same steps; what differs by kind (how the job is read, where its events go,
-what runs around it, how it ends at its run limit) is its `JobKind` (worker/runtime/
-generation_kind.py, worker/runtime/embedding_kind.py). A job of the kind its worker does not
-serve (chat on an embedding model, embeddings on a chat model) is answered with a 400 naming
-the model, so the client hears of it at once instead of waiting out its deadline. The API
-refuses such a job before it is queued (shared/queue/model_kinds.py); this is the same refusal
-for one that still arrives.
+what runs around it, how it ends at its run limit) is its `JobKind`
+(worker/runtime/kinds/generation_kind.py, worker/runtime/kinds/embedding_kind.py). A job of the
+kind its worker does not serve (chat on an embedding model, embeddings on a chat model) is answered
+with a 400 naming the model, so the client hears of it at once instead of waiting out its deadline.
+The API refuses such a job before it is queued (shared/queue/model_kinds.py); this is the same
+refusal for one that still arrives.
 
 Everything a client must see goes out on the job's channel; the return value is RQ's record.
 The job's limits are kept here: a job taken after its queue deadline is failed without being
@@ -65,7 +65,7 @@ from shared.wire.errors import (
 from shared.wire.events import DoneEvent, ErrorEvent, Event
 from shared.wire.fleet.catalog import ModelKind
 from worker.runtime.loop import EngineLoop, O, P, SteppedEngine, StepReader
-from worker.runtime.prefix_report import PrefixFigures
+from worker.runtime.prefix.prefix_report import PrefixFigures
 from worker.runtime.publish import EventSink, Route
 from worker.runtime.recency import Recency
 
@@ -132,7 +132,7 @@ class Runtime(Generic[J, P, O]):
     figures: PrefixFigures | None = None  # this worker's prefix-cache figures (fleet view)
     # When its last job ended and the keep_alive it asked for (the pool reads them: worker/pool/).
     recency: Recency = field(default_factory=Recency)
-    # Run on each prepared job before it enters the loop (worker/runtime/prefix_fetch.py);
+    # Run on each prepared job before it enters the loop (worker/runtime/prefix/prefix_fetch.py);
     # True when it waited on something, so that a cancel meanwhile is looked for again.
     prefetch: Callable[[P], bool] | None = None
 

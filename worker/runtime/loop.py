@@ -10,14 +10,15 @@ round trip per token.
 The loop is generic over what its engine takes (`P`, a prepared job) and what a step gives
 (`O`, one output per sequence or input). What those outputs mean (the events they publish, the
 progress they count on a job's `Admission`, how a job they end ends) is the engine kind's
-`StepReader` (worker/runtime/generation_kind.py, worker/runtime/embedding_kind.py). Admission,
-cancellation, failing the running jobs when a step fails, and retiring are this module's alone.
+`StepReader` (worker/runtime/kinds/generation_kind.py, worker/runtime/kinds/embedding_kind.py).
+Admission, cancellation, failing the running jobs when a step fails, and retiring are this module's
+alone.
 
 Jobs arrive through `submit` from RQ slot threads (worker/runtime/job_function.py) and
 cancellations through `cancel` from the cancel listener (or a job at its run limit); both are
 thread-safe hand-offs. `turns` counts the loop's turns and `steps` the engine steps it has
-completed: a step completing is what the progress watchdog (worker/runtime/watchdog.py) counts
-as progress, and `stepping_since` says since when the step under way runs. `generated` counts
+completed: a step completing is what the progress watchdog (worker/runtime/liveness/watchdog.py)
+counts as progress, and `stepping_since` says since when the step under way runs. `generated` counts
 the tokens each step worked on, as the kind counts them, for the heartbeat's tokens/s. All are
 plain fields set once per turn.
 """

@@ -1,9 +1,9 @@
 """The worker's report of itself, built once per heartbeat (shared/observe/fleet.py WorkerStats).
 
-Slots in use come from what the RQ slots hold (worker/runtime/slots.py), split by the lane of the
-queue each job came from. Tokens/s is the engine loop's token counter over the last minute: one
+Slots in use come from what the RQ slots hold (worker/runtime/intake/slots.py), split by the lane of
+the queue each job came from. Tokens/s is the engine loop's token counter over the last minute: one
 sample per heartbeat, kept for WINDOW_S; nothing is counted per token here. Prefix-cache
-figures are counted per ended job (worker/runtime/prefix_report.py), and so is when the last
+figures are counted per ended job (worker/runtime/prefix/prefix_report.py), and so is when the last
 job ended, with the keep_alive it asked for (worker/runtime/recency.py), which the pool agent
 reads to unload an idle model (worker/pool/agent.py).
 """
@@ -19,7 +19,7 @@ from shared.observe.fleet import WorkerStats
 from shared.queue.jobs import LANES, Lane
 from shared.queue.keys import Keys
 from worker.runtime.loop import DrivenLoop
-from worker.runtime.prefix_report import PrefixFigures
+from worker.runtime.prefix.prefix_report import PrefixFigures
 from worker.runtime.recency import Recency
 
 WINDOW_S = 60.0

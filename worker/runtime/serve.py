@@ -1,15 +1,15 @@
 """A worker process: load one model, then serve its RQ queues until told to stop.
 
 Threads: the main thread runs the engine loop (worker/runtime/loop.py); B RQ slot threads dequeue
-jobs (worker/runtime/slots.py); a heartbeat announces the model (worker/runtime/heartbeat.py); a
-listener
+jobs (worker/runtime/intake/slots.py); a heartbeat announces the model
+(worker/runtime/liveness/heartbeat.py); a listener
 forwards cancellations and holds the worker's presence (worker/runtime/cancellations.py); a reaper
-takes over the jobs of dead workers (worker/runtime/reaper.py); a watchdog watches the loop's
-progress
-(worker/runtime/watchdog.py). SIGTERM/SIGINT: drain (worker/runtime/drain.py), deregister, exit 0.
-Exit statuses for a supervisor: 0 after a stop it was asked for; EXIT_WEDGED when the engine
-loop crashed or stopped making progress (its jobs were handed back first); EXIT_BURIED when
-other workers declared this one dead (it hung or slept) and took over its jobs.
+takes over the jobs of dead workers (worker/runtime/liveness/reaper.py); a watchdog watches the
+loop's progress
+(worker/runtime/liveness/watchdog.py). SIGTERM/SIGINT: drain (worker/runtime/liveness/drain.py),
+deregister, exit 0. Exit statuses for a supervisor: 0 after a stop it was asked for; EXIT_WEDGED
+when the engine loop crashed or stopped making progress (its jobs were handed back first);
+EXIT_BURIED when other workers declared this one dead (it hung or slept) and took over its jobs.
 """
 
 from __future__ import annotations
@@ -55,21 +55,28 @@ from worker.engine.prefix_identity import model_folder
 from worker.engine.sequence.drafts import Speculation
 from worker.gguf.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from worker.runtime.cancellations import listen_for_cancels
-from worker.runtime.drain import Drain
-from worker.runtime.embedding_kind import EmbeddingKind
-from worker.runtime.fence import FencedSink
-from worker.runtime.generation_kind import GenerationKind
-from worker.runtime.heartbeat import beat, born, keep_beating, retire
+from worker.runtime.intake.slots import (
+    LEAVE_S,
+    SlotWorker,
+    held,
+    make_slots,
+    start_slots,
+    stop_slots,
+)
 from worker.runtime.job_function import Runtime, bind
+from worker.runtime.kinds.embedding_kind import EmbeddingKind
+from worker.runtime.kinds.generation_kind import GenerationKind
+from worker.runtime.liveness.drain import Drain
+from worker.runtime.liveness.fence import FencedSink
+from worker.runtime.liveness.heartbeat import beat, born, keep_beating, retire
+from worker.runtime.liveness.reaper import Reaper
+from worker.runtime.liveness.watchdog import Watchdog
 from worker.runtime.loop import DrivenLoop
-from worker.runtime.prefix_fetch import POP_S, FetchRule, PrefixFetch
-from worker.runtime.prefix_lend import LendBounds, Lender
-from worker.runtime.prefix_report import HeldPrefixes, PrefixFigures, PrefixReport
-from worker.runtime.reaper import Reaper
+from worker.runtime.prefix.prefix_fetch import POP_S, FetchRule, PrefixFetch
+from worker.runtime.prefix.prefix_lend import LendBounds, Lender
+from worker.runtime.prefix.prefix_report import HeldPrefixes, PrefixFigures, PrefixReport
 from worker.runtime.report import Reporter
-from worker.runtime.slots import LEAVE_S, SlotWorker, held, make_slots, start_slots, stop_slots
 from worker.runtime.tokenizer_spec import build_spec, publish_spec
-from worker.runtime.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Wire formats of the Batch API: the request, the batch object, input and output lines.
 
 A batch is a hash in Redis (keys.py `batch`), written by the API (creation, cancellation,
-finalization) and by the workers (one recorded line each, worker/runtime/batch_lines.py). Its
+finalization) and by the workers (one recorded line each, worker/runtime/kinds/batch_lines.py). Its
 fields:
 
     owner, record     who owns it; `StoredBatch` as JSON (what never changes)

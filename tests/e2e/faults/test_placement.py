@@ -1,7 +1,7 @@
 """Prefix-aware placement on two real workers: a conversation's next turn runs on the worker
 that holds its history (its usage shows the cached tokens); when that worker is full the turn
 goes elsewhere at once, when it is dead after a bounded wait; and a prompt many requests share
-does not pin them all on one worker (api/queue/placement.py, worker/runtime/placed_take.py).
+does not pin them all on one worker (api/queue/placement.py, worker/runtime/intake/placed_take.py).
 
 Its own cluster: two workers of 4 slots each on the real model, heartbeats every 0.5 s.
 """

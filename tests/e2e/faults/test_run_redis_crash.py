@@ -129,7 +129,7 @@ def test_a_killed_redis_comes_back_with_its_data_and_the_batch_finishes_once(
     assert lines_of(client, done.error_file_id) == []
     runs = stack.runs()
     # A line generated again only where its first run could not give it an answer: it ended
-    # while Redis was away, its end event lost (worker/runtime/batch_lines.py), and that run
+    # while Redis was away, its end event lost (worker/runtime/kinds/batch_lines.py), and that run
     # failed. A run of a line already answered (RQ lost its record of the end) is skipped.
     assert len(runs) == LINES
     generated = {job: [e for e in ends if e != "skipped"] for job, ends in runs.items()}

@@ -5,7 +5,7 @@ Point 2 of the fault contract. The worker runs with fault injection
 prompt holding `[[fault:raise]]` makes its own sequence fail at its third token, one holding
 `[[fault:wedge]]` blocks the engine loop there while the process and its heartbeat live on. A
 bulk job that wedges every worker it runs on is poison: requeued after the first, failed after
-the second (worker/runtime/reaper.py's POISON_DEATHS).
+the second (worker/runtime/liveness/reaper.py's POISON_DEATHS).
 """
 
 from __future__ import annotations

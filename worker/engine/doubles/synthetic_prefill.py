@@ -9,8 +9,8 @@ with MLXQ_SYNTHETIC_PREFILL_S_PER_TOKEN above 0 a synthetic worker:
   API builds from the spec the worker publishes (shared/queue/prompt_tokens.py), so both sides
   see the same token ids and so the same block hashes;
 - keeps a bounded LRU of the token sequences it has prefilled (`SyntheticPrefixCache`), each
-  under its job's cache scope, whose `held` is what worker/runtime/prefix_report.py publishes,
-  as from the real `PrefixCache`;
+  under its job's cache scope, whose `held` is what worker/runtime/prefix/prefix_report.py
+  publishes, as from the real `PrefixCache`;
 - charges each step the prompt tokens it prefills that are not in that cache, at the configured
   seconds per token, up to the step's prefill budget (MLXQ_PREFILL_TOKENS), in admission order,
   as the real engine's chunked prefill does; a sequence's first token comes in the step its

@@ -6,7 +6,7 @@ loop turning: a loop that turns while holding work but never steps it is as stuc
 inside a step. This thread reads the counter four times per `timeout_s`; when the loop holds
 work (running or admitted jobs) and no step has completed for `timeout_s`, it calls `on_wedged`
 once, with what it saw (`Stall`): stuck inside one step, or turning without stepping. serve.py's
-handler hands the worker's jobs back (worker/runtime/reaper.py) and ends the process with a
+handler hands the worker's jobs back (worker/runtime/liveness/reaper.py) and ends the process with a
 non-zero status, so that its supervisor (launchd, systemd, a container runtime) starts a fresh
 one.
 

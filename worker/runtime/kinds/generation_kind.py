@@ -6,7 +6,7 @@ logprobs or tool calls; a choice-end event for each choice that ends in a job of
 done (or error) event of each job that ends. Each job's completion tokens, first-token time
 and cached tokens are counted on its admission as they come, for its outcome.
 
-Around the job: a batch line's skip and record (worker/runtime/batch_lines.py); a stored
+Around the job: a batch line's skip and record (worker/runtime/kinds/batch_lines.py); a stored
 response's replay log kept as long as its record. At its run limit, a generation ends as its
 job says (`JobLimits.on_run_limit`).
 """
@@ -32,8 +32,8 @@ from shared.wire.events import ChoiceEndEvent, DoneEvent, ErrorEvent, Event, Tok
 from shared.wire.fleet.catalog import ModelKind
 from worker.engine.generation import StepOutput
 from worker.engine.prepare import PreparedJob
-from worker.runtime.batch_lines import BatchLines
 from worker.runtime.job_function import Run
+from worker.runtime.kinds.batch_lines import BatchLines
 from worker.runtime.loop import Admission, Ending
 from worker.runtime.publish import Route
 

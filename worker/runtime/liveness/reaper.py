@@ -5,7 +5,7 @@ queues, the worker that runs each execution, the model's workers zset, and the l
 those workers (shared/queue/liveness.py), in a few pipelined round trips. A worker found not alive
 on two sweeps in a row (one that reconnects is not buried by one unlucky poll) is dead, and:
 1. the jobs it had taken but not started (its `{ns}:taking:{worker_id}` list,
-worker/runtime/slots.py)
+worker/runtime/intake/slots.py)
    go back to the front of their queue, atomically (no two reapers put one back twice);
 2. each execution it had started is claimed (`SET NX` on `{ns}:reaped:{execution}`, one reaper
    acts however many run) and, while the job's record still names that worker (WATCHed):
@@ -19,12 +19,12 @@ worker/runtime/slots.py)
      track of in a Redis outage is no death: those are handed back without counting;
    - any other job (interactive, out of retries, or poison) fails: an `ErrorEvent`
      (`worker_lost`) on its channel and replay log, RQ's record in the failed registry; a batch
-     line that fails also gets its 500 error line in its batch (worker/runtime/batch_lines.py,
+     line that fails also gets its 500 error line in its batch (worker/runtime/kinds/batch_lines.py,
      first write wins). A client waiting on an interactive job was told already by its API process
      (api/queue/watch.py);
 3. it gets a tombstone and leaves the workers zset: should it come back (a Mac that slept),
    its heartbeat finds the tombstone and the process exits instead of finishing work that was
-   handed on (worker/runtime/heartbeat.py).
+   handed on (worker/runtime/liveness/heartbeat.py).
 After a Redis outage every heartbeat looks old, so a reaper that lost Redis judges no one until
 LIVE_FACTOR intervals after it is back.
 
@@ -66,8 +66,8 @@ from shared.queue.keys import Keys
 from shared.queue.liveness import LIVE_FACTOR, alive, worker_of
 from shared.wire.errors import WorkerLostError
 from shared.wire.events import ErrorEvent, RequeuedEvent
-from worker.runtime.batch_lines import BatchLines, server_error
-from worker.runtime.job_records import announce, generation_job, queued_job, route_of
+from worker.runtime.kinds.batch_lines import BatchLines, server_error
+from worker.runtime.liveness.job_records import announce, generation_job, queued_job, route_of
 
 log = logging.getLogger(__name__)
 

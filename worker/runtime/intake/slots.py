@@ -9,15 +9,15 @@ batch. Signals are the main thread's: slots are stopped with `stop_slots`.
 Taking a job is an atomic move, not RQ's pop: the job id goes from the first non-empty queue
 (interactive before bulk) to the worker's `{ns}:taking:{worker_id}` list in one step, and
 leaves it when the slot is done with the job. A worker killed between taking a job and
-starting it so leaves the id where the reaper finds it and puts it back (worker/runtime/reaper.py);
-with a plain pop it would be gone. An idle slot blocks on the interactive queue for up to
-TAKE_WAIT_S, so a bulk job arriving at an idle worker waits at most that long. A slot that
-takes a job after it was told to stop puts it back at the front of its queue, untouched.
-A slot whose RQ loop ends on a Redis outage is started again.
-Slots run `FixedJob`s (worker/runtime/fixed_job.py) and refuse any other job before touching it.
-The first `MLXQ_INTERACTIVE_SLOTS` slots take interactive jobs only, so a long batch never
+starting it so leaves the id where the reaper finds it and puts it back
+(worker/runtime/liveness/reaper.py); with a plain pop it would be gone. An idle slot blocks on the
+interactive queue for up to TAKE_WAIT_S, so a bulk job arriving at an idle worker waits at most that
+long. A slot that takes a job after it was told to stop puts it back at the front of its queue,
+untouched. A slot whose RQ loop ends on a Redis outage is started again.
+Slots run `FixedJob`s (worker/runtime/intake/fixed_job.py) and refuse any other job before touching
+it. The first `MLXQ_INTERACTIVE_SLOTS` slots take interactive jobs only, so a long batch never
 holds every slot. An interactive job the API placed on the worker holding its prefix is taken by
-that worker first (worker/runtime/placed_take.py owns that rule and its scripts).
+that worker first (worker/runtime/intake/placed_take.py owns that rule and its scripts).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from rq.worker import WorkerStatus
 
 from shared.queue.keys import Keys
 from shared.queue.liveness import report_ttl_ms, slot_name
-from worker.runtime.fixed_job import FixedJob, refusal
-from worker.runtime.placed_take import CLAIM, POLL_S, SCAN_DEPTH, TAKE, PlacedTake
+from worker.runtime.intake.fixed_job import FixedJob, refusal
+from worker.runtime.intake.placed_take import CLAIM, POLL_S, SCAN_DEPTH, TAKE, PlacedTake
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def make_slots(
     priority order (`Keys.lanes`: interactive, background, batch), except the first
     `interactive` (at most count - 1), which take interactive jobs only, so that a long batch
     never holds every slot. Taking a job adds its prompt's blocks to the worker's set, which
-    lives as long as its report (`heartbeat_s`: worker/runtime/placed_take.py)."""
+    lives as long as its report (`heartbeat_s`: worker/runtime/intake/placed_take.py)."""
     reserved = min(interactive, count - 1)
     placed = PlacedTake.of(keys, model, worker_id, report_ttl_ms(heartbeat_s))
     queues = [

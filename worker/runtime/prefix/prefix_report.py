@@ -4,8 +4,8 @@ With each heartbeat the worker adds the block hashes (shared/queue/prefix_blocks
 sequences its prefix cache holds, each under its cache scope, to its `{ns}:blocks:{worker_id}`
 set and removes those it published before and no longer holds (evicted), so the API can send a
 request to the worker that holds its prefix (api/queue/placement.py). A slot taking a job adds
-that job's prompt blocks at once (worker/runtime/slots.py), so a conversation's next turn finds
-its worker even when it comes before the next beat. The hashing runs on the heartbeat thread,
+that job's prompt blocks at once (worker/runtime/intake/slots.py), so a conversation's next turn
+finds its worker even when it comes before the next beat. The hashing runs on the heartbeat thread,
 never on the engine's.
 
 `PrefixFigures` counts the prompt tokens this worker looked up in its cache and found there,

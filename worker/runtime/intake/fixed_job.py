@@ -2,9 +2,9 @@
 
 RQ's own `Job` resolves `func_name` with `import_attribute`, and its callbacks the same way,
 so whoever can write a job into Redis could make a stock RQ worker import and call anything.
-A slot (worker/runtime/slots.py) runs `FixedJob`s instead, and refuses a job before doing anything
-with it unless its data decodes as JSON (RQ's JSON serializer: nothing is unpickled), it names
-`shared.queue.jobs.JOB_FUNCTION` or `EMBEDDING_JOB_FUNCTION`, it has no instance, one dict
+A slot (worker/runtime/intake/slots.py) runs `FixedJob`s instead, and refuses a job before doing
+anything with it unless its data decodes as JSON (RQ's JSON serializer: nothing is unpickled), it
+names `shared.queue.jobs.JOB_FUNCTION` or `EMBEDDING_JOB_FUNCTION`, it has no instance, one dict
 argument and no keyword arguments, and it carries no callbacks. Even then the function is this
 module's own reference to `run_generation` or `run_embedding` (worker/runtime/job_function.py,
 which refuses a job of the kind its worker does not serve), never a name looked up at run time.

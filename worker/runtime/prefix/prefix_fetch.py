@@ -5,7 +5,7 @@ not always: a holder with no free slot lets it go to a free worker, and a job's 
 holder runs out. The worker that takes it then asks the holder for the cache (`PrefixFetch`, in
 the slot thread, before the job enters the engine), when this machine's figures say the transfer
 is clearly faster than the prefill it saves (`FetchRule`). The holder's lending thread
-(`Lender`, worker/runtime/prefix_lend.py) answers with the cache's file, in the disk tier's
+(`Lender`, worker/runtime/prefix/prefix_lend.py) answers with the cache's file, in the disk tier's
 format (worker/engine/prefix_disk.py), cut to what the prompt shares and written first where
 need be (`PrefixCache.lend`). The taker keeps it in its own disk tier only if it is this model's
 cache (its identity names the weights by content: worker/engine/prefix_identity.py), and the
@@ -15,9 +15,9 @@ before. Both sides need a disk tier. An ask names the job's cache scope
 (shared/queue/cache_scope.py), and the holder lends only what it holds for that scope; a job
 whose request said `store: false` fetches nothing, since what is fetched is kept on disk.
 
-Wire (shared/queue/keys.py; its models in worker/runtime/prefix_lend.py): a lending thread keeps
-`{ns}:lends:{worker}` set to the identity of its caches, so a taker asks only holders that lend
-caches it can use (not a worker with no disk tier, lending off, an older version, or other
+Wire (shared/queue/keys.py; its models in worker/runtime/prefix/prefix_lend.py): a lending thread
+keeps `{ns}:lends:{worker}` set to the identity of its caches, so a taker asks only holders that
+lend caches it can use (not a worker with no disk tier, lending off, an older version, or other
 weights or KV form under the same name). An ask (`Ask`, JSON) goes on the holder's
 `{ns}:prefix_asks:{worker}` list; the answer on `{ns}:prefix_reply:{ask id}`, in one
 transaction: a header (`Header`: the file's length; 0: nothing to send), the file in pieces of
@@ -58,7 +58,7 @@ from worker.engine.prefix_cache import PrefixCache
 from worker.engine.prefix_disk import DiskTier
 from worker.engine.prefix_file import common_start
 from worker.engine.prepare import PreparedJob
-from worker.runtime.prefix_lend import DEFAULT_BOUNDS, Ask, Header, LendBounds
+from worker.runtime.prefix.prefix_lend import DEFAULT_BOUNDS, Ask, Header, LendBounds
 
 log = logging.getLogger(__name__)
 

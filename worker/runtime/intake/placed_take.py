@@ -13,8 +13,8 @@ a job placed on another worker that it catches that way goes back to the head of
 Taking a job also adds its prompt's block hashes (`{ns}:job_blocks:{model}`) to the taker's
 `{ns}:blocks:{worker_id}` set, and counts whether the placement was followed (or spread) or its
 wait ran out, all in the same script: the next turn of a conversation finds this worker even
-before its next heartbeat (worker/runtime/prefix_report.py). Jobs nobody placed take nothing of
-this.
+before its next heartbeat (worker/runtime/prefix/prefix_report.py). Jobs nobody placed take nothing
+of this.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 1. Its RQ slots stop dequeuing (a job popped meanwhile goes back to the front of its queue).
 2. The engine loop runs on, cancellations included, until it holds no job, for at most
    `drain_timeout_s`; a second SIGTERM/SIGINT cuts this short.
-3. The loop stops. serve.py hands back what is still held (worker/runtime/reaper.py: bulk jobs go
-back
+3. The loop stops. serve.py hands back what is still held (worker/runtime/liveness/reaper.py: bulk
+jobs go back
    to their queue, interactive ones fail with `worker_lost`, as their stream cannot restart
    elsewhere), deregisters the worker and exits 0.
 A rolling restart therefore loses nothing as long as the drain timeout covers the longest
@@ -19,8 +19,8 @@ import threading
 import time
 from types import FrameType
 
+from worker.runtime.intake.slots import SlotWorker, slots_idle, stop_slots
 from worker.runtime.loop import DrivenLoop
-from worker.runtime.slots import SlotWorker, slots_idle, stop_slots
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 A worker can stop without dying (SIGSTOP, a debugger, a Mac that sleeps), or lose its link to
 Redis while it keeps running. After LIVE_FACTOR heartbeats the others declare it dead, take
-over its jobs and leave it a tombstone (worker/runtime/reaper.py). When it wakes, or its link
-comes back, its heartbeat thread finds the tombstone within one beat, but its engine loop may
+over its jobs and leave it a tombstone (worker/runtime/liveness/reaper.py). When it wakes, or its
+link comes back, its heartbeat thread finds the tombstone within one beat, but its engine loop may
 step first. So the sink that publishes the loop's events checks for the tombstone before it
 publishes, and on finding it calls `on_buried` (which ends the process) instead, in two cases:
 - after a gap in the wall clock long enough for this worker to have been declared dead (a

@@ -7,7 +7,7 @@ if another worker declared this one dead and took over its jobs (it hung, or its
 it must not finish them too, so `on_tombstone` is called (it ends the process). Each beat also
 publishes the worker's report (slots in use, tokens/s: shared/observe/fleet.py) in the same
 pipeline, so the fleet view costs the worker nothing between beats, and the block hashes of
-what its prefix cache holds (worker/runtime/prefix_report.py). After a beat, the worker
+what its prefix cache holds (worker/runtime/prefix/prefix_report.py). After a beat, the worker
 takes the fleet's history sample if it is its turn (shared/observe/history.py: one worker per
 sample period, a few round trips), on this thread, never on the engine's.
 """
@@ -27,7 +27,7 @@ from shared.observe.history import sample_if_due
 from shared.queue.keys import Keys
 from shared.queue.liveness import report_ttl_ms
 from shared.wire.fleet.catalog import ModelKind
-from worker.runtime.prefix_report import PrefixReport
+from worker.runtime.prefix.prefix_report import PrefixReport
 
 log = logging.getLogger(__name__)
 

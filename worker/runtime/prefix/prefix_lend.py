@@ -1,5 +1,6 @@
-"""The lending side of the prefix fetch (worker/runtime/prefix_fetch.py): the thread that answers
-other workers' asks for what this worker's prefix cache holds, and the wire both sides share.
+"""The lending side of the prefix fetch (worker/runtime/prefix/prefix_fetch.py): the thread that
+answers other workers' asks for what this worker's prefix cache holds, and the wire both sides
+share.
 
 An ask (`Ask`, JSON) comes on this worker's `{ns}:prefix_asks:{worker}` list; the answer goes on
 `{ns}:prefix_reply:{ask id}`, in one transaction: a header (`Header`: the file's length; 0:
