@@ -10,21 +10,19 @@ from api.limits import open_requests, quotas, shares
 from api.queue.broker import Broker
 from api.queue.roster import Roster
 from api.routes import (
-    batches,
     chat,
     completions,
     embeddings,
-    files,
     fleet,
     health,
-    message_batches,
-    messages,
     metrics,
     models,
     openapi,
     page,
     responses,
 )
+from api.routes.anthropic import message_batches, messages
+from api.routes.batch import batches, files
 from api.stores import replicas
 from shared.queue.config import Settings
 

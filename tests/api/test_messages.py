@@ -17,7 +17,7 @@ from werkzeug.test import TestResponse
 
 from api import create_app
 from api.http.sse import named_frame
-from api.routes.messages import frames_of
+from api.routes.anthropic.messages import frames_of
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
 from shared.wire.anthropic.message_answers import (

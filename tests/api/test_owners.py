@@ -7,7 +7,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from api.queue.broker import Broker
-from api.routes import batches, files, responses
+from api.routes import responses
+from api.routes.batch import batches, files
 from api.stores.responses import ResponseStore
 from shared.wire.responses.responses import ResponsesRequest, StoredResponse
 from tests.support import assert_openai_error, batch_body, post_file

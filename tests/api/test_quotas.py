@@ -20,7 +20,7 @@ from werkzeug.test import TestResponse
 from api import create_app
 from api.http.auth import owner_id
 from api.limits.quotas import Quotas, Usage, quotas
-from api.routes import files
+from api.routes.batch import files
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
 from shared.wire.errors import RateLimitError

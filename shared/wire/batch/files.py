@@ -62,7 +62,7 @@ class FileListQuery(BaseModel):
 
 class FileUpload(BaseModel):
     """The multipart form of POST /v1/files (described in /openapi.json; read by
-    api/routes/files.py)."""
+    api/routes/batch/files.py)."""
 
     model_config = ConfigDict(populate_by_name=True)
 

@@ -9,7 +9,7 @@ from api.http.auth import owner_id
 from api.http.validation import parse_body
 from api.limits.shares import takes_a_request
 from api.queue.broker import broker
-from api.routes.files import store as file_store
+from api.routes.batch.files import store as file_store
 from api.stores.batches import BatchStore
 from api.stores.idempotency import idempotent
 from api.stores.listing import parse_query

@@ -14,8 +14,8 @@ from api.http.auth import owner_id
 from api.http.validation import json_body
 from api.limits.shares import takes_a_request
 from api.queue.broker import broker
-from api.routes.files import store as file_store
-from api.routes.messages import check_version
+from api.routes.anthropic.messages import check_version
+from api.routes.batch.files import store as file_store
 from api.stores.batches import FINAL, BatchStore
 from api.stores.idempotency import idempotent
 from api.stores.listing import parse_query
