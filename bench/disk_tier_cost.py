@@ -25,9 +25,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from bench.systems import rerun_with_openblas
-from shared.queue.cache_scope import UNSCOPED
 from shared.queue.config import Settings
-from shared.queue.prefix_blocks import HeldPrompt
+from shared.queue.prefix.cache_scope import UNSCOPED
+from shared.queue.prefix.prefix_blocks import HeldPrompt
 from worker.engine.model import load_model
 from worker.engine.prefix_disk import DiskTier
 from worker.engine.prefix_identity import probe_layout

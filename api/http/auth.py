@@ -21,7 +21,7 @@ created, listed filtered by it, and read through `require_owner`, which answers 
 resource exactly like a missing one (404). Without keys every caller is the same owner,
 "anonymous".
 
-Each key is also its own prefix cache scope (shared/queue/cache_scope.py): its requests reuse
+Each key is also its own prefix cache scope (shared/queue/prefix/cache_scope.py): its requests reuse
 only what its own requests left in the workers' caches. Keys an operator lists with the same
 `:cache=NAME` share one scope (a team's keys); without keys, the one local user has one.
 """
@@ -89,7 +89,7 @@ class OwnerSecret:
 @dataclass(frozen=True)
 class Caller:
     """Who a key is: its owner id, its limits, whether it is an operator's, and its prefix cache
-    scope (shared/queue/cache_scope.py)."""
+    scope (shared/queue/prefix/cache_scope.py)."""
 
     owner: str
     limits: KeyLimits

@@ -1,10 +1,10 @@
 """The API's count of a job's prompt, made once per request before the job is queued.
 
-Workers publish their model's `TokenizerSpec` (shared/queue/prompt_tokens.py). Per request the API
-reads the spec's digest (one small Redis read) and rebuilds the counter only when it changed.
-`measure` renders and tokenizes the prompt once; admission (api/queue/admission.py) hands the
-count to the context-window check (the rule is shared/queue/context_window.py's, which the
-worker applies too), to the per-key rate limits and to placement. With no spec, or a spec
+Workers publish their model's `TokenizerSpec` (shared/queue/prompt/prompt_tokens.py). Per request
+the API reads the spec's digest (one small Redis read) and rebuilds the counter only when it
+changed. `measure` renders and tokenizes the prompt once; admission (api/queue/admission.py) hands
+the count to the context-window check (the rule is shared/queue/prompt/context_window.py's, which
+the worker applies too), to the per-key rate limits and to placement. With no spec, or a spec
 without a tokenizer, the check is left to the worker, which refuses a prompt that does not fit
 before prefill (still a 400 before any stream begins, but after the queue).
 """
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from redis import Redis
 
 from shared.queue.connection import redis_errors_as_503
-from shared.queue.context_window import completion_budget
 from shared.queue.jobs import GenerationJob, QueuedJob
 from shared.queue.keys import Keys
-from shared.queue.prompt_tokens import PromptCounter, TokenizerSpec
+from shared.queue.prompt.context_window import completion_budget
+from shared.queue.prompt.prompt_tokens import PromptCounter, TokenizerSpec
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
 """Prefix-aware placement: an interactive job goes to the worker whose cache holds its prefix.
 
-Workers advertise the block hashes of what their prefix caches hold (shared/queue/prefix_blocks.py,
-worker/runtime/prefix/prefix_report.py). At admission (api/queue/admission.py), just before the
-enqueue, the API hashes the prompt's tokens, counted once exactly as the worker renders them
-(api/queue/context_window.py), and finds among the live workers it read the one holding most of
-the prompt's first tokens, its holder (`holder`). The job stays on its model's one interactive
-queue, in its fair place; a placement record names the worker that may take it first and until
-when (worker/runtime/intake/placed_take.py). Why this shape: docs/architecture.md, "Placement".
+Workers advertise the block hashes of what their prefix caches hold
+(shared/queue/prefix/prefix_blocks.py, worker/runtime/prefix/prefix_report.py). At admission
+(api/queue/admission.py), just before the enqueue, the API hashes the prompt's tokens, counted once
+exactly as the worker renders them (api/queue/context_window.py), and finds among the live workers
+it read the one holding most of the prompt's first tokens, its holder (`holder`). The job stays on
+its model's one interactive queue, in its fair place; a placement record names the worker that may
+take it first and until when (worker/runtime/intake/placed_take.py). Why this shape:
+docs/architecture.md, "Placement".
 
 The rule, applied by one script against the fleet as it is at that instant (`_PLACE`), so that
 requests arriving together, read side by side by one API process or several, are placed one
@@ -36,7 +37,7 @@ from redis import Redis
 from shared.observe.fleet import WorkerStats
 from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
-from shared.queue.prefix_blocks import block_hashes, matched_tokens
+from shared.queue.prefix.prefix_blocks import block_hashes, matched_tokens
 
 # Jobs the holder of a prefix may run beyond the least loaded worker and still be preferred
 # (SGLang's router has the same kind of rule: its balance thresholds).

@@ -15,8 +15,8 @@ the sum, so a backlog that drifted (a queue emptied by hand) heals itself.
 
 Prompt tokens are estimated here (UTF-8 bytes / 4, plus a few per message; token-id prompts
 count exactly): the cap must hold for every model, including one whose tokenizer the API could
-not rebuild (shared/queue/prompt_tokens.py), and an estimate costs nothing on the request path.
-Nothing here talks to Redis; callers register the scripts (`redis.register_script`).
+not rebuild (shared/queue/prompt/prompt_tokens.py), and an estimate costs nothing on the request
+path. Nothing here talks to Redis; callers register the scripts (`redis.register_script`).
 """
 
 from __future__ import annotations

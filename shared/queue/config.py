@@ -64,7 +64,7 @@ class ApiKey(BaseModel):
     """One entry of MLXQ_API_KEYS: a key, and after it, in any order, its limits (`:rpm=N`,
     `:tpm=N`, `:queued=N`, `:open=N`) and the name of the prefix cache scope it shares with the
     other keys naming it (`:cache=NAME`; none: the key's cache is its own,
-    shared/queue/cache_scope.py)."""
+    shared/queue/prefix/cache_scope.py)."""
 
     model_config = ConfigDict(frozen=True)
 

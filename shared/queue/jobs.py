@@ -23,7 +23,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypedDict
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.queue import fair_order
-from shared.queue.cache_scope import SCOPE_PATTERN, UNSCOPED, narrowed
+from shared.queue.prefix.cache_scope import SCOPE_PATTERN, UNSCOPED, narrowed
 from shared.wire.anthropic.messages import MessagesInput
 from shared.wire.batch.batches import BatchLine
 from shared.wire.chat.completions import ChatCompletionRequest, ChatMessage, CompletionRequest
@@ -122,7 +122,7 @@ class GenerationJob(QueuedJobBase):
     max_tokens: Annotated[int, Field(ge=0)] | None = None
     # Set for Anthropic's messages, whose max_tokens is a ceiling: a prompt that leaves less room
     # generates what fits (ending "length") instead of being refused
-    # (shared/queue/context_window.py).
+    # (shared/queue/prompt/context_window.py).
     max_tokens_ceiling: bool = False
     sampling: SamplingParams = SamplingParams()
     stop: Annotated[list[str], Field(max_length=4)] = []
@@ -143,7 +143,7 @@ class GenerationJob(QueuedJobBase):
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     # Keep the job's event log this long once it ends (instead of the worker's default).
     replay_ttl_s: Annotated[int, Field(ge=1)] | None = None
-    # Whose prefix cache entries it may reuse and adds to (shared/queue/cache_scope.py).
+    # Whose prefix cache entries it may reuse and adds to (shared/queue/prefix/cache_scope.py).
     cache_scope: Annotated[str, Field(pattern=SCOPE_PATTERN)] = UNSCOPED
     # False for a request that said `store: false`: what it adds to the prefix cache stays in
     # memory, never in the disk tier's files.

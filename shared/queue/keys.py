@@ -24,8 +24,9 @@ Layout under the namespace `ns` (default "mlxq"):
                                 (shared/queue/fair_order.py): "{round} {priority} {share}"
     {ns}:rounds:{model}         hash  share (an API key's owner, or `user`) -> its last round
     {ns}:round:{model}          string  the round of the job taken last
-    {ns}:blocks:{worker_id}     set  the prefix-block hashes (shared/queue/prefix_blocks.py) of
-                                what the worker's prefix cache holds or is computing; rewritten
+    {ns}:blocks:{worker_id}     set  the prefix-block hashes
+                                (shared/queue/prefix/prefix_blocks.py) of what the worker's
+                                prefix cache holds or is computing; rewritten
                                 each heartbeat, added to when a slot takes a job, with a TTL
     {ns}:prefix_asks:{worker_id} list  asks for a prefix cache this worker holds, from the
                                 worker that took its job (worker/runtime/prefix/prefix_fetch.py)
@@ -38,8 +39,8 @@ Layout under the namespace `ns` (default "mlxq"):
     {ns}:job_blocks:{model}     hash  queued interactive job id -> its prompt's block hashes,
                                 comma-separated, added to its taker's blocks set when taken
     {ns}:tokenizer:{model}      hash  "spec": the model's TokenizerSpec
-                                (shared/queue/prompt_tokens.py), "digest": its digest; written by
-                                each worker serving the model
+                                (shared/queue/prompt/prompt_tokens.py), "digest": its digest;
+                                written by each worker serving the model
     {ns}:worker:{worker_id}     hash  a worker's report (shared/observe/fleet.py WorkerStats):
                                 host, model, slots in use per lane, tokens/s; rewritten each
                                 heartbeat, with a TTL of a few heartbeats so a dead worker's

@@ -23,7 +23,7 @@ from api.queue.broker import Broker
 from shared.queue.config import Settings
 from shared.queue.jobs import GenerationJob, job_for
 from shared.queue.keys import Keys
-from shared.queue.prompt_tokens import PromptCounter, TokenizerSpec
+from shared.queue.prompt.prompt_tokens import PromptCounter, TokenizerSpec
 from shared.wire.chat.completions import ChatCompletionRequest
 from shared.wire.errors import ContextLengthError
 from shared.wire.ids import new_id

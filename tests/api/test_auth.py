@@ -21,10 +21,10 @@ from api.http.auth import (
     owner_of_key,
     require_owner,
 )
-from shared.queue.cache_scope import SCOPE_PATTERN
 from shared.queue.config import KeyLimits, Settings
 from shared.queue.jobs import GenerationJob, job_for
 from shared.queue.keys import Keys, is_valid_id
+from shared.queue.prefix.cache_scope import SCOPE_PATTERN
 from shared.wire.chat.completions import ChatCompletionRequest
 from tests.support import assert_openai_error
 

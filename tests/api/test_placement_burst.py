@@ -11,7 +11,7 @@ from redis import Redis
 from api.queue.placement import MAX_IMBALANCE, Placement
 from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
-from shared.queue.prefix_blocks import block_hashes
+from shared.queue.prefix.prefix_blocks import block_hashes
 from tests.api.test_placement_rule import MODEL, PROMPT, worker
 
 SLOTS = 16

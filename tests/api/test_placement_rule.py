@@ -1,6 +1,6 @@
 """The placement rule and the block hashes it matches on (api/queue/placement.py,
-shared/queue/prefix_blocks.py): which worker a request is placed on, on made-up fleets written
-into the session's real Redis and placed by the real script."""
+shared/queue/prefix/prefix_blocks.py): which worker a request is placed on, on made-up fleets
+written into the session's real Redis and placed by the real script."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from api.queue.placement import MAX_IMBALANCE, Outcome, Placement
 from shared.observe.fleet import WorkerStats
 from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
-from shared.queue.prefix_blocks import BLOCK_TOKENS, block_hashes, matched_blocks
+from shared.queue.prefix.prefix_blocks import BLOCK_TOKENS, block_hashes, matched_blocks
 
 MODEL = "m"
 PROMPT = list(range(8 * BLOCK_TOKENS))

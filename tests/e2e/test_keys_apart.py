@@ -1,4 +1,4 @@
-"""Keys kept apart on the real stack. Cache scopes (shared/queue/cache_scope.py): one key's
+"""Keys kept apart on the real stack. Cache scopes (shared/queue/prefix/cache_scope.py): one key's
 prompts are invisible in another key's `cached_tokens`; keys an operator names together share a
 cache; a request's `cache_salt` narrows its key's; /metrics, whose counters move with every
 key's prompts, takes an operator's key. Open requests (api/limits/open_requests.py): a key at its

@@ -27,7 +27,7 @@ from tests.support import CHAT, MODEL, REAL_ENGINE
 from worker.ops.cluster import Cluster, Worker
 
 HEARTBEAT_S = 0.5
-# About 150 tokens of system prompt: two full blocks of shared/queue/prefix_blocks.py.
+# About 150 tokens of system prompt: two full blocks of shared/queue/prefix/prefix_blocks.py.
 FILLER = (
     "You answer questions about the weather, the sea and the mountains. You keep every answer "
     "short, you never guess, and when you do not know you say so plainly. "

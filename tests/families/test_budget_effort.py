@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from shared.queue.prompt_tokens import chat_input
+from shared.queue.prompt.prompt_tokens import chat_input
 from shared.wire.anthropic.messages import MessagesInput
 from tests.families.vocab import family_tokenizer
 

@@ -1,9 +1,13 @@
 """OpenAI's `developer` role: a template that never names it gets a system message instead; a
-template with a developer role of its own keeps it (shared/queue/prompt_tokens.py)."""
+template with a developer role of its own keeps it (shared/queue/prompt/prompt_tokens.py)."""
 
 from __future__ import annotations
 
-from shared.queue.prompt_tokens import chat_input, compile_chat_template, knows_developer_role
+from shared.queue.prompt.prompt_tokens import (
+    chat_input,
+    compile_chat_template,
+    knows_developer_role,
+)
 from shared.wire.chat.completions import ChatMessage
 
 # A small template of the kind that gives developer messages their own header (gpt-oss style).

@@ -1,5 +1,5 @@
 """Reasoning sent back in history, and the reasoning controls, reach the chat template as the
-families' templates read them, on the API's renderer (shared/queue/prompt_tokens.py); the
+families' templates read them, on the API's renderer (shared/queue/prompt/prompt_tokens.py); the
 worker renders the same (tests/worker/test_reasoning_template.py). Also the opaque reasoning
 value (shared/wire/responses/reasoning_blob.py) and the context window's ceiling.
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from shared.queue.context_window import completion_budget
 from shared.queue.jobs import job_for
-from shared.queue.prompt_tokens import PromptCounter, job_chat_input
+from shared.queue.prompt.context_window import completion_budget
+from shared.queue.prompt.prompt_tokens import PromptCounter, job_chat_input
 from shared.wire.anthropic.messages import MessagesRequest
 from shared.wire.chat.completions import ChatCompletionRequest
 from shared.wire.errors import ContextLengthError, InvalidRequestError

@@ -10,7 +10,7 @@ from typing import Any
 
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from shared.queue.prompt_tokens import TokenizerSpec
+from shared.queue.prompt.prompt_tokens import TokenizerSpec
 
 THINKING_TEMPLATE = """
 {%- if reasoning_effort is defined %}<|im_start|>system

@@ -1,4 +1,4 @@
-"""Cache scopes inside the worker (shared/queue/cache_scope.py): a tiny llama's prefix cache,
+"""Cache scopes inside the worker (shared/queue/prefix/cache_scope.py): a tiny llama's prefix cache,
 disk tier and lending, each reusing for a scope only what that scope cached, and a `store:
 false` request's caches kept off disk."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from shared.queue.prefix_blocks import HeldPrompt, block_hashes
+from shared.queue.prefix.prefix_blocks import HeldPrompt, block_hashes
 from worker.engine.prefix_cache import PrefixCache
 from worker.engine.prefix_disk import DiskTier
 from worker.engine.prefix_file import held_lengths

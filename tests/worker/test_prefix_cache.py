@@ -7,7 +7,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from shared.queue.cache_scope import UNSCOPED
+from shared.queue.prefix.cache_scope import UNSCOPED
 from worker.engine.prefix_cache import (
     MAX_LEVELLING_TOKENS,
     MIN_SHARED_TOKENS,

@@ -11,8 +11,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
-from shared.queue.cache_scope import UNSCOPED
-from shared.queue.prefix_blocks import HeldPrompt
+from shared.queue.prefix.cache_scope import UNSCOPED
+from shared.queue.prefix.prefix_blocks import HeldPrompt
 from tests.worker.tiny_models import TINY_LLAMA, tiny_model
 from worker.engine.prefix_cache import PrefixCache
 from worker.engine.prefix_disk import DiskTier

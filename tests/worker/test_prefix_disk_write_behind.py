@@ -11,8 +11,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from shared.queue.cache_scope import UNSCOPED
-from shared.queue.prefix_blocks import HeldPrompt
+from shared.queue.prefix.cache_scope import UNSCOPED
+from shared.queue.prefix.prefix_blocks import HeldPrompt
 from worker.engine.prefix_cache import PrefixCache
 from worker.engine.prefix_disk import DiskTier
 from worker.engine.prefix_disk_writer import UNBOUNDED, WriteBounds

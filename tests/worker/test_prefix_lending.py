@@ -20,9 +20,9 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from redis import Redis
 
-from shared.queue.cache_scope import UNSCOPED
 from shared.queue.keys import Keys
-from shared.queue.prefix_blocks import HeldPrompt, block_hashes
+from shared.queue.prefix.cache_scope import UNSCOPED
+from shared.queue.prefix.prefix_blocks import HeldPrompt, block_hashes
 from worker.engine.prefix_cache import PrefixCache
 from worker.engine.prefix_disk import DiskTier
 from worker.engine.prefix_file import file_name

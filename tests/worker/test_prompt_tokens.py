@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from mlx_lm.utils import load_tokenizer
 
 from shared.queue.config import Settings
-from shared.queue.prompt_tokens import ChatInput, PromptCounter
+from shared.queue.prompt.prompt_tokens import ChatInput, PromptCounter
 from worker.runtime.serve import resolve_model
 from worker.runtime.tokenizer_spec import build_spec
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 from mlx_lm.models.base import quantized_scaled_dot_product_attention
 from mlx_lm.models.cache import QuantizedKVCache
 
-from shared.queue.cache_scope import UNSCOPED
+from shared.queue.prefix.cache_scope import UNSCOPED
 from tests.worker.test_slot_batch import (
     CPU,
     MLX,

@@ -12,7 +12,7 @@ from mlx_lm.utils import load_tokenizer
 
 from shared.queue.config import Settings
 from shared.queue.jobs import job_for
-from shared.queue.prompt_tokens import PromptCounter, job_chat_input
+from shared.queue.prompt.prompt_tokens import PromptCounter, job_chat_input
 from shared.wire.anthropic.messages import MessagesRequest
 from shared.wire.chat.completions import ChatCompletionRequest
 from shared.wire.errors import ContextLengthError

@@ -13,8 +13,8 @@ import pytest
 from shared.queue.config import Settings
 from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
-from shared.queue.prefix_blocks import block_hashes
-from shared.queue.prompt_tokens import PromptCounter
+from shared.queue.prefix.prefix_blocks import block_hashes
+from shared.queue.prompt.prompt_tokens import PromptCounter
 from shared.wire.chat.completions import ChatMessage
 from worker.engine.doubles.synthetic import SyntheticEngine
 from worker.engine.doubles.synthetic_prefill import SyntheticPrefill, SyntheticPrefixCache

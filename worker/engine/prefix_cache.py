@@ -14,9 +14,9 @@ heartbeat advertises what the cache holds: worker/runtime/prefix/prefix_report.p
 reads it: the lending thread (`lend`: worker/runtime/prefix/prefix_fetch.py), under a lock that the
 engine takes only around the LRU's own calls, never around a forward.
 
-Every entry belongs to a cache scope (shared/queue/cache_scope.py): a request reuses only what
-requests of its own scope left, so what it is told it reused (`cached_tokens`), and how soon its
-first token comes, say nothing about another key's prompts. The scope is the LRU's model key:
+Every entry belongs to a cache scope (shared/queue/prefix/cache_scope.py): a request reuses only
+what requests of its own scope left, so what it is told it reused (`cached_tokens`), and how soon
+its first token comes, say nothing about another key's prompts. The scope is the LRU's model key:
 mlx-lm keeps one trie per key.
 
 With a disk tier (worker/engine/prefix_disk.py), each cache the LRU takes in, a finished
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
-from shared.queue.prefix_blocks import HeldPrompt
+from shared.queue.prefix.prefix_blocks import HeldPrompt
 from worker.engine.batch.quantized_kv import KVQuantization, prompt_cache
 from worker.engine.prefix_file import MAX_SHARED_TOKENS, MIN_SHARED_TOKENS
 

@@ -8,8 +8,8 @@ from the file. A worker restart then costs a read of the cache instead of a pref
 on this CPU 50-110x less for 2,000 tokens).
 
 Layout: `{root}/{identity}/{hash of the scope and tokens}.safetensors`, a file per token
-sequence or chain (below) of one cache scope (shared/queue/cache_scope.py): a prompt is restored
-only from its own scope's files. Folders are 0700 and files 0600: they hold prompts. The
+sequence or chain (below) of one cache scope (shared/queue/prefix/cache_scope.py): a prompt is
+restored only from its own scope's files. Folders are 0700 and files 0600: they hold prompts. The
 identity (worker/engine/prefix_identity.py) names the weights by their content and the KV
 layout (each layer's cache class, its arrays' shapes apart from the token axis, and their
 dtypes, quantized ones included), so a model whose weights or KV form change gets a folder of
@@ -53,7 +53,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import can_trim_prompt_cache, load_prompt_cache
 
-from shared.queue.prefix_blocks import HeldPrompt
+from shared.queue.prefix.prefix_blocks import HeldPrompt
 from worker.engine.prefix_disk_writer import UNBOUNDED, DiskWriter, WriteBounds
 from worker.engine.prefix_file import (
     MIN_SHARED_TOKENS,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shared.queue.prefix_blocks import HeldPrompt
+from shared.queue.prefix.prefix_blocks import HeldPrompt
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """A disk-tier file's format (worker/engine/prefix_disk.py): mlx-lm's prompt-cache safetensors
 (`save_prompt_cache`, no pickle), its arrays cut to the tokens they hold, with mlxq's metadata:
-the format, the model's identity, the cache scope (shared/queue/cache_scope.py) and the tokens.
-Written readable by its owner only (0600): it holds a prompt. A file is named by a hash of its
-scope and tokens (`file_name`), and the tier knows each as a `Stored`."""
+the format, the model's identity, the cache scope (shared/queue/prefix/cache_scope.py) and the
+tokens. Written readable by its owner only (0600): it holds a prompt. A file is named by a hash of
+its scope and tokens (`file_name`), and the tier knows each as a `Stored`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import numpy as np
 from mlx.utils import tree_map
 from mlx_lm.models.cache import save_prompt_cache
 
-from shared.queue.prefix_blocks import HeldPrompt
+from shared.queue.prefix.prefix_blocks import HeldPrompt
 
 # A history shorter than this is cheaper to prefill with the rest than on its own; a longer one
 # than this is left to the batch's chunked prefill, which lets the other sequences go on.

@@ -1,10 +1,10 @@
 """A job turned into what the batch needs, outside the engine loop (in the job's RQ slot thread).
 
-`Preparer.prepare` renders and tokenizes the prompt (shared/queue/prompt_tokens.py's `chat_input`,
-as
-the API counts it), applies the context-window rule (shared/queue/context_window.py), and builds one
-`ChoiceSetup` per requested choice (`n`): its sampler and, only where the job asked for them,
-logits processors (penalties, logit bias, a grammar), a logprob recorder and a tool-call
+`Preparer.prepare` renders and tokenizes the prompt (shared/queue/prompt/prompt_tokens.py's
+`chat_input`, as
+the API counts it), applies the context-window rule (shared/queue/prompt/context_window.py), and
+builds one `ChoiceSetup` per requested choice (`n`): its sampler and, only where the job asked for
+them, logits processors (penalties, logit bias, a grammar), a logprob recorder and a tool-call
 scanner. Every choice gets objects of its own: they keep per-sequence state.
 """
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from mlx_lm.sample_utils import LogitsProcessor
 
-from shared.queue.cache_scope import UNSCOPED
-from shared.queue.context_window import completion_budget
 from shared.queue.jobs import GenerationJob
-from shared.queue.prompt_tokens import (
+from shared.queue.prefix.cache_scope import UNSCOPED
+from shared.queue.prompt.context_window import completion_budget
+from shared.queue.prompt.prompt_tokens import (
     ChatInput,
     job_chat_input,
     knows_developer_role,
@@ -64,7 +64,7 @@ class PreparedJob:
     # A client waits on it (not a background response or a batch line): its prefill is paced.
     interactive: bool = True
     # Whose prefix cache entries it reuses and adds to, and whether those may go to disk
-    # (shared/queue/cache_scope.py, shared/queue/jobs.py).
+    # (shared/queue/prefix/cache_scope.py, shared/queue/jobs.py).
     cache_scope: str = UNSCOPED
     keep_on_disk: bool = True
     # The tokens of the text it predicted (OpenAI's `prediction`): a draft source.

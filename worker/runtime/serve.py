@@ -31,7 +31,7 @@ from shared.queue.config import Settings
 from shared.queue.connection import connect, connect_blocking
 from shared.queue.keys import Keys
 from shared.queue.liveness import LIVE_FACTOR
-from shared.queue.prompt_tokens import PromptCounter, TokenizerSpec
+from shared.queue.prompt.prompt_tokens import PromptCounter, TokenizerSpec
 from shared.wire.fleet.catalog import ModelKind
 from worker.engine.batch.quantized_kv import KVQuantization, kv_quantization, prompt_cache
 from worker.engine.batch.token_batch import kv_form

@@ -1,6 +1,6 @@
 """The worker's announcement of how its model counts prompt tokens, for the API's check.
 
-At start a worker builds its model's `TokenizerSpec` (shared/queue/prompt_tokens.py) from the
+At start a worker builds its model's `TokenizerSpec` (shared/queue/prompt/prompt_tokens.py) from the
 tokenizer mlx-lm loaded (a synthetic worker modelling prefill loads the tokenizer alone), checks
 on probe conversations and prompts that `PromptCounter` counts exactly as this tokenizer does,
 and writes the spec to `keys.tokenizer(model)`. If the counts differ (a template feature the
@@ -18,7 +18,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from redis import Redis
 
 from shared.queue.keys import Keys
-from shared.queue.prompt_tokens import (
+from shared.queue.prompt.prompt_tokens import (
     PromptCounter,
     TokenizerSpec,
     chat_input,

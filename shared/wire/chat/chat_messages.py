@@ -1,5 +1,5 @@
 """The message of a chat request: what clients send (their history included), and what a chat
-job carries to the chat template (shared/queue/prompt_tokens.py renders it).
+job carries to the chat template (shared/queue/prompt/prompt_tokens.py renders it).
 
 An assistant message sent back in history may carry what the answer carried: its reasoning
 (`reasoning_content`, DeepSeek's and llama.cpp's name, or `reasoning`, vLLM's and OpenRouter's),

@@ -165,7 +165,7 @@ class SamplingRequest(BaseModel):
     # worker/pool/agent.py); None: the model's own keep-alive.
     keep_alive: KeepAlive | None = None
     # vLLM's: the prefix cache's entries are shared only by requests giving the same salt, within
-    # the caller's own scope (shared/queue/cache_scope.py).
+    # the caller's own scope (shared/queue/prefix/cache_scope.py).
     cache_salt: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
     user: str | None = None
     metadata: (

@@ -3,7 +3,7 @@ template knows no tools.
 
 Two ways a model sees tools, decided per model by the worker and published in its
 `TokenizerSpec` (`tools_in_template`), so that the API counts prompts the way the worker renders
-them (shared/queue/prompt_tokens.py):
+them (shared/queue/prompt/prompt_tokens.py):
 - The chat template knows tools and mlx-lm has a parser for the model family (Qwen, Mistral,
   Gemma, GLM, Kimi, ...): tools go to the template and calls are parsed with the family's mlx-lm
   parser. Llama 3.x, whose calls are its whole answer in bare JSON and which mlx-lm cannot read,

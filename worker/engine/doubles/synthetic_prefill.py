@@ -6,8 +6,8 @@ prompt tokens as the API does, keep a prefix cache, and take longer for what is 
 with MLXQ_SYNTHETIC_PREFILL_S_PER_TOKEN above 0 a synthetic worker:
 
 - tokenizes each prompt with its served model's real tokenizer, through the `PromptCounter` the
-  API builds from the spec the worker publishes (shared/queue/prompt_tokens.py), so both sides
-  see the same token ids and so the same block hashes;
+  API builds from the spec the worker publishes (shared/queue/prompt/prompt_tokens.py), so both
+  sides see the same token ids and so the same block hashes;
 - keeps a bounded LRU of the token sequences it has prefilled (`SyntheticPrefixCache`), each
   under its job's cache scope, whose `held` is what worker/runtime/prefix/prefix_report.py
   publishes, as from the real `PrefixCache`;
@@ -30,8 +30,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from shared.queue.jobs import GenerationJob
-from shared.queue.prefix_blocks import HeldPrompt
-from shared.queue.prompt_tokens import PromptCounter
+from shared.queue.prefix.prefix_blocks import HeldPrompt
+from shared.queue.prompt.prompt_tokens import PromptCounter
 from worker.engine.prepare import PreparedJob
 
 _Key = tuple[str, tuple[int, ...]]  # a scope and its tokens

@@ -12,7 +12,7 @@ cache (its identity names the weights by content: worker/engine/prefix_identity.
 engine restores it from there as it would any file, checking its arrays again. A holder that
 answers late, with nothing or with junk, costs the job only the wait: the prompt is prefilled as
 before. Both sides need a disk tier. An ask names the job's cache scope
-(shared/queue/cache_scope.py), and the holder lends only what it holds for that scope; a job
+(shared/queue/prefix/cache_scope.py), and the holder lends only what it holds for that scope; a job
 whose request said `store: false` fetches nothing, since what is fetched is kept on disk.
 
 Wire (shared/queue/keys.py; its models in worker/runtime/prefix/prefix_lend.py): a lending thread
@@ -52,7 +52,7 @@ from rq.timeouts import JobTimeoutException
 
 from shared.queue.keys import Keys
 from shared.queue.liveness import live_workers
-from shared.queue.prefix_blocks import BLOCK_TOKENS, HeldPrompt, block_hashes, matched_tokens
+from shared.queue.prefix.prefix_blocks import BLOCK_TOKENS, HeldPrompt, block_hashes, matched_tokens
 from shared.wire.ids import new_id
 from worker.engine.prefix_cache import PrefixCache
 from worker.engine.prefix_disk import DiskTier

@@ -25,8 +25,8 @@ from pydantic import BaseModel, Field, ValidationError
 from redis import Redis
 from redis.exceptions import RedisError
 
-from shared.queue.cache_scope import SCOPE_PATTERN
 from shared.queue.keys import Keys
+from shared.queue.prefix.cache_scope import SCOPE_PATTERN
 from shared.wire.ids import ID_PATTERN
 from worker.engine.prefix_cache import PrefixCache
 

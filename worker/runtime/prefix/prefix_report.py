@@ -1,6 +1,6 @@
 """What a worker tells the fleet about its prefix cache: the blocks it holds, and how often it hit.
 
-With each heartbeat the worker adds the block hashes (shared/queue/prefix_blocks.py) of the
+With each heartbeat the worker adds the block hashes (shared/queue/prefix/prefix_blocks.py) of the
 sequences its prefix cache holds, each under its cache scope, to its `{ns}:blocks:{worker_id}`
 set and removes those it published before and no longer holds (evicted), so the API can send a
 request to the worker that holds its prefix (api/queue/placement.py). A slot taking a job adds
@@ -18,7 +18,7 @@ import threading
 from typing import Any, Protocol
 
 from shared.queue.keys import Keys
-from shared.queue.prefix_blocks import MAX_PUBLISHED, HeldPrompt, block_hashes
+from shared.queue.prefix.prefix_blocks import MAX_PUBLISHED, HeldPrompt, block_hashes
 
 
 class HeldPrefixes(Protocol):

@@ -1,8 +1,8 @@
 """Cache scopes: whose prompts a prefix cache entry may serve.
 
 A worker's prefix cache (worker/engine/prefix_cache.py), its disk tier, the prefix fetch between
-workers and placement's block hashes (shared/queue/prefix_blocks.py) all key what they hold by a
-scope as well as by tokens: a request reuses only what requests of its own scope left there. So
+workers and placement's block hashes (shared/queue/prefix/prefix_blocks.py) all key what they hold
+by a scope as well as by tokens: a request reuses only what requests of its own scope left there. So
 `cached_tokens`, time to first token and the hit counters tell a caller about its own prompts
 only, never another key's (vLLM's `cache_salt`, CVE-2025-46570; OpenAI shares no prompt cache
 across organizations).

@@ -6,8 +6,8 @@ two sequences of one cache scope share their first k block hashes exactly when t
 first k x BLOCK_TOKENS tokens, so "how much of this prompt does a worker hold" is "how many of the
 prompt's hashes, from the first, are in the worker's set". Workers publish the hashes of what
 their prefix cache holds (worker/runtime/prefix/prefix_report.py); the API hashes a prompt's tokens,
-counted exactly as the worker renders them (shared/queue/prompt_tokens.py), and scores the live
-workers with them (api/queue/placement.py). Nothing here talks to Redis.
+counted exactly as the worker renders them (shared/queue/prompt/prompt_tokens.py), and scores the
+live workers with them (api/queue/placement.py). Nothing here talks to Redis.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ _SEED = b"mlxq-prefix-v1"
 
 class HeldPrompt(NamedTuple):
     """A token sequence a worker's prefix cache holds, and the cache scope it holds it for
-    (shared/queue/cache_scope.py): what the worker advertises, and what its cache files are
+    (shared/queue/prefix/cache_scope.py): what the worker advertises, and what its cache files are
     named by."""
 
     scope: str
@@ -34,7 +34,8 @@ class HeldPrompt(NamedTuple):
 
 def block_hashes(tokens: list[int], limit: int | None = None, scope: str = "") -> list[str]:
     """The chained hashes of the full blocks of `tokens` (at most `limit`), in order, under a
-    cache scope (shared/queue/cache_scope.py): the same tokens in another scope share none."""
+    cache scope (shared/queue/prefix/cache_scope.py): the same tokens in another scope share
+    none."""
     blocks = len(tokens) // BLOCK_TOKENS
     if limit is not None:
         blocks = min(blocks, limit)
