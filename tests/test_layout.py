@@ -67,8 +67,6 @@ def test_a_package_imports_only_what_its_layer_allows(
 
 
 TOP_MODULES_MAX = 12
-# Packages over TOP_MODULES_MAX still waiting for their rooms (issue 44); none may join.
-WAITING_FOR_ROOMS = {"worker/engine/sequence"}
 
 
 def crowded_packages(root: Path) -> dict[str, int]:
@@ -86,11 +84,8 @@ def crowded_packages(root: Path) -> dict[str, int]:
 
 
 def test_no_package_holds_more_than_twelve_modules_at_its_top() -> None:
-    found = crowded_packages(ROOT)
-    crowded = {p: n for p, n in found.items() if p not in WAITING_FOR_ROOMS}
+    crowded = crowded_packages(ROOT)
     assert crowded == {}, "split into rooms: " + ", ".join(f"{p} ({n})" for p, n in crowded.items())
-    roomed = sorted(WAITING_FOR_ROOMS - found.keys())
-    assert roomed == [], "has its rooms, off the waiting list: " + ", ".join(roomed)
 
 
 def test_the_crowding_check_counts_a_package_s_top_only(tmp_path: Path) -> None:

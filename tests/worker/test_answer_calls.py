@@ -1,5 +1,5 @@
 """Llama 3.x's calls, written as the whole answer with no markers
-(worker/engine/sequence/answer_calls.py), read back however the text is split into tokens; and
+(worker/engine/sequence/calls/answer_calls.py), read back however the text is split into tokens; and
 the family told apart on its real vocabulary and template."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from shared.wire.generation.tools import (
     ToolUse,
 )
 from tests.families.vocab import FAMILIES, family_tokenizer
-from worker.engine.sequence.answer_calls import AnswerCallScanner
+from worker.engine.sequence.calls.answer_calls import AnswerCallScanner
+from worker.engine.sequence.calls.scanned_calls import Scanned
+from worker.engine.sequence.calls.tool_calls import ToolFormat
 from worker.engine.sequence.grammar import Grammars
-from worker.engine.sequence.scanned_calls import Scanned
-from worker.engine.sequence.tool_calls import ToolFormat
 
 CALL = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
 OTHER = '{"name": "add", "parameters": {"a": 1, "b": 2}}'

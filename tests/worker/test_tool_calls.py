@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.wire.generation.tools import CALL_END, CALL_START
-from worker.engine.sequence.call_readers import CallReader, JsonCallReader, ParsedCallReader
-from worker.engine.sequence.tool_calls import MarkedCallScanner, Scanned
+from worker.engine.sequence.calls.call_readers import CallReader, JsonCallReader, ParsedCallReader
+from worker.engine.sequence.calls.tool_calls import MarkedCallScanner, Scanned
 
 CALL = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
 

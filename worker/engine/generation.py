@@ -32,12 +32,12 @@ from worker.engine.model import LoadedModel
 from worker.engine.prefill_policy import PrefillPolicy
 from worker.engine.prefix_cache import PrefixCache, Reuse, level
 from worker.engine.prepare import PreparedJob, Preparer
+from worker.engine.sequence.calls.tool_calls import Scanned, ToolCallScanner
 from worker.engine.sequence.detokenize import TextDecoder
 from worker.engine.sequence.drafts import PromptLookup, Speculation
 from worker.engine.sequence.logprobs import LogprobRecorder, PromptScorer
 from worker.engine.sequence.reasoning import Split
 from worker.engine.sequence.stop import StopStringMatcher
-from worker.engine.sequence.tool_calls import Scanned, ToolCallScanner
 from worker.engine.staged_prompt import StagedPrompt
 
 log = logging.getLogger(__name__)

@@ -25,13 +25,13 @@ from shared.queue.prompt.prompt_tokens import (
 )
 from shared.wire.errors import ContextLengthError, InvalidRequestError
 from worker.engine.model import LoadedModel
+from worker.engine.sequence.calls.tool_calls import ToolCallScanner, ToolFormat
 from worker.engine.sequence.grammar import GrammarConstraint, Grammars
 from worker.engine.sequence.harmony import HarmonySplit, HarmonyTokens
 from worker.engine.sequence.logprobs import LogprobRecorder
 from worker.engine.sequence.processors import processors_for
 from worker.engine.sequence.reasoning import ReasoningGate, Split, ThinkMarkers, ThinkSplit
 from worker.engine.sequence.sampling import Sampler, make_sampler
-from worker.engine.sequence.tool_calls import ToolCallScanner, ToolFormat
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from shared.wire.generation.tools import (
     ToolCall,
     ToolUse,
 )
-from worker.engine.sequence.tool_calls import ToolFormat
+from worker.engine.sequence.calls.tool_calls import ToolFormat
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ them (shared/queue/prompt/prompt_tokens.py):
 - The chat template knows tools and mlx-lm has a parser for the model family (Qwen, Mistral,
   Gemma, GLM, Kimi, ...): tools go to the template and calls are parsed with the family's mlx-lm
   parser. Llama 3.x, whose calls are its whole answer in bare JSON and which mlx-lm cannot read,
-  gets its template too and mlxq's own reader (worker/engine/sequence/answer_calls.py).
+  gets its template too and mlxq's own reader (worker/engine/sequence/calls/answer_calls.py).
 - Otherwise (the default SmolLM2 and every ChatML model without a tool template): the fallback
   below. The tools are described in a system message, and the model calls one by writing
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the JSON-tools format of Hermes and

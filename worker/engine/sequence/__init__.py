@@ -1,3 +1,3 @@
 """What each sequence of the batch owns: its sampler and logits processors (a grammar among
 them), its stop tokens and stop strings, its detokenizer, its log-probabilities and its tool-call
-scanner. A sequence that asks for none of a feature pays nothing for it."""
+scanner (the `calls` room). A sequence that asks for none of a feature pays nothing for it."""

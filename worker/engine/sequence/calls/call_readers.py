@@ -1,8 +1,8 @@
 """Reading one tool call's text, between its markers, as the model writes it.
 
-A `ToolCallScanner` (worker/engine/sequence/tool_calls.py) hands each call's text to a reader as it
-streams, and the reader says what may be sent of the call so far (`CallPiece`s: first its name,
-then its arguments text) and, at the call's end marker, the call itself:
+A `ToolCallScanner` (worker/engine/sequence/calls/tool_calls.py) hands each call's text to a reader
+as it streams, and the reader says what may be sent of the call so far (`CallPiece`s: first its
+name, then its arguments text) and, at the call's end marker, the call itself:
 
 - `JsonCallReader`, for the JSON-tools format (`{"name": ..., "arguments": {...}}`, the fallback's
   and Hermes/Qwen 2.5's; Llama 3.x names the arguments `parameters`, and either key is read):

@@ -8,7 +8,7 @@ here (`writes_answer_calls`: the vocabulary's `<|python_tag|>`, a template that 
 `ipython` and `"parameters"`) and its calls are read by an `AnswerCallScanner`.
 
 The scanner looks at the answer's opening: one that opens with `{` is read as a call by the
-JSON-tools reader (worker/engine/sequence/call_readers.py, which takes `parameters` as the
+JSON-tools reader (worker/engine/sequence/calls/call_readers.py, which takes `parameters` as the
 arguments), so the name and then the arguments stream as they are written; any other opening
 is text, shown as it streams from then on. A JSON object that names none of the request's
 tools is no call: it is shown as written once it closes. A built-in tool call
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from worker.engine.sequence.call_readers import JsonCallReader
-from worker.engine.sequence.scanned_calls import CallNumbering, Scanned
+from worker.engine.sequence.calls.call_readers import JsonCallReader
+from worker.engine.sequence.calls.scanned_calls import CallNumbering, Scanned
 
 PYTHON_TAG = "<|python_tag|>"
 _BETWEEN = " \t\r\n;"  # what may stand before, between and after the calls

@@ -1,7 +1,7 @@
 """What a tool-call scanner gives for a piece of a sequence's text (`Scanned`), and the numbering
 of that sequence's calls into OpenAI's pieces (`CallNumbering`): each scanner
-(worker/engine/sequence/tool_calls.py's between markers, answer_calls.py's as the whole answer)
-reads calls its own way and hands them on the same way."""
+(worker/engine/sequence/calls/tool_calls.py's between markers, answer_calls.py's as the whole
+answer) reads calls its own way and hands them on the same way."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from shared.wire.generation.tools import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta
 from shared.wire.ids import new_id
-from worker.engine.sequence.call_readers import CallPiece, ReadCall
+from worker.engine.sequence.calls.call_readers import CallPiece, ReadCall
 
 
 @dataclass

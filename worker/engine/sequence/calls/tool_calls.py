@@ -3,14 +3,14 @@
 A `ToolCallScanner` sits after the stop-string matcher. Most families mark their calls, and a
 `MarkedCallScanner` reads them: text outside a call passes through,
 text from the call's start marker to its end marker goes to a reader for the model's format
-(worker/engine/sequence/call_readers.py; shared/wire/generation/tools.py says which format a model
-gets), which says
+(worker/engine/sequence/calls/call_readers.py; shared/wire/generation/tools.py says which format a
+model gets), which says
 what may be sent of the call as it is written. The scanner numbers the calls of its sequence and
 turns them into OpenAI's stream pieces (`ToolCallDelta`: the first with the call's id and name,
 then its arguments) and, at each end marker, the whole `ToolCall`. A suffix that could still
 become a marker is held back, so a client never sees part of one. Text between markers that is
 no call is shown as it was written. Llama 3.x writes a call as its whole answer, with no
-markers: an `AnswerCallScanner` reads those (worker/engine/sequence/answer_calls.py).
+markers: an `AnswerCallScanner` reads those (worker/engine/sequence/calls/answer_calls.py).
 `ToolFormat` says which a model gets.
 """
 
@@ -30,15 +30,15 @@ from shared.wire.generation.tools import (
     CallFrame,
     ToolUse,
 )
-from worker.engine.sequence.answer_calls import AnswerCallScanner, writes_answer_calls
-from worker.engine.sequence.call_readers import (
+from worker.engine.sequence.calls.answer_calls import AnswerCallScanner, writes_answer_calls
+from worker.engine.sequence.calls.call_readers import (
     CallReader,
     JsonCallReader,
     ParsedCallReader,
     Parser,
 )
+from worker.engine.sequence.calls.scanned_calls import CallNumbering, Scanned
 from worker.engine.sequence.harmony import HarmonyTokens
-from worker.engine.sequence.scanned_calls import CallNumbering, Scanned
 
 __all__ = ["MarkedCallScanner", "Scanned", "ToolCallScanner", "ToolFormat"]
 
@@ -148,7 +148,7 @@ class ToolFormat:
     start: str
     end: str
     parse: Parser
-    # The call is the whole answer, with no markers (Llama 3.x: sequence/answer_calls.py).
+    # The call is the whole answer, with no markers (Llama 3.x: calls/answer_calls.py).
     whole_answer: bool = False
 
     @classmethod
