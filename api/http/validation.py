@@ -8,6 +8,8 @@ A body is accepted only as one JSON document declared as such:
   with a NUL character: a tokenizer or a C library downstream must never see one.
 Only then does the model validate it (limits, types, unsupported parameters). The body's size
 is bounded before any of this by Flask's MAX_CONTENT_LENGTH (413), chunked bodies included.
+A request's images are checked after it validates (`checked_images`: shared/wire/images.py's
+rule, under the settings' limits), before anything of it is queued.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from flask import request
 from pydantic import BaseModel
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from api.backend import backend
+from shared.queue.config import Settings
 from shared.wire.errors import InvalidJSONError, InvalidRequestError, UnsupportedMediaTypeError
+from shared.wire.images import ImageInput, ImageLimits, ImageRef, check_images
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -54,6 +59,21 @@ def parse_json(model: type[M], body: bytes) -> M:
         ) from err
     check_values(data)
     return model.model_validate(data, strict=True)
+
+
+def image_limits(settings: Settings) -> ImageLimits:
+    return ImageLimits(
+        max_bytes=settings.image_max_bytes,
+        max_images=settings.image_max_per_request,
+        max_pixels=settings.image_max_pixels,
+        urls=settings.image_urls,
+    )
+
+
+def checked_images(images: list[ImageInput]) -> list[ImageRef]:
+    """A validated request's images, checked and identified; the first bad one is a 400
+    naming its part."""
+    return check_images(images, image_limits(backend().settings)) if images else []
 
 
 def _require_json_content_type() -> None:
