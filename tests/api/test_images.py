@@ -16,6 +16,7 @@ import struct
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,7 +34,7 @@ from shared.wire.chat.completions import ChatCompletionRequest
 from shared.wire.errors import InvalidRequestError
 from shared.wire.images import ImageLimits, check_images
 from tests.api.test_model_kinds import create_batch
-from tests.support import MODEL, STAND_IN, rq_queue, stand_in_worker, taken_in
+from tests.support import MODEL, STAND_IN, post, rq_queue, stand_in_worker, taken_in
 from worker.runtime.liveness.heartbeat import born
 
 LIMITS = ImageLimits(max_bytes=1 << 20, max_images=4, max_pixels=4096 * 4096)
@@ -464,3 +465,17 @@ def test_a_message_batch_request_with_an_image_ends_errored_naming_the_model(
     assert result["result"]["type"] == "errored"
     assert "does not accept images" in json.dumps(result["result"]["error"])
     assert queued(redis, fleet) == 0
+
+
+def test_under_gunicorn_images_are_checked_off_the_hub_and_a_refusal_logs_no_traceback(
+    api_url: str, logs: Path
+) -> None:
+    """The session's API runs gevent workers, where the checks run on the hub's native threads
+    (api/http/validation.py): a refusal comes back as the same 400, and nothing is logged."""
+    bad = post(api_url, "/v1/chat/completions", chat_body(raw_b64("/v1/chat/completions", "!!")))
+    assert bad.status == 400, bad.body
+    assert bad.body["error"]["param"] == "messages.0.content.1.image_url.url"
+    good = post(api_url, "/v1/chat/completions", chat_body(chat_image()))
+    assert good.status in (400, 404), good.body  # no model reads images, or none is served
+    assert good.body["error"]["param"] == "model"
+    assert "failed with InvalidRequestError" not in (logs / "api.log").read_text()
