@@ -14,7 +14,7 @@ from typing import Any
 from flask import Flask, current_app
 
 from api.backend import Backend
-from shared.queue.jobs import QueuedJob
+from shared.queue.jobs import GenerationJob, QueuedJob
 from shared.queue.liveness import horizon, live_workers
 from shared.queue.model_kinds import read_kinds, refuse_wrong_kind
 from shared.queue.pool import Catalog, read_catalog
@@ -52,8 +52,13 @@ class Roster:
 
     def require_kind(self, job: QueuedJob) -> None:
         """A 400 naming `model` when the job's model is of the other kind (an embedding model
-        asked for a chat, a chat model for embeddings: shared/queue/model_kinds.py)."""
-        refuse_wrong_kind(job, self.kinds([job.model])[job.model])
+        asked for a chat, a chat model for embeddings: shared/queue/model_kinds.py), or when
+        it carries images its model does not read; a 404 first for images sent to a model
+        nothing serves."""
+        kind = self.kinds([job.model])[job.model]
+        if kind is None and isinstance(job, GenerationJob) and job.has_images:
+            self.require_model(job.model)
+        refuse_wrong_kind(job, kind)
 
     def served_by(self, model: str) -> frozenset[str]:
         """The live workers serving `model`, read once for a job's admission. None while a

@@ -9,7 +9,7 @@ from flask import Blueprint, Response
 
 from api.http.auth import cache_scope, owner_id
 from api.http.sse import frame, sse_response, token_framer
-from api.http.validation import parse_body
+from api.http.validation import checked_images, parse_body
 from api.queue.broker import broker
 from api.queue.generation import RunningJob, collect, start, stream_frames
 from api.stores.idempotency import STREAMED, idempotent, refuse_key
@@ -33,9 +33,11 @@ bp = Blueprint("chat", __name__)
 @idempotent
 def create_chat_completion() -> Response:
     req = parse_body(ChatCompletionRequest)
+    images = checked_images(req.images())
     if req.stream:
         refuse_key(STREAMED)
-    running = start(broker(), job_for(new_id("chatcmpl-"), req, owner_id(), scope=cache_scope()))
+    job = job_for(new_id("chatcmpl-"), req, owner_id(), scope=cache_scope(), images=images)
+    running = start(broker(), job)
     if req.stream:
         return sse_response(stream_chat(running, req))
     return Response(collect_chat(running, req).model_dump_json(), mimetype="application/json")

@@ -15,7 +15,7 @@ from flask import Blueprint, Response, request
 
 from api.http.auth import cache_scope, owner_id
 from api.http.sse import KEEPALIVE, event_frame, sse_response
-from api.http.validation import parse_body
+from api.http.validation import checked_images, parse_body
 from api.limits.quotas import quotas
 from api.queue.admission import admit_background
 from api.queue.broker import broker
@@ -58,6 +58,7 @@ def _json(body: str) -> Response:
 @idempotent
 def create_response() -> Response:
     req = parse_body(ResponsesRequest)
+    images = checked_images(req.images())
     if req.stream:
         refuse_key(STREAMED)
     stored = StoredResponse(
@@ -68,7 +69,7 @@ def create_response() -> Response:
     )
     responses = store()
     replay_ttl_s = responses.ttl_s if req.store else None
-    job = job_for(stored.id, req, owner_id(), replay_ttl_s, scope=cache_scope())
+    job = job_for(stored.id, req, owner_id(), replay_ttl_s, scope=cache_scope(), images=images)
     running: RunningJob | None = None
     # Its places in the key's quotas first: a key without room gets its 429 before anything runs.
     with quotas().holding(owner_id(), *responses.usages(stored)):

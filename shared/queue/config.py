@@ -149,6 +149,18 @@ class LimitSettings(BaseModel):
     max_file_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
     # The requests one batch may hold: OpenAI's 50,000; lower it to bound what one batch queues.
     batch_max_lines: int = Field(default=50_000, ge=1, le=50_000)
+    # A request's images (shared/wire/images.py), each bounded before it is decoded. 20 MB an
+    # image is OpenAI's vision guide's figure (Anthropic's API takes 5 MB); 16 a request is below
+    # Anthropic's 100 and OpenAI's 500 (vLLM's `--limit-mm-per-prompt` bounds it per model); 33
+    # megapixels is 8K UHD (7680 x 4320), under Anthropic's 8000 x 8000 and under Pillow's own
+    # decompression-bomb bound (Image.MAX_IMAGE_PIXELS, 89 megapixels). The body's cap
+    # (max_body_bytes) bounds them all together first: base64 is 4/3 of the bytes.
+    image_max_bytes: int = Field(default=20 * 1024 * 1024, ge=1)
+    image_max_per_request: int = Field(default=16, ge=0)
+    image_max_pixels: int = Field(default=7680 * 4320, ge=1)
+    # Image URLs that are not data URLs: "off" refuses them (400 naming the part); "allow" is
+    # refused too, saying that fetching is not built yet. Never an image silently dropped.
+    image_urls: Literal["off", "allow"] = "off"
 
 
 class QuotaSettings(BaseModel):

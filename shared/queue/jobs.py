@@ -33,6 +33,7 @@ from shared.wire.generation.reasoning import ReasoningControl
 from shared.wire.generation.sampling import SamplingParams
 from shared.wire.generation.tools import ToolUse
 from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
+from shared.wire.images import ImageRef
 from shared.wire.responses.responses import ResponsesRequest
 
 # Where a job waits, in the order workers take: a client waiting on it; a background response
@@ -151,6 +152,10 @@ class GenerationJob(QueuedJobBase):
     # OpenAI's predicted output: text the answer is expected to repeat, a draft source where the
     # worker speculates (worker/engine/sequence/drafts.py).
     prediction: str | None = None
+    # The messages' images, checked (shared/wire/images.py), in the order of their parts: each
+    # with its content id, the key of its positions in the prefix cache. A job with images runs
+    # only on a model that reads them (shared/queue/model_kinds.py).
+    images: list[ImageRef] = []
 
     @property
     def replayed(self) -> bool:
@@ -164,6 +169,11 @@ class GenerationJob(QueuedJobBase):
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("a job has exactly one of messages and prompt")
         return self
+
+    @property
+    def has_images(self) -> bool:
+        """Whether its messages carry images (checked or not: a batch line's are not)."""
+        return any(m.image_parts() for m in self.messages or [])
 
     def prompt_items(self) -> list[str | list[int]]:
         """A text completion's prompts, one item each ([] for a chat job)."""
@@ -257,13 +267,15 @@ def job_for(
     owner: str | None = None,
     replay_ttl_s: int | None = None,
     scope: str = UNSCOPED,
+    images: list[ImageRef] | None = None,
 ) -> GenerationJob:
     """The generation job that answers a validated request of any of the four endpoints. A
     message is a chat request inside, with Anthropic's thinking and its max_tokens a ceiling.
     `replay_ttl_s`: keep the job's event log that long (a stored response); `scope`: its
-    sender's cache scope (api/http/auth.py), which the request's `cache_salt` narrows."""
+    sender's cache scope (api/http/auth.py), which the request's `cache_salt` narrows;
+    `images`: the request's images as checked (shared/wire/images.py `check_images`)."""
     if isinstance(req, MessagesInput):
-        chat = job_for(job_id, req.chat_request(), owner, replay_ttl_s, scope)
+        chat = job_for(job_id, req.chat_request(), owner, replay_ttl_s, scope, images)
         update = {"reasoning": req.reasoning_control(), "max_tokens_ceiling": True}
         return chat.model_copy(update=update)  # built, not yet admitted
     lane: Lane = "interactive"
@@ -281,7 +293,8 @@ def job_for(
         cache_scope=narrowed(scope, None if isinstance(req, ResponsesRequest) else req.cache_salt),
         keep_on_disk=isinstance(req, CompletionRequest) or req.store is not False,
     )
-    return _job_for(job_id, req, queueing)
+    job = _job_for(job_id, req, queueing)
+    return job.model_copy(update={"images": images}) if images else job
 
 
 def _job_for(

@@ -12,6 +12,12 @@ a job of the wrong kind that still reaches it with the same error.
 
 A model whose kind is not known (its workers predate the hash) is let through: its worker
 still refuses what it cannot run.
+
+Images are the other rule here: a job whose messages carry images runs only on a model of a
+kind that reads them (`READS_IMAGES`). No kind does yet (the vision engine is still to come), so
+every such job is refused with `no_images`' 400 naming `model`, whatever the model's kind, a
+kind not known included: a worker that cannot see would otherwise answer as if no image had been
+sent.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any, cast, get_args
 
 from redis import Redis
 
-from shared.queue.jobs import QueuedJob
+from shared.queue.jobs import GenerationJob, QueuedJob
 from shared.queue.keys import Keys
 from shared.wire.errors import InvalidRequestError
 from shared.wire.fleet.catalog import ModelKind
@@ -42,10 +48,27 @@ def wrong_kind(model: str, kind: ModelKind) -> InvalidRequestError:
     return InvalidRequestError(f"The model '{model}' is {_WHAT_IT_IS[kind]}.", param="model")
 
 
+# The kinds of model that read images: none yet.
+READS_IMAGES: frozenset[ModelKind] = frozenset()
+
+
+def no_images(model: str) -> InvalidRequestError:
+    """The 400 for a job with images sent to `model`, which does not read them."""
+    return InvalidRequestError(
+        f"The model '{model}' does not accept images: it reads text only. Send the request "
+        "without image parts, or to a vision model.",
+        param="model",
+        code="model_not_vision",
+    )
+
+
 def refuse_wrong_kind(job: QueuedJob, kind: ModelKind | None) -> None:
-    """Raise `wrong_kind` when the job's model, of `kind` (None: not known), cannot run it."""
+    """Raise `wrong_kind` when the job's model, of `kind` (None: not known), cannot run it, and
+    `no_images` when the job carries images its model does not read."""
     if kind is not None and kind != kind_of_job(job):
         raise wrong_kind(job.model, kind)
+    if isinstance(job, GenerationJob) and job.has_images and kind not in READS_IMAGES:
+        raise no_images(job.model)
 
 
 def read_kinds(redis: Redis, keys: Keys, models: list[str]) -> dict[str, ModelKind | None]:

@@ -18,7 +18,7 @@ from flask import Blueprint, Response, request
 
 from api.http.auth import cache_scope, owner_id
 from api.http.sse import named_frame, sse_response, token_framer
-from api.http.validation import parse_body
+from api.http.validation import checked_images, parse_body
 from api.limits.shares import takes_a_request
 from api.queue.broker import broker
 from api.queue.generation import KeepaliveEvent, Relayed, RunningJob, collect, start
@@ -68,10 +68,12 @@ def _json(body: str) -> Response:
 @idempotent
 def create_message() -> Response:
     req = parse_body(MessagesRequest)
+    images = checked_images(req.images())
     if req.stream:
         refuse_key(STREAMED)
     chat = req.chat_request()
-    running = start(broker(), job_for(new_id("msg_"), req, owner_id(), scope=cache_scope()))
+    job = job_for(new_id("msg_"), req, owner_id(), scope=cache_scope(), images=images)
+    running = start(broker(), job)
     if req.stream:
         return sse_response(stream_message(running))
     return _json(collect_message(running, chat).model_dump_json())
@@ -81,9 +83,13 @@ def create_message() -> Response:
 @takes_a_request  # it renders and tokenizes a prompt: not free, so not unlimited
 def count_tokens() -> Response:
     req = parse_body(MessagesInput)
+    images = checked_images(req.images())
     b = broker()
     b.roster.require_model(req.model)
-    prompt = b.windows.measure(job_for(new_id("msg_"), req))
+    job = job_for(new_id("msg_"), req, images=images)
+    if images:  # counted only by a model that reads them (shared/queue/model_kinds.py)
+        b.roster.require_kind(job)
+    prompt = b.windows.measure(job)
     if prompt is None:
         raise InvalidRequestError(
             f"The worker serving '{req.model}' has not published a tokenizer this server can "

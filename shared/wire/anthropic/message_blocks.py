@@ -10,7 +10,10 @@ and any other server's cannot be checked here. A redacted block's `data` gives t
 mlxq made it (shared/wire/responses/reasoning_blob.py); other data is accepted and left out.
 
 How the blocks map: `tool_result` blocks -> tool messages; an assistant's `tool_use` blocks ->
-its tool_calls (arguments as JSON text); its thinking -> the message's `reasoning_content`.
+its tool_calls (arguments as JSON text); its thinking -> the message's `reasoning_content`; a
+user's `image` blocks -> image parts of its chat message, in place among its text (a `base64`
+source as a data URL; a `url` source as its link, which shared/wire/images.py refuses unless
+fetching is allowed and built). An image inside a `tool_result` is not taken (400).
 """
 
 from __future__ import annotations
@@ -20,8 +23,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.wire.chat.chat_messages import MAX_CONTENT_CHARS, MAX_CONTENT_PARTS, ChatMessage
+from shared.wire.chat.chat_messages import (
+    MAX_CONTENT_CHARS,
+    MAX_CONTENT_PARTS,
+    ChatMessage,
+    ImagePart,
+    ImageUrl,
+    TextPart,
+)
 from shared.wire.generation.tools import FunctionCall, FunctionName, ToolCall
+from shared.wire.images import ImageInput, MediaType
 from shared.wire.responses.reasoning_blob import decode_reasoning_blob
 
 Text = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
@@ -43,6 +54,45 @@ class TextBlock(BaseModel):
     cache_control: CacheControl | None = None
     # Where an earlier answer's text came from (documents, search results): metadata only.
     citations: Annotated[list[dict[str, Any]], Field(max_length=MAX_CONTENT_PARTS)] | None = None
+
+
+class Base64Source(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["base64"]
+    media_type: MediaType
+    data: Annotated[str, Field(min_length=1)]
+
+
+class UrlSource(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["url"]
+    url: Annotated[str, Field(min_length=1)]
+
+
+class ImageBlock(BaseModel):
+    """An image in a user message."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["image"]
+    source: Annotated[Base64Source | UrlSource, Field(discriminator="type")]
+    cache_control: CacheControl | None = None
+
+    def image(self, param: str) -> ImageInput:
+        """The image as given, named under `param` (the block's own name)."""
+        source = self.source
+        if isinstance(source, UrlSource):
+            return ImageInput(param=f"{param}.source.url", url=source.url)
+        return ImageInput(
+            param=f"{param}.source.data", data=source.data, media_type=source.media_type
+        )
+
+    def chat_part(self) -> ImagePart:
+        source = self.source
+        if isinstance(source, UrlSource):
+            url = source.url
+        else:
+            url = f"data:{source.media_type};base64,{source.data}"
+        return ImagePart(type="image_url", image_url=ImageUrl(url=url))
 
 
 class Caller(BaseModel):
@@ -105,14 +155,13 @@ class RedactedThinkingBlock(BaseModel):
         return decode_reasoning_blob(self.data)
 
 
-ContentBlock = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
-    Field(discriminator="type"),
-]
-AnyBlock = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+AnyBlock = (
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+)
+ContentBlock = Annotated[AnyBlock, Field(discriminator="type")]
 # The blocks only an assistant writes, and those only a user sends.
 ASSISTANT_BLOCKS = (ToolUseBlock, ThinkingBlock, RedactedThinkingBlock)
-USER_BLOCKS = (ToolResultBlock,)
+USER_BLOCKS = (ToolResultBlock, ImageBlock)
 
 
 class InputMessage(BaseModel):
@@ -133,11 +182,31 @@ class InputMessage(BaseModel):
             return [TextBlock(type="text", text=self.content)]
         return list(self.content)
 
+    def images(self, param: str) -> list[ImageInput]:
+        """Its images as given, named under `param` (the message's own name)."""
+        blocks = self.content if isinstance(self.content, list) else []
+        return [
+            b.image(f"{param}.content.{i}")
+            for i, b in enumerate(blocks)
+            if isinstance(b, ImageBlock)
+        ]
+
     def chat_messages(self) -> list[ChatMessage]:
         """This message as chat messages: one per tool result, then the rest of its text (with
-        the turn's reasoning, its thinking blocks in order)."""
+        the turn's reasoning, its thinking blocks in order; its images in place)."""
         blocks = self.blocks()
         results = [b for b in blocks if isinstance(b, ToolResultBlock)]
+        if any(isinstance(b, ImageBlock) for b in blocks):
+            chat = [
+                ChatMessage(role="tool", content=r.text(), tool_call_id=r.tool_use_id)
+                for r in results
+            ]
+            parts = [
+                b.chat_part() if isinstance(b, ImageBlock) else TextPart(type="text", text=b.text)
+                for b in blocks
+                if isinstance(b, ImageBlock | TextBlock)
+            ]
+            return [*chat, ChatMessage(role="user", content=parts)]
         texts = [b for b in blocks if isinstance(b, TextBlock)]
         calls = [_tool_call(b) for b in blocks if isinstance(b, ToolUseBlock)]
         thoughts = [

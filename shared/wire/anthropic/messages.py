@@ -53,6 +53,7 @@ from shared.wire.generation.tools import (
     check_tools,
 )
 from shared.wire.ids import MODEL_NAME_PATTERN
+from shared.wire.images import ImageInput
 
 # The routes that speak Anthropic's API (and answer errors in its shape, api/http/errors.py).
 MESSAGES_PATH = "/v1/messages"
@@ -218,6 +219,10 @@ class MessagesInput(BaseModel):
             return ReasoningControl(enabled=False, effort=effort)
         budget = thinking.budget_tokens if isinstance(thinking, ThinkingEnabled) else None
         return ReasoningControl(enabled=True, effort=effort, budget_tokens=budget)
+
+    def images(self) -> list[ImageInput]:
+        """The images the messages carry, in order, each named by its parameter."""
+        return [image for i, m in enumerate(self.messages) for image in m.images(f"messages.{i}")]
 
     def chat_messages(self) -> list[ChatMessage]:
         chat = [m for message in self.messages for m in message.chat_messages()]

@@ -5,6 +5,12 @@ An assistant message sent back in history may carry what the answer carried: its
 (`reasoning_content`, DeepSeek's and llama.cpp's name, or `reasoning`, vLLM's and OpenRouter's),
 a `refusal`, and `annotations` (URL citations, which change nothing here), so the OpenAI SDK's
 `message.model_dump()` goes back as it came. Unknown fields are refused (400 naming them).
+
+A user message may carry images: `image_url` parts (OpenAI's chat reference has no
+`input_image` part: that is the Responses API's), each a data URL or a link, with its `detail`.
+What an image may be is shared/wire/images.py's rule, checked before anything is queued; a job
+with images runs only on a model that reads them (shared/queue/model_kinds.py). Its text is the
+text parts' alone.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_core import PydanticCustomError
 
 from shared.wire.generation.tools import MAX_TOOLS, ToolCall
+from shared.wire.images import Detail, ImageInput
 
 MAX_CONTENT_CHARS = 1_048_576  # characters in one message (all its parts) or one prompt
 MAX_CONTENT_PARTS = 1024  # text parts in one message
@@ -48,7 +55,24 @@ class RefusalPart(BaseModel):
         return self.refusal
 
 
-ContentPart = Annotated[TextPart | RefusalPart, Field(discriminator="type")]
+class ImageUrl(BaseModel):
+    """Where an image part's image is: a data URL (base64) or a link, and how closely to look
+    (`detail`: accepted; the engine that reads images decides its resolution)."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: Annotated[str, Field(min_length=1)]
+    detail: Detail | None = None
+
+
+class ImagePart(BaseModel):
+    """An image in a user message."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | RefusalPart | ImagePart, Field(discriminator="type")]
 HistoryText = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
 
 
@@ -95,7 +119,7 @@ class ChatMessage(BaseModel):
         if value is None and info.data.get("role") != "assistant":
             raise PydanticCustomError("missing", "Field required")
         if isinstance(value, list):
-            length = sum(len(part.text) for part in value)
+            length = sum(len(part.text) for part in value if not isinstance(part, ImagePart))
             if length > MAX_CONTENT_CHARS:
                 raise PydanticCustomError(
                     "string_too_long",
@@ -118,6 +142,8 @@ class ChatMessage(BaseModel):
         parts = self.content if isinstance(self.content, list) else []
         if self.role != "assistant" and any(isinstance(p, RefusalPart) for p in parts):
             raise PydanticCustomError("assistant_only", "only assistant messages carry refusals")
+        if self.role != "user" and any(isinstance(p, ImagePart) for p in parts):
+            raise PydanticCustomError("user_only", "only user messages carry images")
         if self.content is None and not self.tool_calls and all(v is None for v in answer):
             raise PydanticCustomError("missing", "an assistant message needs content or tool_calls")
         return self
@@ -128,7 +154,19 @@ class ChatMessage(BaseModel):
             return self.refusal or ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if not isinstance(part, ImagePart))
+
+    def image_parts(self) -> list[tuple[int, ImagePart]]:
+        """The message's image parts, each with its index in the content."""
+        parts = self.content if isinstance(self.content, list) else []
+        return [(i, part) for i, part in enumerate(parts) if isinstance(part, ImagePart)]
+
+    def images(self, param: str) -> list[ImageInput]:
+        """The message's images as given, named under `param` (the message's own name)."""
+        return [
+            ImageInput.of_url(f"{param}.content.{i}.image_url.url", part.image_url.url)
+            for i, part in self.image_parts()
+        ]
 
     def reasoning_text(self) -> str | None:
         """The reasoning an earlier assistant turn carried, whichever name it came under."""

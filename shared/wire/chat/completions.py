@@ -42,6 +42,7 @@ from shared.wire.generation.tools import (
     check_tools,
 )
 from shared.wire.ids import MODEL_NAME_PATTERN as MODEL_NAME_PATTERN
+from shared.wire.images import ImageInput
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 ServiceTier = Literal["auto", "default", "flex"]
@@ -331,6 +332,10 @@ class ChatCompletionRequest(SamplingRequest):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def images(self) -> list[ImageInput]:
+        """The images the messages carry, in order, each named by its parameter."""
+        return [image for i, m in enumerate(self.messages) for image in m.images(f"messages.{i}")]
 
     def reasoning_control(self) -> ReasoningControl | None:
         """The reasoning control the job carries; None: the template's default."""

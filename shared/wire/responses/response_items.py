@@ -13,6 +13,10 @@ template decides whether to render it: Qwen3's keeps only the current turn's): i
 `reasoning_text` content, else what its `encrypted_content` carries when mlxq made it
 (shared/wire/responses/reasoning_blob.py), else its summary. An opaque value mlxq did not make is
 accepted and left out.
+
+A user message may carry images: `input_image` parts, a data URL or a link in `image_url`,
+with their `detail`; one named by `file_id` is refused (400 naming it): the Files API keeps batch
+inputs here, not images to look up. They become the chat message's image parts, in place.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic_core import PydanticCustomError
 
+from shared.wire.chat.chat_messages import ImagePart, ImageUrl, TextPart
 from shared.wire.chat.completions import MAX_CONTENT_CHARS, MAX_CONTENT_PARTS, ChatMessage
-from shared.wire.errors import UnsupportedParameterError
+from shared.wire.errors import InvalidRequestError, UnsupportedParameterError
 from shared.wire.generation.tools import (
     ChatTool,
     FunctionCall,
@@ -30,6 +36,7 @@ from shared.wire.generation.tools import (
     FunctionName,
     ToolCall,
 )
+from shared.wire.images import Detail, ImageInput
 from shared.wire.responses.reasoning_blob import decode_reasoning_blob
 
 Text = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
@@ -52,9 +59,51 @@ class InputText(BaseModel):
     def _text_only(self) -> InputText:
         if self.type not in ("input_text", "output_text"):
             raise UnsupportedParameterError(
-                f"'{self.type}' content is not supported: only text is", param="input"
+                f"'{self.type}' content is not supported: only text and images are",
+                param="input",
             )
         return self
+
+
+class InputImage(BaseModel):
+    """An image part of a user message: a data URL or a link in `image_url`. `file_id` is
+    declared so that it is refused by name (400), not as an unknown field (`check`, which the
+    request's validation runs where it knows the part's place)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["input_image"]
+    image_url: Annotated[str, Field(min_length=1)] | None = None
+    file_id: Annotated[str, Field(max_length=128)] | None = None
+    detail: Detail | None = None
+
+    def check(self, param: str) -> None:
+        """Refuse, naming it under `param`, an image this server cannot take."""
+        if self.file_id is not None:
+            raise UnsupportedParameterError(
+                f"'{param}.file_id' is not supported: an image is not looked up among files "
+                "here; send it in image_url as a data URL (data:image/png;base64,...).",
+                param=f"{param}.file_id",
+            )
+        if self.image_url is None:
+            raise InvalidRequestError(
+                f"'{param}' needs its image_url.", param=f"{param}.image_url", code="missing"
+            )
+
+    def chat_part(self) -> ImagePart:
+        url = ImageUrl(url=str(self.image_url), detail=self.detail)
+        return ImagePart(type="image_url", image_url=url)
+
+
+def _part_type(value: Any) -> str:
+    """A content part's kind: an image, or text (whose model refuses any other type)."""
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "image" if kind == "input_image" else "text"
+
+
+InputPart = Annotated[
+    Annotated[InputText, Tag("text")] | Annotated[InputImage, Tag("image")],
+    Discriminator(_part_type),
+]
 
 
 class InputMessage(BaseModel):
@@ -62,16 +111,47 @@ class InputMessage(BaseModel):
 
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: Text | Annotated[list[InputText], Field(max_length=MAX_CONTENT_PARTS)]
+    content: Text | Annotated[list[InputPart], Field(max_length=MAX_CONTENT_PARTS)]
     # An output item passed back as input keeps its id, status and phase; none changes the prompt.
     id: Annotated[str, Field(max_length=128)] | None = None
     status: ItemStatus | None = None
     phase: Literal["commentary", "final_answer"] | None = None
 
+    @model_validator(mode="after")
+    def _images_from_users(self) -> InputMessage:
+        if self.role != "user" and self.image_parts():
+            raise PydanticCustomError("user_only", "only user messages carry images")
+        return self
+
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, InputText))
+
+    def image_parts(self) -> list[tuple[int, InputImage]]:
+        parts = self.content if isinstance(self.content, list) else []
+        return [(i, part) for i, part in enumerate(parts) if isinstance(part, InputImage)]
+
+    def images(self, param: str) -> list[ImageInput]:
+        """Its images as given, named under `param` (the item's own name)."""
+        for i, part in self.image_parts():
+            part.check(f"{param}.content.{i}")
+        return [
+            ImageInput.of_url(f"{param}.content.{i}.image_url", str(part.image_url))
+            for i, part in self.image_parts()
+        ]
+
+    def chat_message(self) -> ChatMessage:
+        """The message for the chat template: its text, or its parts in order with images."""
+        if isinstance(self.content, str) or not self.image_parts():
+            return ChatMessage(role=self.role, content=self.text())
+        parts: list[TextPart | ImagePart] = [
+            part.chat_part()
+            if isinstance(part, InputImage)
+            else TextPart(type="text", text=part.text)
+            for part in self.content
+        ]
+        return ChatMessage(role=self.role, content=parts)
 
 
 class Caller(BaseModel):

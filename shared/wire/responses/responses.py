@@ -51,6 +51,7 @@ from shared.wire.generation.tools import (
     ToolUse,
     check_tools,
 )
+from shared.wire.images import ImageInput
 from shared.wire.responses.response_items import (
     FunctionCallItem,
     FunctionCallOutput,
@@ -213,6 +214,7 @@ class ResponsesRequest(BaseModel):
                     f"'{name}' is not supported by this server", param=name
                 )
         check_include(self.include)
+        self.images()  # refuse an image that cannot be taken (file_id), naming its part
         if self.background and not self.store:
             raise InvalidRequestError("background responses must be stored", param="store")
         self.grammar()  # refuse a schema that cannot be compiled, before anything is queued
@@ -247,6 +249,16 @@ class ResponsesRequest(BaseModel):
     def reasoning_control(self) -> ReasoningControl | None:
         return self.reasoning.control() if self.reasoning is not None else None
 
+    def images(self) -> list[ImageInput]:
+        """The images the input carries, in order, each named by its parameter."""
+        items = [] if isinstance(self.input, str) else self.input
+        return [
+            image
+            for i, item in enumerate(items)
+            if isinstance(item, InputMessage)
+            for image in item.images(f"input.{i}")
+        ]
+
     def chat_messages(self) -> list[ChatMessage]:
         messages = []
         if self.instructions:
@@ -261,7 +273,7 @@ class ResponsesRequest(BaseModel):
                 reasoning += [text] if text else []
                 continue
             if isinstance(item, InputMessage):
-                messages.append(ChatMessage(role=item.role, content=item.text()))
+                messages.append(item.chat_message())
             elif isinstance(item, FunctionCallOutput):
                 messages.append(
                     ChatMessage(role="tool", tool_call_id=item.call_id, content=item.output)
