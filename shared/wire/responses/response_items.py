@@ -95,13 +95,15 @@ class InputImage(BaseModel):
 
 
 def _part_type(value: Any) -> str:
-    """A content part's kind: an image, or text (whose model refuses any other type)."""
+    """A content part's kind: an image, or text (whose model refuses any other type). The tags
+    read as pydantic's own union names (a '-' in them), so an error's `param` leaves them out:
+    `input.0.content.1.detail`, as the request spells it."""
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return "image" if kind == "input_image" else "text"
+    return "image-part" if kind == "input_image" else "text-part"
 
 
 InputPart = Annotated[
-    Annotated[InputText, Tag("text")] | Annotated[InputImage, Tag("image")],
+    Annotated[InputText, Tag("text-part")] | Annotated[InputImage, Tag("image-part")],
     Discriminator(_part_type),
 ]
 
