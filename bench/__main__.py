@@ -56,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--long-concurrency", default="1,4", help="for long16k and long30k")
     s.add_argument("--skip", default="", help="cells to leave out, e.g. long@16,medium@1")
     s.add_argument(
-        "--systems", default="mlxq,mlx_lm.server,vllm-mlx,forward,engine,mlxq-kv8,mlxq-spec"
+        "--systems", default="mlxq,mlx_lm.server,vllm-mlx,forward,engine,mlxq-kv8,mlxq-nospec"
     )
     s.add_argument("--repeats", type=int, default=1, help="each in another order of systems")
     s.add_argument("--max-tokens", type=int, default=48)

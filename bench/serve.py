@@ -1,7 +1,7 @@
 """The side-by-side benchmark: mlxq, mlx_lm.server, vllm-mlx and the baselines, in one run.
 
 mlxq is `mlxq run` as the README starts it, with its shipped defaults (bench/readme_stack.py);
-a labelled row (`--mlxq-tuned`, mlxq-kv8, mlxq-spec) is the same stack with settings on top. The
+a labelled row (`--mlxq-tuned`, mlxq-kv8, mlxq-nospec) is the same stack with settings on top. The
 peers run with their shipped defaults too.
 
 A cell is a workload (bench/prompts.py: short, medium or long prompts, each request with its own
@@ -46,16 +46,15 @@ from worker.gguf.default_model import ensure_default_model
 
 ENGINE = "engine (mlx-lm BatchGenerator)"
 FORWARD = "forward step (ceiling)"
-SERVERS = ("mlxq", "mlx_lm.server", "vllm-mlx", "mlxq-kv8", "mlxq-spec")
+SERVERS = ("mlxq", "mlx_lm.server", "vllm-mlx", "mlxq-kv8", "mlxq-nospec")
 # mlxq with its KV quantized to 8 bits (MLXQ_KV_BITS=8): measured in the long-prompt cells only,
 # where KV is what fills a worker's memory.
 KV8 = "mlxq-kv8"
-# mlxq with speculative decoding on (prompt lookup and `prediction`, 5 drafted tokens: the best
-# of 3, 5 and 8 in bench/speculation.py): measured in the copy cells, where it pays, and the
-# short ones, where it must cost nothing.
-SPEC = "mlxq-spec"
+# mlxq with speculative decoding off (MLXQ_SPECULATION_TOKENS=0; on by default): measured in
+# the copy cells, where speculation pays, and the short ones, where it must cost nothing.
+SPEC = "mlxq-nospec"
 SPEC_CELLS = ("short", "repeat", "edit", "edit-predicted")
-LABELLED = {KV8: {"MLXQ_KV_BITS": "8"}, SPEC: {"MLXQ_SPECULATION_TOKENS": "5"}}
+LABELLED = {KV8: {"MLXQ_KV_BITS": "8"}, SPEC: {"MLXQ_SPECULATION_TOKENS": "0"}}
 PEER_SYSTEMS = ("mlx_lm.server", "vllm-mlx")
 TEMPLATE_TOKENS = 30  # the default model's chat template around one user message
 # A request of the long cells may wait behind three 30k-token prefills of a peer that runs one

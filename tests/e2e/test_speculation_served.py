@@ -1,9 +1,11 @@
-"""A real worker with speculative decoding on (MLXQ_SPECULATION_TOKENS): through HTTP, a request
-with OpenAI's `prediction` gets the plain worker's answer word for word, its usage says how many
-predicted tokens were kept, and /metrics counts the drafts the worker's batch checked and kept.
+"""Speculative decoding as shipped (MLXQ_SPECULATION_TOKENS, on by default): through HTTP, a
+request with OpenAI's `prediction` gets the answer a worker without speculation gives, word for
+word; its usage says how many predicted tokens were kept; /metrics counts the drafts the
+worker's batch checked and kept.
 
-One worker process on the session's Redis under a namespace of its own, requests through the
-in-process app; the plain worker is the session's stack (speculation off, the shipped default).
+The speculating worker is the session's stack (the shipped defaults, through the OpenAI SDK);
+the plain one is a worker of this module's with MLXQ_SPECULATION_TOKENS=0, on the session's
+Redis under a namespace of its own, asked through the in-process app.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from flask.testing import FlaskClient
@@ -22,7 +25,7 @@ from tests.support import CHAT, MODEL, REAL_ENGINE
 from worker.ops.cluster import Cluster, wait_until
 
 HEARTBEAT_S = 0.5
-NAMESPACE = "mlxqspec"
+NAMESPACE = "mlxqnospec"
 PARAGRAPH = (
     "The market opened at dawn in the square beside the old church. Farmers brought apples, "
     "bread and honey from the valley, and the baker sold warm rolls from a basket by the door."
@@ -30,12 +33,12 @@ PARAGRAPH = (
 
 
 @pytest.fixture(scope="module")
-def speculating(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlaskClient]:
+def plain(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlaskClient]:
     logs = tmp_path_factory.mktemp("logs")
     cluster = Cluster(NAMESPACE, HEARTBEAT_S, MODEL, env=REAL_ENGINE, logs=logs, url=redis_url)
     settings = Settings(redis_url=redis_url, namespace=NAMESPACE, heartbeat_s=HEARTBEAT_S)
     try:
-        cluster.start_worker(MLXQ_BATCH_SIZE="4", MLXQ_SPECULATION_TOKENS="5")
+        cluster.start_worker(MLXQ_BATCH_SIZE="4", MLXQ_SPECULATION_TOKENS="0")
         yield create_app(settings).test_client()
     finally:
         cluster.stop()
@@ -53,22 +56,22 @@ def _copy_request() -> dict[str, Any]:
 
 
 def test_a_predicted_answer_is_the_plain_workers_word_for_word_and_usage_counts_the_kept(
-    speculating: FlaskClient, client: openai.OpenAI
+    plain: FlaskClient, client: openai.OpenAI
 ) -> None:
-    reply = speculating.post(CHAT, json=_copy_request())
+    fast = client.chat.completions.create(**_copy_request())  # the shipped, speculating worker
+    reply = plain.post(CHAT, json=_copy_request())
     assert reply.status_code == 200, reply.get_json()
-    fast: dict[str, Any] = reply.get_json()
-    plain = client.chat.completions.create(**_copy_request())  # the session's plain worker
-    assert fast["choices"][0]["message"]["content"] == plain.choices[0].message.content
-    assert plain.usage is not None and plain.usage.completion_tokens_details is not None
-    assert fast["usage"]["completion_tokens"] == plain.usage.completion_tokens
-    details = fast["usage"]["completion_tokens_details"]
-    assert details["accepted_prediction_tokens"] > fast["usage"]["completion_tokens"] // 2
-    assert plain.usage.completion_tokens_details.accepted_prediction_tokens == 0
+    slow: dict[str, Any] = reply.get_json()
+    assert fast.choices[0].message.content == slow["choices"][0]["message"]["content"]
+    assert fast.usage is not None and fast.usage.completion_tokens_details is not None
+    assert fast.usage.completion_tokens == slow["usage"]["completion_tokens"]
+    kept = fast.usage.completion_tokens_details.accepted_prediction_tokens
+    assert kept is not None and kept > fast.usage.completion_tokens // 2
+    assert slow["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0
 
 
-def _worker_counter(http: FlaskClient, name: str) -> float:
-    text = http.get("/metrics").get_data(as_text=True)
+def _worker_counter(api_url: str, name: str) -> float:
+    text = httpx.get(f"{api_url}/metrics", timeout=30).text
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
@@ -77,9 +80,12 @@ def _worker_counter(http: FlaskClient, name: str) -> float:
     )
 
 
-def test_metrics_count_the_drafts_the_batch_checked_and_kept(speculating: FlaskClient) -> None:
-    assert speculating.post(CHAT, json=_copy_request()).status_code == 200
-    drafted = "mlxq:worker_spec_decode_num_draft_tokens"
+def test_metrics_count_the_drafts_the_batch_checked_and_kept(
+    client: openai.OpenAI, api_url: str
+) -> None:
     kept = "mlxq:worker_spec_decode_num_accepted_tokens"
-    wait_until(lambda: _worker_counter(speculating, kept) > 0, 10, "a heartbeat with the drafts")
-    assert 0 < _worker_counter(speculating, kept) <= _worker_counter(speculating, drafted)
+    drafted = "mlxq:worker_spec_decode_num_draft_tokens"
+    before = _worker_counter(api_url, kept)
+    client.chat.completions.create(**_copy_request())
+    wait_until(lambda: _worker_counter(api_url, kept) > before, 10, "a heartbeat with the drafts")
+    assert 0 < _worker_counter(api_url, kept) <= _worker_counter(api_url, drafted)
