@@ -131,14 +131,9 @@ def test_a_chat_request_s_prediction_reaches_its_job_as_text() -> None:
     assert job_for("j", ChatCompletionRequest.model_validate(body)).prediction == "a b"
 
 
-def test_the_default_model_repeating_its_prediction_reports_the_accepted_tokens() -> None:
-    from shared.queue.config import Settings
-    from shared.queue.jobs import job_for
-    from shared.wire.chat.completions import ChatCompletionRequest
-    from worker.engine.generation import Engine, EngineSettings
-    from worker.engine.model import load_model
-
-    loaded = load_model(str(Settings().models_dir / "SmolLM2-135M-Instruct"))
+def test_the_default_model_repeating_its_prediction_reports_the_accepted_tokens(
+    smollm: Any,
+) -> None:
     line = "The lighthouse stood on the rocks at the edge of the bay."
     body = {
         "model": "m",
@@ -147,13 +142,7 @@ def test_the_default_model_repeating_its_prediction_reports_the_accepted_tokens(
         "max_tokens": 24,
         "prediction": {"type": "content", "content": line},
     }
-    engine = Engine(loaded, EngineSettings(2, 24, 4096, "slots", speculation=Speculation(5, 2)))
-    engine.insert(engine.prepare(job_for("j", ChatCompletionRequest.model_validate(body))))
-    text, last = "", None
-    while last is None:
-        for out in engine.step():
-            text += out.text
-            last = out if out.ends_job else None
+    text, last = _answer(smollm, body, 5)
     assert text == line
     assert last.accepted_prediction_tokens >= last.completion_tokens // 2
 

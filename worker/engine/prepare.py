@@ -1,11 +1,11 @@
 """A job turned into what the batch needs, outside the engine loop (in the job's RQ slot thread).
 
 `Preparer.prepare` renders and tokenizes the prompt (shared/queue/prompt/prompt_tokens.py's
-`chat_input`, as
-the API counts it), applies the context-window rule (shared/queue/prompt/context_window.py), and
-builds one `ChoiceSetup` per requested choice (`n`): its sampler and, only where the job asked for
-them, logits processors (penalties, logit bias, a grammar), a logprob recorder and a tool-call
-scanner. Every choice gets objects of its own: they keep per-sequence state.
+`chat_input`, as the API counts it), applies the context-window rule
+(shared/queue/prompt/context_window.py), and builds one `ChoiceSetup` per requested choice (`n`):
+its sampler and, only where the job asked for them, logits processors (penalties, logit bias, a
+grammar), a logprob recorder and a tool-call scanner. Every choice gets objects of its own: they
+keep per-sequence state.
 """
 
 from __future__ import annotations
