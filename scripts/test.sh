@@ -14,8 +14,9 @@ echo "test: pytest"
 rc=0
 # Two processes, a test module at a time each (pytest-xdist): most end-to-end time is spent
 # waiting on processes, so one process leaves much of a 2-core machine idle (docs/architecture.md, "Tests").
+# The files go out longest first, as tests/ordering.py sorts them, not xdist's most-tests first.
 # Arguments after the script's name are pytest's.
-.venv/bin/python -m pytest -n 2 --dist loadfile --durations=25 "$@" || rc=$?
+.venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=25 "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test: pytest collected no tests: failing" >&2
   exit 1

@@ -38,6 +38,7 @@ from redis import Redis
 from api import create_app
 from shared.queue.config import Settings
 from tests import OPENBLAS
+from tests.ordering import longest_first, measured
 from tests.support import MODEL, NEEDS_NETNS, REAL_ENGINE, flush_namespace
 from worker.ops.cluster import Cluster
 
@@ -82,13 +83,15 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Schemathesis names each API operation's item (`test[POST /v1/completions]`) but gives
-    them all its test function's node id. pytest-xdist hands out tests by node id, so without
-    this every operation but one would silently not run under `-n`."""
+    """The longest files first (tests/ordering.py), and a node id of its own for each of
+    Schemathesis's items: it names each API operation's item (`test[POST /v1/completions]`) but
+    gives them all its test function's node id. pytest-xdist hands out tests by node id, so
+    without this every operation but one would silently not run under `-n`."""
     for item in items:
         node = item._id  # pytest 9's NodeId: the path and the names under it
         if node.names and item.name.startswith(f"{node.names[-1]}[") and node.params is None:
             item._id = dataclasses.replace(node, names=(*node.names[:-1], item.name))
+    items[:] = longest_first(items, measured())
 
 
 def _refuse_unless_allowed(report: pytest.TestReport | pytest.CollectReport) -> None:
