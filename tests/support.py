@@ -39,7 +39,9 @@ from werkzeug.test import TestResponse
 
 from shared.observe.fleet import WorkerStats, publish_stats, read_snapshot
 from shared.observe.metrics import RECENT_JOBS, JobRecord
+from shared.queue import turns
 from shared.queue.config import Settings
+from shared.queue.jobs import LANES, Lane
 from shared.queue.keys import Keys
 from shared.wire.errors import QueueTimeoutError
 from shared.wire.events import ErrorEvent, encode_event, encode_frame
@@ -281,9 +283,7 @@ def finish_queued(redis: Redis, keys: Keys, model: str = MODEL, *taken: str) -> 
     answer its queue timeout would give (503 queue_timeout), sent as a worker sends an error,
     so that a test which has read the queue need not wait out the timeout itself."""
     timeout = encode_event(ErrorEvent.from_error(QueueTimeoutError("ended by the test")))
-    waiting = [
-        job_id for lane in keys.lanes(model) for job_id in rq_queue(redis, lane).get_job_ids()
-    ]
+    waiting = [job_id for lane in LANES for job_id in queued_ids(redis, keys, model, lane)]
     for job_id in [*waiting, *taken]:
         publish_as_worker(redis, keys, job_id, timeout)
 
@@ -293,6 +293,16 @@ def recent_jobs(redis: Redis, settings: Settings) -> list[JobRecord]:
     recorded them when each ended: lane, times, tokens, finish reason."""
     keys = Keys(settings.namespace)
     return read_snapshot(redis, keys, settings.heartbeat_s, recent=RECENT_JOBS).recent_jobs
+
+
+def queued_ids(redis: Redis, keys: Keys, model: str, lane: Lane) -> list[str]:
+    """The ids waiting in a lane: its own list, then each caller's (shared/queue/turns.py)."""
+    lists = turns.lane_lists(redis, keys, model, lane)
+    return [bytes(i).decode() for key in lists for i in redis.lrange(key, 0, -1)]
+
+
+def waiting_in(redis: Redis, keys: Keys, model: str, lane: Lane) -> int:
+    return len(queued_ids(redis, keys, model, lane))
 
 
 def rq_queue(redis: Redis, name: str) -> Queue:

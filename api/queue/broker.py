@@ -18,10 +18,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from flask import Flask, current_app
-from rq import Queue, Retry
+from rq import Queue
 from rq.serializers import JSONSerializer
 
 from api.backend import Backend
+from api.queue.bulk import BulkLanes
 from api.queue.context_window import ContextWindows, PromptCount
 from api.queue.placement import Outcome, Placement
 from api.queue.relay import EventRelay, Subscription
@@ -31,18 +32,10 @@ from shared.queue import backlog, fair_order
 from shared.queue.backlog import Verdict
 from shared.queue.config import Settings
 from shared.queue.connection import connect_blocking
-from shared.queue.jobs import (
-    JOB_FUNCTION,
-    GenerationJob,
-    JobLimits,
-    Lane,
-    QueuedJob,
-)
+from shared.queue.jobs import GenerationJob, JobLimits, Lane, QueuedJob
 from shared.wire.errors import QueueFullError
 
 T = TypeVar("T")
-# Bulk jobs enqueued per Redis round trip.
-BULK_CHUNK = 500
 
 
 class Broker:
@@ -64,6 +57,7 @@ class Broker:
         self._release = self.redis.register_script(backlog.RELEASE)
         self._place = self.redis.register_script(fair_order.PLACE)
         self._queues: dict[str, Queue] = {}
+        self.bulk = BulkLanes(self.redis, self.keys, self._call)
         self.placement = Placement(
             self.redis, self.keys, settings.placement_wait_s, settings.prefill_s_per_token
         )
@@ -184,8 +178,8 @@ class Broker:
         }
 
     def submit_bulk(self, jobs: list[GenerationJob], retries: int | None = None) -> None:
-        """Enqueue background responses or batch lines on their lane, in order (no admission
-        check).
+        """Enqueue background responses or batch lines on their lane, each in its caller's turn
+        (api/queue/bulk.py; no admission check).
 
         No client waits on a bulk job, so when its worker is lost it is retried from scratch,
         up to `retries` times (default `bulk_retries`; worker/runtime/liveness/reaper.py), instead
@@ -193,20 +187,7 @@ class Broker:
         """
         if retries is None:
             retries = self.settings.bulk_retries
-        retry = Retry(max=retries) if retries else None
-        for start in range(0, len(jobs), BULK_CHUNK):
-            pipe = self.redis.pipeline(transaction=False)
-            for queued in jobs[start : start + BULK_CHUNK]:
-                lane: Lane = "batch" if queued.batch_line is not None else "background"
-                job = queued.model_copy(update={"lane": lane})  # recorded in metrics and logs
-                data = Queue.prepare_data(
-                    JOB_FUNCTION,
-                    **self._job_options(job),
-                    retry=retry,
-                    description=job.job_id,  # RQ's default repeats the whole payload
-                )
-                self.queue(job.model, lane).enqueue_many([data], pipeline=pipe)
-            self._call(pipe.execute)
+        self.bulk.submit(jobs, self._job_options, retries)
 
     def cancel(self, job_id: str) -> None:
         pipe = self.redis.pipeline(transaction=False)

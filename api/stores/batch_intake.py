@@ -194,9 +194,9 @@ def _take_request(
         check_values(line.body)
         body = _batchable(batch.endpoint, line.body)
         request = REQUEST_MODELS[batch.endpoint].model_validate(body, strict=True)
-        # The owner after the fact: a batch line's fair share is not its owner's (it waits in
-        # the batch lane, in order), so `job_for` is not given it.
-        job = job_for(line_job_id(batch.id, index), request, scope=intake.cache_scope)
+        # Its owner's fair share: the batch lane takes its callers in turn (shared/queue/turns.py).
+        job_id = line_job_id(batch.id, index)
+        job = job_for(job_id, request, intake.owner, scope=intake.cache_scope)
         if not served:
             raise ModelNotFoundError(
                 f"The model '{job.model}' does not exist or no live worker serves it.",
@@ -224,7 +224,7 @@ def _take_request(
         body=body,
         expires_at=batch.expires_at,
     )
-    intake.chunk.jobs.append(job.model_copy(update={"batch_line": record, "owner": intake.owner}))
+    intake.chunk.jobs.append(job.model_copy(update={"batch_line": record}))
 
 
 def _batchable(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:

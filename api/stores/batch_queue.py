@@ -6,9 +6,10 @@ the models' batch lanes in one step.
 the batch from `validating` to `in_progress` with its first lines, in one script that writes
 nothing once the batch has stopped (cancelled, failed): the intake process can never add lines
 behind a cancel. `drop_queued` takes every still queued line of a batch off its models' batch
-lanes in one script per lane (the lane is rewritten without them: O(lane), not a worker's take
-per line), then deletes their RQ jobs; a line a worker took already is stopped by the caller
-(`stop`) or sees the batch's status and skips (worker/runtime/kinds/batch_lines.py).
+lanes in one script per lane (each of the lane's lists, its own and its callers'
+(shared/queue/turns.py), is rewritten without them: O(lane), not a worker's take per line),
+then deletes their RQ jobs; a line a worker took already is stopped by the caller (`stop`) or
+sees the batch's status and skips (worker/runtime/kinds/batch_lines.py).
 
 While its intake process runs (api/stores/batch_feed.py) a batch's hash holds `intake_until`,
 the time by which the intake must next renew it; `close_intake` removes it once every line is
@@ -25,7 +26,7 @@ from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from api.queue.broker import Broker
-from shared.queue import queued_tokens
+from shared.queue import queued_tokens, turns
 from shared.wire.batch.batches import (
     BatchError,
     BatchErrors,
@@ -59,22 +60,35 @@ redis.call('HINCRBY', KEYS[1], 'failed', refused)
 return 1
 """
 
-# KEYS: a batch lane. ARGV: the batch's line job prefix. The lane keeps every other job in its
-# order; returns the ids taken off.
-_DROP = """
-local ids = redis.call('LRANGE', KEYS[1], 0, -1)
-local keep, dropped = {}, {}
+# KEYS: a batch lane's list, its turns zset. ARGV: the batch's line job prefix, the lane's share
+# list prefix (shared/queue/turns.py). Each list keeps every other job in its order; returns
+# the ids taken off.
+_DROP = (
+    turns.LISTS
+    + """
+local dropped = {}
 local prefix, n = ARGV[1], #ARGV[1]
-for _, id in ipairs(ids) do
-  if string.sub(id, 1, n) == prefix then dropped[#dropped + 1] = id else keep[#keep + 1] = id end
-end
-if #dropped == 0 then return dropped end
-redis.call('DEL', KEYS[1])
-for i = 1, #keep, 4000 do
-  redis.call('RPUSH', KEYS[1], unpack(keep, i, math.min(i + 3999, #keep)))
+for _, list in ipairs(lane_lists(KEYS[1], KEYS[2], ARGV[2])) do
+  local ids = redis.call('LRANGE', list, 0, -1)
+  local keep, found = {}, 0
+  for _, id in ipairs(ids) do
+    if string.sub(id, 1, n) == prefix then
+      dropped[#dropped + 1] = id
+      found = found + 1
+    else
+      keep[#keep + 1] = id
+    end
+  end
+  if found > 0 then
+    redis.call('DEL', list)
+    for i = 1, #keep, 4000 do
+      redis.call('RPUSH', list, unpack(keep, i, math.min(i + 3999, #keep)))
+    end
+  end
 end
 return dropped
 """
+)
 # KEYS: the batch hash. ARGV: now, its errors. Fails a batch still validating or running.
 _FAIL = """
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -173,8 +187,8 @@ class BatchQueue:
         how many were dropped."""
         dropped: list[Any] = []
         for model in models:
-            lane = self._broker.queue(model, "batch").key
-            dropped += self._drop(keys=[lane], args=[line_job_prefix(batch_id)])
+            keys, share_prefix = turns.script_keys(self._keys, model, "batch")
+            dropped += self._drop(keys=keys, args=[line_job_prefix(batch_id), share_prefix])
         for start in range(0, len(dropped), _DELETE_CHUNK):
             chunk = dropped[start : start + _DELETE_CHUNK]
             self._redis.delete(*(Job.key_for(bytes(job_id).decode()) for job_id in chunk))

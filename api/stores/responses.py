@@ -98,7 +98,11 @@ class ResponseStore:
         status = job.get_status(refresh=False)
         if status in _WAITING:
             model = stored.request.model
-            queue = self._broker.queue(model, "background" if stored.background else "interactive")
+            if stored.background:  # in its caller's turn (shared/queue/turns.py)
+                share = str(job.args[0].get("share") or "anonymous") if job.args else "anonymous"
+                where = self._broker.bulk.position(stored.id, model, "background", share)
+                return JobView("queued", position=where)
+            queue = self._broker.queue(model, "interactive")
             return JobView("queued", position=queue.get_job_position(stored.id))
         if status == JobStatus.STARTED:
             return JobView("started")
@@ -128,8 +132,7 @@ class ResponseStore:
         """Flag it cancelled (final), stop its job at the next step, take it off its queue."""
         self._redis.hset(self._keys.response(stored.id), "cancelled", int(time.time()))
         self._broker.cancel(stored.id)
-        queue = self._broker.queue(stored.request.model, "background")
-        if queue.remove(stored.id):
+        if self._broker.bulk.remove(stored.id, stored.request.model, "background", None):
             Job(stored.id, connection=self._redis, serializer=JSONSerializer).delete()
             release_hold(stored.id)  # no worker will end it (a running one gives them back)
 

@@ -20,11 +20,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis import Redis
-from rq import Queue
 from rq.job import Job
 from rq.utils import str_to_date
 
 from shared.observe.metrics import RECENT_JOBS, JobRecord
+from shared.queue import turns
 from shared.queue.jobs import LANES, Lane
 from shared.queue.keys import Keys
 from shared.queue.liveness import alive, report_ttl_ms
@@ -75,7 +75,9 @@ class LaneView(BaseModel):
     lane: Lane
     waiting: int
     running: int
-    oldest_waiting_s: float | None  # age of the job at the head of the queue
+    # The age of the oldest job at the head of one of its lists (a bulk lane has one per
+    # caller: shared/queue/turns.py), the oldest waiting job of a FIFO lane.
+    oldest_waiting_s: float | None
 
 
 class ModelView(BaseModel):
@@ -125,11 +127,6 @@ class FleetQuery(BaseModel):
     recent: Annotated[int, Field(ge=0, le=RECENT_JOBS)] = 20
 
 
-def _queue_key(keys: Keys, model: str, lane: Lane) -> str:
-    name = keys.lane(model, lane)
-    return f"{Queue.redis_queue_namespace_prefix}{name}"
-
-
 def _text(value: Any) -> str:
     return bytes(value).decode()
 
@@ -154,17 +151,17 @@ def read_snapshot(
     now = time.time() if now is None else now
     models = [_text(m) for m in redis.zrange(keys.models(), 0, -1)]
     pipe = redis.pipeline(transaction=False)
+    waiting = redis.register_script(turns.WAITING)
     for model in models:
         pipe.zrange(keys.workers(model), 0, -1, withscores=True)
-        for lane in LANES:
-            pipe.llen(_queue_key(keys, model, lane))
-            pipe.lindex(_queue_key(keys, model, lane), 0)
+        for lane in LANES:  # its depth and the heads of its lists (shared/queue/turns.py)
+            turns.add_waiting(pipe, waiting, keys, model, lane)
         pipe.hmget(keys.model_metrics(model), [f"placement_{p}" for p in PLACEMENT])
     if recent:
         pipe.lrange(keys.recent_jobs(), 0, recent - 1)
     per_model = pipe.execute()
     recent_rows = per_model.pop() if recent else []
-    step = 2 + 2 * len(LANES)
+    step = 2 + len(LANES)
     beats = {
         _text(worker): float(score)
         for rows in per_model[::step]
@@ -216,18 +213,17 @@ def _model_views(
 ) -> list[ModelView]:
     pipe = redis.pipeline(transaction=False)
     for lanes in heads:
-        for head in lanes[1::2]:
-            if head:
+        for _, *lists_heads in lanes:
+            for head in lists_heads:
                 pipe.hget(Job.key_for(_text(head)), "enqueued_at")
-            else:
-                pipe.echo("")  # keeps one reply per lane
     enqueued = iter(pipe.execute())
     views = []
     for model, lanes in zip(models, heads, strict=True):
         serving = [w for w in workers if w.model == model]
         lane_views = []
-        for lane, depth in zip(LANES, lanes[::2], strict=True):
-            at = _enqueued_at(next(enqueued))
+        for lane, (depth, *lists_heads) in zip(LANES, lanes, strict=True):
+            times = [_enqueued_at(next(enqueued)) for _ in lists_heads]
+            at = min((t for t in times if t is not None), default=None)
             running = sum(w.running.get(lane, 0) for w in serving)
             age = None if at is None else max(0.0, now - at)
             lane_views.append(

@@ -18,6 +18,10 @@ The queue stays RQ's list (`rq info` counts it as ever); `PLACE` moves a job RQ 
 appended to its place, and `shared/queue/backlog.py`'s `RELEASE` forgets it when it is taken or
 withdrawn, moving the round on when it is taken. A job queued by another producer (with no
 place) keeps its position. Nothing here talks to Redis; callers register the script.
+
+This order is for the interactive lane (and `service_tier: flex` chats in the background lane):
+`PLACE` reads the whole queue. The bulk lanes, which hold hundreds of thousands of batch lines,
+keep their callers' turns in O(log callers) a job instead (shared/queue/turns.py).
 """
 
 from __future__ import annotations

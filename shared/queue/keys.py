@@ -71,6 +71,13 @@ Layout under the namespace `ns` (default "mlxq"):
     RQ queue "{ns}.{model}.background"  background responses (and `service_tier: flex`):
                                 workers take them only when the interactive queue is empty
     RQ queue "{ns}.{model}.batch"  batch lines: taken only when both others are empty
+    RQ queue "{ns}.{model}.{lane}#{share}"  a bulk lane's (background, batch) jobs of one
+                                share (a caller, shared/queue/fair_order.py), in arrival order;
+                                the lane's own queue holds what is put back, and RQ's origin
+                                of every job of the lane (shared/queue/turns.py)
+    {ns}:turns:{lane}:{model}   zset  share -> when it was last served, for the shares of a bulk
+                                lane with jobs (or served in the current round): the lowest
+                                takes the next turn (shared/queue/turns.py)
     {ns}:response:{id}          hash  a stored response: owner, record
                                 (shared/wire/responses/responses.py), cancelled;
                                 TTL MLXQ_RESPONSE_TTL_S. Its events are the job's replay.
@@ -124,6 +131,9 @@ from dataclasses import dataclass
 from shared.wire.errors import InvalidKeyPartError
 from shared.wire.ids import ID_PATTERN, MODEL_NAME_PATTERN
 
+# RQ's prefix of a queue's list key (rq's `Queue.redis_queue_namespace_prefix`, checked by
+# tests/shared/test_turns.py), written out: the engine imports this module, and never RQ.
+RQ_QUEUE_PREFIX = "rq:queue:"
 _MODEL_NAME = re.compile(MODEL_NAME_PATTERN.rstrip("$"))
 _ID = re.compile(ID_PATTERN.rstrip("$"))
 
@@ -278,6 +288,19 @@ class Keys:
         if lane == "background":
             return self.background_queue(model)
         return self.batch_queue(model) if lane == "batch" else self.queue(model)
+
+    def share_queue(self, model: str, lane: str, share: str) -> str:
+        """The RQ queue of one share's jobs in a bulk lane (shared/queue/turns.py). `#` is in
+        neither a model name nor an id, so no other queue's name can be this one."""
+        return f"{self.lane(model, lane)}#{_id(share)}"
+
+    def share_queue_prefix(self, model: str, lane: str) -> str:
+        """The Redis key of `share_queue` without its share: the scripts of shared/queue/turns.py
+        add the share, which only they know."""
+        return f"{RQ_QUEUE_PREFIX}{self.lane(model, lane)}#"
+
+    def turns(self, model: str, lane: str) -> str:
+        return f"{self.ns}:turns:{_id(lane)}:{_model(model)}"
 
     def lanes(self, model: str) -> list[str]:
         """A model's queues in the order workers take from them."""

@@ -19,7 +19,16 @@ from api.stores.batch_feed import CHUNK_LINES
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
 from shared.wire.batch.batches import line_job_id
-from tests.support import CHAT, MODEL, batch_body, chat_line, post_file, rq_queue, taken_in
+from tests.support import (
+    CHAT,
+    MODEL,
+    batch_body,
+    chat_line,
+    post_file,
+    queued_ids,
+    taken_in,
+    waiting_in,
+)
 
 # More lines than one chunk, so a batch is queued in several.
 LINES = 2 * CHUNK_LINES + 200
@@ -41,7 +50,7 @@ def _create(http: FlaskClient, count: int) -> dict[str, Any]:
 
 
 def _lane(redis: Redis, keys: Keys) -> int:
-    return rq_queue(redis, keys.batch_queue(MODEL)).count
+    return waiting_in(redis, keys, MODEL, "batch")
 
 
 def test_a_batch_answers_validating_then_runs_with_every_line_queued(
@@ -86,8 +95,8 @@ def test_cancelling_drops_every_queued_line_and_its_job_in_one_step(
     assert _lane(redis, keys) == LINES + 3
     cancelling = http.post(f"/v1/batches/{created['id']}/cancel").get_json()
     assert cancelling["status"] in ("cancelling", "cancelled")
-    lane = rq_queue(redis, keys.batch_queue(MODEL))
-    assert lane.get_job_ids() == [line_job_id(other["id"], i) for i in range(3)]
+    left = queued_ids(redis, keys, MODEL, "batch")
+    assert left == [line_job_id(other["id"], i) for i in range(3)]
     assert not redis.exists(*(Job.key_for(line_job_id(created["id"], i)) for i in range(LINES)))
     batch = http.get(f"/v1/batches/{created['id']}").get_json()
     assert batch["status"] == "cancelled"

@@ -27,14 +27,14 @@ from redis import Redis
 
 from api import create_app
 from shared.queue.config import Settings
-from shared.queue.jobs import GenerationJob, job_for
+from shared.queue.jobs import LANES, GenerationJob, job_for
 from shared.queue.keys import Keys
 from shared.queue.model_kinds import refuse_wrong_kind
 from shared.wire.chat.completions import ChatCompletionRequest
 from shared.wire.errors import InvalidRequestError
 from shared.wire.images import ImageLimits, check_images
 from tests.api.test_model_kinds import create_batch
-from tests.support import MODEL, STAND_IN, post, rq_queue, stand_in_worker, taken_in
+from tests.support import MODEL, STAND_IN, post, stand_in_worker, taken_in, waiting_in
 from worker.runtime.liveness.heartbeat import born
 
 LIMITS = ImageLimits(max_bytes=1 << 20, max_images=4, max_pixels=4096 * 4096)
@@ -180,7 +180,7 @@ def impatient(app_settings: Settings) -> FlaskClient:
 
 
 def queued(redis: Redis, keys: Keys) -> int:
-    return sum(rq_queue(redis, name).count for name in keys.lanes(MODEL))
+    return sum(waiting_in(redis, keys, MODEL, lane) for lane in LANES)
 
 
 def refusal(reply: Any, path: str) -> tuple[str | None, str]:

@@ -27,6 +27,8 @@ def test_ids_that_could_inject_into_keys_are_refused(part: str) -> None:
     for build in (keys.events, keys.replay, keys.cancelled):
         with pytest.raises(InvalidKeyPartError):
             build(part)
+    with pytest.raises(InvalidKeyPartError):  # a share (an owner id) names a bulk lane's queue
+        keys.share_queue("m", "batch", part)
 
 
 @pytest.mark.parametrize("model", ["", "a b", "a*", "a\n", "a\x00", ".hidden", "/root", "a" * 129])
@@ -42,6 +44,11 @@ def test_model_names_that_could_inject_into_keys_are_refused(model: str) -> None
     ):
         with pytest.raises(InvalidKeyPartError):
             build(model)
+    for lane in ("background", "batch"):
+        with pytest.raises(InvalidKeyPartError):
+            keys.turns(model, lane)
+        with pytest.raises(InvalidKeyPartError):
+            keys.share_queue_prefix(model, lane)
 
 
 @pytest.mark.parametrize(

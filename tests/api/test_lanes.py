@@ -13,9 +13,9 @@ from redis import Redis
 from redis.client import PubSub
 
 from shared.queue.config import Settings
-from shared.queue.jobs import JOB_FUNCTION
+from shared.queue.jobs import JOB_FUNCTION, LANES
 from shared.queue.keys import Keys
-from tests.support import CHAT, MODEL, rq_queue
+from tests.support import CHAT, MODEL, rq_queue, waiting_in
 from worker.ops.cluster import wait_until
 from worker.runtime.intake.slots import make_slots
 
@@ -23,7 +23,7 @@ HI = [{"role": "user", "content": "hi"}]
 
 
 def depths(redis: Redis, keys: Keys) -> list[int]:
-    return [rq_queue(redis, name).count for name in keys.lanes(MODEL)]
+    return [waiting_in(redis, keys, MODEL, lane) for lane in LANES]
 
 
 def test_a_flex_request_waits_in_the_background_lane(

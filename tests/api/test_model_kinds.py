@@ -18,7 +18,7 @@ from flask.testing import FlaskClient
 from redis import Redis
 
 from shared.queue.config import Settings
-from shared.queue.jobs import GenerationJob
+from shared.queue.jobs import LANES, GenerationJob
 from shared.queue.keys import Keys
 from shared.queue.model_kinds import refuse_wrong_kind
 from shared.wire.errors import InvalidRequestError
@@ -27,9 +27,9 @@ from tests.support import (
     MODEL,
     STAND_IN,
     assert_openai_error,
-    rq_queue,
     stand_in_worker,
     taken_in,
+    waiting_in,
 )
 from worker.runtime.liveness.heartbeat import born
 
@@ -53,7 +53,7 @@ def fleet(redis: Redis, app_settings: Settings) -> Iterator[Keys]:
 
 def queued(redis: Redis, keys: Keys, model: str) -> int:
     """The jobs waiting in any of the model's lanes."""
-    return sum(rq_queue(redis, name).count for name in keys.lanes(model))
+    return sum(waiting_in(redis, keys, model, lane) for lane in LANES)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import time
 import httpx
 from redis import Redis
 
-from tests.support import CHAT, rq_queue, stand_in_worker
+from tests.support import CHAT, stand_in_worker, waiting_in
 from worker.ops.cluster import Cluster, wait_until
 
 # A model a stand-in worker announces and never serves: the lines stay queued.
@@ -53,6 +53,9 @@ def test_health_answers_promptly_while_a_large_batch_is_validated(
         taken = http.get(f"/v1/batches/{batch_id}").json()["request_counts"]["total"]
         assert slowest < PROMPT_S, f"/health took {slowest:.2f} s; {taken} lines were in"
         http.post(f"/v1/batches/{batch_id}/cancel")
-        lane = rq_queue(redis, stack.keys.batch_queue(IDLE_MODEL))
         # At once, or after the chunk its intake was queuing meanwhile, which it drops itself.
-        wait_until(lambda: lane.count == 0, 10, "the cancelled batch's lines to leave the lane")
+        wait_until(
+            lambda: waiting_in(redis, stack.keys, IDLE_MODEL, "batch") == 0,
+            10,
+            "the cancelled batch's lines to leave the lane",
+        )

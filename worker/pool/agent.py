@@ -41,12 +41,13 @@ from typing import Any, Literal
 
 from redis import Redis
 from redis.exceptions import RedisError
-from rq import Queue
 
 from shared.observe.fleet import WorkerStats
 from shared.queue import pool as pools
+from shared.queue import turns
 from shared.queue.config import Settings
 from shared.queue.connection import connect
+from shared.queue.jobs import LANES
 from shared.queue.keys import Keys
 from shared.queue.liveness import live_workers
 from shared.wire.fleet.keep_alive import FOREVER, stay_s
@@ -105,6 +106,7 @@ class PoolAgent:
         self._preload = set(settings.pool_preload)
         self._order_done: dict[str, float] = {}
         self.spares = SpareKeeper(settings.pool_spare)
+        self._waiting = self.redis.register_script(turns.WAITING)
 
     # The loop
 
@@ -207,15 +209,18 @@ class PoolAgent:
         models = sorted(self.catalog)
         pipe = self.redis.pipeline(transaction=False)
         for model in models:
-            for lane in self.keys.lanes(model):
-                pipe.llen(f"{Queue.redis_queue_namespace_prefix}{lane}")
+            for lane in LANES:  # each lane's lists, its callers' included (shared/queue/turns.py)
+                turns.add_waiting(pipe, self._waiting, self.keys, model, lane)
         ids = [h.worker.worker_id for h in self.held]
         for worker_id in ids:
             pipe.get(self.keys.worker_stats(worker_id))
         pipe.smembers(self.keys.pins())
         replies: list[Any] = pipe.execute()
-        lanes = len(self.keys.lanes("m"))
-        waiting = {m: sum(replies[i * lanes : (i + 1) * lanes]) for i, m in enumerate(models)}
+        lanes = len(LANES)
+        waiting = {
+            m: sum(int(r[0]) for r in replies[i * lanes : (i + 1) * lanes])
+            for i, m in enumerate(models)
+        }
         raw_stats = replies[len(models) * lanes : len(models) * lanes + len(ids)]
         stats = {
             w: WorkerStats.model_validate_json(r)

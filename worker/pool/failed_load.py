@@ -3,7 +3,8 @@ its waiting interactive jobs do (api/queue/watch.py), with the same 503 `model_l
 naming the model and why, instead of waiting in their queues for a load that may never work.
 
 The pool agent that saw the load fail calls `fail_bulk` once per failure. Each job queued in
-the model's background and batch lanes then is taken off its queue (LREM: whoever removes it
+the model's background and batch lanes then (in any list of the lane: its own or a caller's,
+shared/queue/turns.py) is taken off its queue (LREM: whoever removes it
 owns it, so a job a worker took meanwhile runs there instead), its place in the fair order and
 its backlog entry are released, RQ's record is failed, and an ErrorEvent goes to its replay log
 and channel (a background response reads as failed). A batch line also gets its error line in
@@ -17,13 +18,13 @@ import logging
 from typing import Any
 
 from redis import Redis
-from rq import Queue
 from rq.job import Job
 from rq.job_lifecycle import record_job_failure
 from rq.serializers import JSONSerializer
 
-from shared.queue import backlog, queued_tokens
+from shared.queue import backlog, queued_tokens, turns
 from shared.queue.keys import Keys
+from shared.queue.turns import BULK_LANES
 from shared.wire.batch.batches import LineResult
 from shared.wire.errors import ModelLoadError
 from shared.wire.events import ErrorEvent
@@ -31,8 +32,6 @@ from worker.runtime.kinds.batch_lines import BatchLines
 from worker.runtime.liveness.job_records import announce, queued_job
 
 log = logging.getLogger(__name__)
-
-BULK_LANES = ("background", "batch")
 
 
 def fail_bulk(
@@ -43,8 +42,7 @@ def fail_bulk(
     released = [keys.backlog(model), keys.backlog_tokens(model)]
     released += [keys.order(model), keys.round(model)]
     taken: list[str] = []
-    for lane in BULK_LANES:
-        queue = f"{Queue.redis_queue_namespace_prefix}{keys.lane(model, lane)}"
+    for queue in [q for lane in BULK_LANES for q in turns.lane_lists(redis, keys, model, lane)]:
         queued: Any = redis.lrange(queue, 0, -1)
         for raw in queued:
             job_id = raw.decode() if isinstance(raw, bytes) else str(raw)

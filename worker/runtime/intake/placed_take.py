@@ -6,9 +6,11 @@ spread load) in `{ns}:placement:{model}`: until that time only that worker may t
 it, any worker. So a slot takes the first job, within
 the first SCAN_DEPTH of the queue, that it may take; when there are jobs but none it may take,
 the slot waits (POLL_S) and looks again, and takes no bulk job meanwhile (bulk lanes wait for an
-empty interactive queue, as before). An idle slot still blocks on the interactive queue (BLMOVE);
-a job placed on another worker that it catches that way goes back to the head of the queue
-(`CLAIM`), where the blocked slots of the other workers, or its own next look, find it.
+empty interactive queue, as before); a bulk lane's next job is its callers' next turn
+(shared/queue/turns.py `TAKE_TURN`, in the same script). An idle slot still blocks on the
+interactive queue (BLMOVE); a job placed on another worker that it catches that way goes back
+to the head of the queue (`CLAIM`), where the blocked slots of the other workers, or its own
+next look, find it.
 
 Taking a job also adds its prompt's block hashes (`{ns}:job_blocks:{model}`) to the taker's
 `{ns}:blocks:{worker_id}` set, and counts whether the placement was followed (or spread) or its
@@ -19,9 +21,11 @@ of this.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from shared.queue.keys import Keys
+from shared.queue.turns import BULK_LANES, RQ_QUEUES, TAKE_TURN, script_keys
 
 # Jobs a slot looks at from the head of the interactive queue; the rest wait for their turn.
 SCAN_DEPTH = 32
@@ -63,16 +67,18 @@ local function now_s()
 end
 """
 
-# KEYS: the queues in priority order (interactive first), the worker's taking list, then the
-# placement hash, the job-blocks hash, the worker's blocks set, the model's metrics hash.
-# ARGV: worker id, scan depth, blocks TTL (ms).
+# KEYS: the interactive queue, then each bulk lane's list and turns zset in priority order
+# (background, batch: shared/queue/turns.py), RQ's set of queues, the worker's taking list, then
+# the placement hash, the job-blocks hash, the worker's blocks set, the model's metrics hash.
+# ARGV: worker id, scan depth, blocks TTL (ms), then each bulk lane's share list prefix.
 # Returns {queue key, id}; {'', ''} when interactive jobs wait for other workers; false if empty.
 TAKE = (
     _CLAIM
+    + TAKE_TURN
     + """
 local n = #KEYS
-local taking, placed, job_blocks = KEYS[n-4], KEYS[n-3], KEYS[n-2]
-local blocks, metrics = KEYS[n-1], KEYS[n]
+local queues, taking, placed = KEYS[n-5], KEYS[n-4], KEYS[n-3]
+local job_blocks, blocks, metrics = KEYS[n-2], KEYS[n-1], KEYS[n]
 local me = ARGV[1]
 local ids = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
 if #ids > 0 then
@@ -88,9 +94,10 @@ if #ids > 0 then
   end
   return {'', ''}
 end
-for i = 2, n - 5 do
-  local id = redis.call('LMOVE', KEYS[i], taking, 'LEFT', 'RIGHT')
-  if id then return {KEYS[i], id} end
+for i = 1, (n - 7) / 2 do
+  local lane, turns = KEYS[2 * i], KEYS[2 * i + 1]
+  local id = take_turn(lane, turns, queues, ARGV[3 + i], taking)
+  if id then return {lane, id} end
 end
 return false
 """
@@ -116,7 +123,8 @@ return 1
 
 @dataclass(frozen=True)
 class PlacedTake:
-    """What a slot of one worker needs to take placed jobs: the keys and its own id."""
+    """What a slot of one worker needs to take placed jobs and callers' turns: the keys and its
+    own id."""
 
     worker_id: str
     placement: str
@@ -124,9 +132,15 @@ class PlacedTake:
     blocks: str
     metrics: str
     blocks_ttl_ms: int
+    # Each bulk lane's list key -> its turns zset and share list prefix (shared/queue/turns.py).
+    turns: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, keys: Keys, model: str, worker_id: str, blocks_ttl_ms: int) -> PlacedTake:
+        turns = {}
+        for lane in BULK_LANES:
+            (lane_key, zset), prefix = script_keys(keys, model, lane)
+            turns[lane_key] = (zset, prefix)
         return cls(
             worker_id,
             keys.placement(model),
@@ -134,7 +148,19 @@ class PlacedTake:
             keys.prefix_blocks(worker_id),
             keys.model_metrics(model),
             blocks_ttl_ms,
+            turns,
         )
 
     def keys(self) -> list[str]:
         return [self.placement, self.job_blocks, self.blocks, self.metrics]
+
+    def take(self, queues: list[str], taking: str, scan_depth: int) -> tuple[list[str], list[Any]]:
+        """TAKE's KEYS and ARGV for a slot taking from `queues` (their list keys, interactive
+        first) onto `taking`."""
+        keys, prefixes = [queues[0]], []
+        for lane_key in queues[1:]:
+            zset, prefix = self.turns[lane_key]
+            keys += [lane_key, zset]
+            prefixes.append(prefix)
+        keys += [RQ_QUEUES, taking, *self.keys()]
+        return keys, [self.worker_id, scan_depth, self.blocks_ttl_ms, *prefixes]

@@ -7,7 +7,8 @@ finishes that sequence), and takes the next. B slots = up to B sequences in the 
 batch. Signals are the main thread's: slots are stopped with `stop_slots`.
 
 Taking a job is an atomic move, not RQ's pop: the job id goes from the first non-empty queue
-(interactive before bulk) to the worker's `{ns}:taking:{worker_id}` list in one step, and
+(interactive before bulk; in a bulk lane, the next caller's turn: shared/queue/turns.py) to the
+worker's `{ns}:taking:{worker_id}` list in one step, and
 leaves it when the slot is done with the job. A worker killed between taking a job and
 starting it so leaves the id where the reaper finds it and puts it back
 (worker/runtime/liveness/reaper.py); with a plain pop it would be gone. An idle slot blocks on the
@@ -156,17 +157,8 @@ class SlotWorker(SimpleWorker):
         return job, queue
 
     def _eval_take(self, queues: list[str]) -> list[str] | None:
-        placed = self._placed()
-        found = self.connection.eval(
-            TAKE,
-            len(queues) + 5,
-            *queues,
-            self.taking_key,
-            *placed.keys(),
-            placed.worker_id,
-            SCAN_DEPTH,
-            placed.blocks_ttl_ms,
-        )
+        keys, args = self._placed().take(queues, self.taking_key, SCAN_DEPTH)
+        found = self.connection.eval(TAKE, len(keys), *keys, *args)
         return [bytes(part).decode() for part in found] if found else None
 
     def _claim(self, queue_key: str, job_id: str) -> bool:
