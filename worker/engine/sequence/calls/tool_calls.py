@@ -19,7 +19,8 @@ streams its arguments as written); Llama 3.x's whole-answer JSON; else mlxq's fa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from mlx_lm.tool_parsers import json_tools
@@ -77,9 +78,17 @@ class ToolFormat:
     syntax: CallSyntax
     # The call is the whole answer, with no markers (Llama 3.x: calls/answer_calls.py).
     whole_answer: bool = False
+    # The vocabulary's added tokens (text to id): a forced call's markers are written as them.
+    tokens: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, tokenizer: Any) -> ToolFormat:
+        form = cls._of(tokenizer)
+        added = getattr(tokenizer, "get_added_vocab", None)
+        return replace(form, tokens=dict(added())) if callable(added) else form
+
+    @classmethod
+    def _of(cls, tokenizer: Any) -> ToolFormat:
         if HarmonyTokens.of(tokenizer) is not None:
             # gpt-oss: its template renders the tools; its calls are harmony messages, which
             # the harmony split hands on in the JSON-tools format (sequence/harmony.py).
@@ -104,13 +113,21 @@ class ToolFormat:
         return "llama3_json" if self.whole_answer else self.syntax.name
 
     def call_frame(self) -> CallFrame | None:
-        """How the grammar writes a forced call in this format; None: it cannot (a family's
-        own syntax other than JSON)."""
+        """How the grammar writes a forced call in this format's JSON; None: the format is a
+        family's own syntax (`call_grammar` says whether it can be forced)."""
         if self.whole_answer:
             return ANSWER_FRAME
         if self.syntax is JSON_TOOLS:
             return JSON_TOOLS_FRAME
         return None
+
+    def call_grammar(self, tools: ToolUse) -> str | None:
+        """The grammar of a forced call (tool_choice required or named) in this format; None:
+        a forced call cannot be written in it."""
+        frame = self.call_frame()
+        if frame is not None:
+            return tools.call_grammar(frame, self.tokens)
+        return None if self.syntax.grammar is None else self.syntax.grammar(tools, self.tokens)
 
     def scanner(self, tools: ToolUse) -> ToolCallScanner:
         names = frozenset(t.function.name for t in tools.tools)

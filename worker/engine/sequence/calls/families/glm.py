@@ -21,12 +21,19 @@ Malformations tolerated:
   after the name (some GLM outputs do);
 - a call cut short by the end token: a last value with no `</arg_value>` is taken as written.
 
-Forced calls: not written in this syntax yet.
+Forced calls (tool_choice required or named) are written in GLM-4.7's form, no newlines
+inside a call (families/frames.py): string values free text up to `</arg_value>`, others JSON
+of their schema; parallel calls one wrapper each, a newline between. 4.5 and 4.6 put newlines
+there; their parser reads both.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from shared.wire.generation.tools import ToolUse
 from worker.engine.sequence.calls.call_readers import ReadCall
+from worker.engine.sequence.calls.families.frames import XmlFrame, frame_grammar
 from worker.engine.sequence.calls.families.syntax import (
     CallSyntax,
     CallSyntaxError,
@@ -100,4 +107,21 @@ def _value(text: str) -> str:
     return text[len(VALUE) :] if text.startswith(VALUE) else text.rstrip()
 
 
-SYNTAX = CallSyntax(name="glm", openings=(Opening("<tool_call>", "</tool_call>"),), parse=parse)
+FRAME = XmlFrame(
+    call_start="<tool_call>",
+    name_end="",
+    key_start=KEY,
+    key_end=KEY_END + VALUE,
+    value_end=VALUE_END,
+    call_end="</tool_call>",
+    between="\n",
+)
+
+
+def grammar(tools: ToolUse, tokens: Mapping[str, int]) -> str:
+    return frame_grammar(FRAME, tools, tokens)
+
+
+SYNTAX = CallSyntax(
+    name="glm", openings=(Opening("<tool_call>", "</tool_call>"),), parse=parse, grammar=grammar
+)

@@ -23,14 +23,19 @@ truncates or drops these):
 - a call cut short by the end token: a missing `</parameter>` or `</function>` is taken as
   written.
 
-Forced calls: not written in this syntax yet (mlxq refuses tool_choice required/named here).
+Forced calls (tool_choice required or named) are written in this syntax, as the template
+writes a call (families/frames.py): string values free text up to `</parameter>`, others JSON
+of their schema; parallel calls one wrapper each, a newline between.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
+from shared.wire.generation.tools import ToolUse
 from worker.engine.sequence.calls.call_readers import ReadCall
+from worker.engine.sequence.calls.families.frames import XmlFrame, frame_grammar
 from worker.engine.sequence.calls.families.syntax import (
     CallSyntax,
     CallSyntaxError,
@@ -113,6 +118,21 @@ def _unwrapped(value: str) -> str:
     return value[:-1] if value.endswith("\n") else value
 
 
+FRAME = XmlFrame(
+    call_start="<tool_call>\n" + FUNCTION,
+    name_end=">\n",
+    key_start=PARAMETER,
+    key_end=">\n",
+    value_end="\n" + PARAMETER_END + "\n",
+    call_end=FUNCTION_END + "\n</tool_call>",
+    between="\n",
+)
+
+
+def grammar(tools: ToolUse, tokens: Mapping[str, int]) -> str:
+    return frame_grammar(FRAME, tools, tokens)
+
+
 SYNTAX = CallSyntax(
     name="qwen3_coder",
     openings=(
@@ -120,4 +140,5 @@ SYNTAX = CallSyntax(
         Opening(FUNCTION, FUNCTION_END, kept=True),
     ),
     parse=parse,
+    grammar=grammar,
 )

@@ -12,7 +12,7 @@ finish_reason "stop"), never silently dropped.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +48,9 @@ class CallSyntax:
     name: str
     openings: tuple[Opening, ...]
     parse: ParseCalls
-    grammar: Callable[[ToolUse], str] | None = None
+    # The forced calls' grammar: the request's tools, the markers the vocabulary holds as one
+    # added token (text to id), to Lark.
+    grammar: Callable[[ToolUse, Mapping[str, int]], str] | None = None
 
 
 def schema_of(tools: Tools, name: str) -> dict[str, Any]:
