@@ -18,8 +18,10 @@ truncates or drops these):
 - a literal `</parameter>` inside a value (code that mentions the tag): a parameter ends at the
   last `</parameter>` before the next parameter or the function's end, and only a
   `<parameter=` that follows a closed parameter (or the function's name) starts a new one;
+- a literal `<function=` inside a value, likewise: only one after `</function>` starts a call;
 - a call written without its `<tool_call>` wrapper: a bare `<function=...>...</function>` is read
-  as a call too (the second opening);
+  as a call too (the second opening; there, a literal `</function>` inside a value ends the call
+  early, and the call is then read up to it);
 - a call cut short by the end token: a missing `</parameter>` or `</function>` is taken as
   written.
 
@@ -53,8 +55,8 @@ PARAMETER_END = "</parameter>"
 
 
 def parse(text: str, tools: Tools) -> list[ReadCall]:
-    starts = [m.start() for m in re.finditer(re.escape(FUNCTION), text)]
-    if not starts or text[: starts[0]].strip():
+    starts = [m.start() for m in _opens(text, FUNCTION, FUNCTION_END)]
+    if not starts:
         raise CallSyntaxError("no <function=...> block")
     ends = [*starts[1:], len(text)]
     return [_call(text[a + len(FUNCTION) : b], tools) for a, b in zip(starts, ends, strict=True)]
@@ -77,7 +79,7 @@ def _call(block: str, tools: Tools) -> ReadCall:
 
 def _parameters(body: str) -> list[tuple[str, str]]:
     """A function's parameters, in order, as (key, value text)."""
-    opens = [m.end() for m in _parameter_opens(body)]
+    opens = [m.end() for m in _opens(body, PARAMETER, PARAMETER_END)]
     if not opens:
         if body.strip():
             raise CallSyntaxError("text in a function that is no parameter")
@@ -96,17 +98,17 @@ def _parameters(body: str) -> list[tuple[str, str]]:
     return found
 
 
-def _parameter_opens(body: str) -> list[re.Match[str]]:
-    """The `<parameter=` that start parameters: the first, and each after a closed one (a
-    `<parameter=` inside a value, not after `</parameter>`, is part of the value)."""
+def _opens(text: str, opener: str, closer: str) -> list[re.Match[str]]:
+    """The `opener`s that start an element: the first, at the text's start, and each after a
+    closed one (an opener inside a value, not after its `closer`, is part of the value)."""
     opens: list[re.Match[str]] = []
-    for match in re.finditer(re.escape(PARAMETER), body):
-        before = body[: match.start()].rstrip()
+    for match in re.finditer(re.escape(opener), text):
+        before = text[: match.start()].rstrip()
         if not opens:
             if before:
-                raise CallSyntaxError("text before the first parameter")
+                raise CallSyntaxError(f"text before the first {opener}")
             opens.append(match)
-        elif before.endswith(PARAMETER_END):
+        elif before.endswith(closer):
             opens.append(match)
     return opens
 
