@@ -21,7 +21,8 @@ truncates or drops these):
 - a literal `<function=` inside a value, likewise: only one after `</function>` starts a call;
 - a call written without its `<tool_call>` wrapper: a bare `<function=...>...</function>` is read
   as a call too (the second opening; there, a literal `</function>` inside a value ends the call
-  early, and the call is then read up to it);
+  early, and the call is then read up to it). The price: prose that writes `<function=` is held
+  back from the stream until its `</function>` or the answer's end, then shown as written;
 - a call cut short by the end token: a missing `</parameter>` or `</function>` is taken as
   written.
 
