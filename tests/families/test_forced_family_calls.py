@@ -21,6 +21,7 @@ from shared.wire.generation.tools import (
     NamedToolChoice,
     ToolChoice,
     ToolUse,
+    lark_text,
 )
 from tests.families.vocab import family_tokenizer
 from worker.engine.sequence.calls.families import glm, kimi_k2, qwen3_coder
@@ -123,6 +124,12 @@ def test_a_named_forced_call_is_that_one_call(family: str) -> None:
 def test_a_family_whose_syntax_has_no_grammar_cannot_be_forced() -> None:
     form = ToolFormat(in_template=True, syntax=kimi_k2.SYNTAX)
     assert form.call_grammar(ToolUse(tools=TOOLS, choice="required")) is None
+
+
+def test_a_marker_held_as_one_token_is_forced_as_it_the_longest_first_white_space_free() -> None:
+    tokens = {"<tool": 3, "<tool_call>": 7, "\n": 5}
+    assert lark_text("<tool_call>\n<function=", tokens) == '<[7]> "\\n<function="'
+    assert lark_text("<tool_call>", {}) == '"<tool_call>"'
 
 
 def assert_forced_to_the_end(grammar: str | None, text: str) -> None:

@@ -176,7 +176,12 @@ def lark_text(text: str, tokens: Mapping[str, int] | None = None) -> str:
     """Fixed text as a Lark grammar's items, each marker the vocabulary holds as one added
     token (`tokens`, text to id) written as that token (`<[id]>`): llguidance takes an added
     token only where the grammar names it, never for the text it spells."""
-    found = sorted(((text.find(m), m) for m in tokens or () if m and m in text), key=lambda f: f[0])
+    # The first marker in the text, the longest where several begin there; white space is
+    # left to the tokenizer, in whichever tokens it likes.
+    found = sorted(
+        ((text.find(m), m) for m in tokens or () if m.strip() and m in text),
+        key=lambda f: (f[0], -len(f[1])),
+    )
     if not found:
         return json.dumps(text)
     at, marker = found[0]
