@@ -1,5 +1,6 @@
 """Forced tool calls (tool_choice required or named) written in a family's own syntax:
-Qwen3-Coder's XML and GLM's key/value tags (worker/engine/sequence/calls/families/frames.py).
+Qwen3-Coder's XML, GLM's key/value tags, and Kimi K2's, DeepSeek V3.1's and Mistral's JSON
+arguments (worker/engine/sequence/calls/families/frames.py).
 The grammar takes a call as the family's template writes it, with values that follow the
 tool's schema, and nothing else; what it takes, the family's parser reads back as the same
 call; and on Qwen3's real vocabulary it leads a call's tokens, its markers as the added tokens
@@ -24,7 +25,14 @@ from shared.wire.generation.tools import (
     lark_text,
 )
 from tests.families.vocab import family_tokenizer
-from worker.engine.sequence.calls.families import glm, kimi_k2, qwen3_coder
+from worker.engine.sequence.calls.families import (
+    deepseek_v3,
+    glm,
+    kimi_k2,
+    minimax_m2,
+    mistral,
+    qwen3_coder,
+)
 from worker.engine.sequence.calls.families.syntax import CallSyntax
 from worker.engine.sequence.calls.tool_calls import ToolFormat
 from worker.engine.sequence.grammar import Grammars
@@ -63,7 +71,55 @@ def glm_call(name: str, *params: tuple[str, str]) -> str:
     return f"<tool_call>{name}{body}</tool_call>"
 
 
-WRITERS = {"qwen3_coder": (qwen3_coder.SYNTAX, qwen), "glm": (glm.SYNTAX, glm_call)}
+def json_args(params: tuple[tuple[str, str], ...]) -> str:
+    """Written values as the JSON object a JSON-arguments family writes (json.dumps' form)."""
+    return json.dumps({k: _json_or_text(v) for k, v in params}, ensure_ascii=False)
+
+
+def _json_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def kimi(name: str, *params: tuple[str, str]) -> str:
+    call = (
+        f"{kimi_k2.CALL}functions.{name}:0{kimi_k2.ARGUMENTS}{json_args(params)}{kimi_k2.CALL_END}"
+    )
+    return f"{kimi_k2.SECTION}{call}{kimi_k2.SECTION_END}"
+
+
+def deepseek(name: str, *params: tuple[str, str]) -> str:
+    call = (
+        f"{deepseek_v3.CALL}{name}{deepseek_v3.SEPARATOR}{json_args(params)}{deepseek_v3.CALL_END}"
+    )
+    return f"{deepseek_v3.SECTION}{call}{deepseek_v3.SECTION_END}"
+
+
+def mistral_call(name: str, *params: tuple[str, str]) -> str:
+    return f"[TOOL_CALLS]{name}[ARGS]{json_args(params)}"
+
+
+WRITERS = {
+    "qwen3_coder": (qwen3_coder.SYNTAX, qwen),
+    "glm": (glm.SYNTAX, glm_call),
+    "kimi_k2": (kimi_k2.SYNTAX, kimi),
+    "deepseek_v3": (deepseek_v3.SYNTAX, deepseek),
+    "mistral": (mistral.SYNTAX, mistral_call),
+}
+# How two calls are joined: one wrapper each, or (sections) two calls in one section.
+JOINED = {
+    "kimi_k2": lambda a, b: a.removesuffix(kimi_k2.SECTION_END) + b.removeprefix(kimi_k2.SECTION),
+    "deepseek_v3": lambda a, b: (
+        a.removesuffix(deepseek_v3.SECTION_END) + b.removeprefix(deepseek_v3.SECTION)
+    ),
+    "mistral": lambda a, b: a + b,
+}
+
+
+def joined(family: str, a: str, b: str) -> str:
+    return JOINED[family](a, b) if family in JOINED else f"{a}\n{b}"
 
 
 def accepts(syntax: CallSyntax, choice: ToolChoice, text: str) -> bool:
@@ -92,7 +148,7 @@ def test_a_forced_call_as_the_template_writes_it_is_taken_and_read_back_the_same
         (volume, [("set_volume", {"level": 7, "muted": True})]),
         (write("get_time"), [("get_time", {})]),
         (write("get_weather", ("city", "Oslo"), ("unit", "celsius")), None),
-        (f"{weather}\n{volume}", None),
+        (joined(family, weather, volume), None),
     ]:
         assert accepts(syntax, "required", text), text
         if expected is not None:
@@ -118,11 +174,11 @@ def test_a_named_forced_call_is_that_one_call(family: str) -> None:
     volume = write("set_volume", ("level", "1"), ("muted", "false"))
     assert accepts(syntax, NAMED, volume)
     assert not accepts(syntax, NAMED, write("get_time"))
-    assert not accepts(syntax, NAMED, f"{volume}\n{volume}")
+    assert not accepts(syntax, NAMED, joined(family, volume, volume))
 
 
 def test_a_family_whose_syntax_has_no_grammar_cannot_be_forced() -> None:
-    form = ToolFormat(in_template=True, syntax=kimi_k2.SYNTAX)
+    form = ToolFormat(in_template=True, syntax=minimax_m2.SYNTAX)
     assert form.call_grammar(ToolUse(tools=TOOLS, choice="required")) is None
 
 

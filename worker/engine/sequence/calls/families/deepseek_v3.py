@@ -18,14 +18,18 @@ The family is told apart by its template: it writes `<|tool calls begin|>` and r
 request's `tools` (R1's template renders past calls but no tools, so R1 keeps mlxq's fallback
 format, shared/wire/generation/tools.py).
 
-Forced calls: not written in this syntax yet.
+Forced calls (tool_choice required or named) are written in V3.1's form (families/frames.py):
+one section, each call `NAME<|tool sep|>{JSON}` with JSON of its schema.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
+from shared.wire.generation.tools import ToolUse
 from worker.engine.sequence.calls.call_readers import ReadCall
+from worker.engine.sequence.calls.families.frames import JsonFrame, json_frame_grammar
 from worker.engine.sequence.calls.families.syntax import (
     CallSyntax,
     Opening,
@@ -67,8 +71,23 @@ def writes_this(template: str | None) -> bool:
     return re.search(r"\btools\b", template) is not None
 
 
+FRAME = JsonFrame(
+    section_start=SECTION,
+    call_start=CALL,
+    name_end="",
+    arguments_start=SEPARATOR,
+    call_end=CALL_END,
+    section_end=SECTION_END,
+)
+
+
+def grammar(tools: ToolUse, tokens: Mapping[str, int]) -> str:
+    return json_frame_grammar(FRAME, tools, tokens)
+
+
 SYNTAX = CallSyntax(
     name="deepseek_v3",
     openings=(Opening(SECTION, SECTION_END), Opening(CALL, CALL_END, kept=True)),
     parse=parse,
+    grammar=grammar,
 )

@@ -1,6 +1,8 @@
-"""Forced calls written in a family's own XML-like syntax: the Lark grammar (llguidance) of the
-calls a `ToolUse` allows, each call a frame of fixed text around its parameters, each value
-constrained by its property's schema.
+"""Forced calls written in a family's own syntax: the Lark grammar (llguidance) of the calls a
+`ToolUse` allows, each call a frame of fixed text around its name and arguments. Two kinds:
+XML-like frames, whose arguments are key/value elements (`XmlFrame`: Qwen3-Coder, GLM), and
+frames whose arguments are one JSON object (`JsonFrame`: Kimi K2, DeepSeek V3.1, Mistral v11),
+written with json.dumps' separators as the JSON-tools grammar fixes them.
 
 A family gives the frame's pieces (`XmlFrame`): the text before a call's name, after it, around
 each parameter's key and after its value, the call's end, and what stands between two calls. A
@@ -47,6 +49,44 @@ def frame_grammar(frame: XmlFrame, tools: ToolUse, tokens: Mapping[str, int]) ->
     joined = f"{lark_text(frame.between, tokens)} call" if frame.between else "call"
     start = f"start: call ({joined})*" if tools.several() else "start: call"
     lark = "\n".join([start, *rules]) + "\n"
+    return str(LLMatcher.grammar_from_lark(lark))
+
+
+@dataclass(frozen=True)
+class JsonFrame:
+    """A section of calls whose arguments are JSON: `section_start`, then per call
+    `call_start NAME name_end [COUNTER] arguments_start {JSON} call_end`, then `section_end`.
+    `counted`: a number follows the name (Kimi's `functions.NAME:0`)."""
+
+    section_start: str
+    call_start: str
+    name_end: str
+    arguments_start: str
+    call_end: str
+    section_end: str
+    counted: bool = False
+
+
+def json_frame_grammar(frame: JsonFrame, tools: ToolUse, tokens: Mapping[str, int]) -> str:
+    """The grammar of the calls `tools.choice` allows, written in `frame`."""
+    rules: list[str] = []
+    for i, function in enumerate(tools.allowed()):
+        schema = {**(function.parameters or {"type": "object"}), "x-guidance": _JSON}
+        head = lark_text(frame.call_start + function.name + frame.name_end, tokens)
+        counter = " /[0-9]+/" if frame.counted else ""
+        tail = f" {lark_text(frame.arguments_start, tokens)}" if frame.arguments_start else ""
+        end = f" {lark_text(frame.call_end, tokens)}" if frame.call_end else ""
+        rules += [
+            f"call_{i}: {head}{counter}{tail} args_{i}{end}",
+            f"args_{i}: %json {json.dumps(schema)}",
+        ]
+    calls = range(len(tools.allowed()))
+    alternatives = " | ".join(f"call_{i}" for i in calls)
+    section = [lark_text(t, tokens) for t in (frame.section_start,) if t]
+    closing = [lark_text(t, tokens) for t in (frame.section_end,) if t]
+    repeat = "call+" if tools.several() else "call"
+    start = " ".join(["start:", *section, repeat, *closing])
+    lark = "\n".join([start, f"call: {alternatives}", *rules]) + "\n"
     return str(LLMatcher.grammar_from_lark(lark))
 
 

@@ -18,14 +18,18 @@ written without its section (the second opening); a call cut short (no `<|tool_c
 whose JSON is whole; empty arguments (`{}` or nothing). Arguments that are not a JSON object
 make the section no call.
 
-Forced calls: not written in this syntax yet.
+Forced calls (tool_choice required or named) are written in this syntax (families/frames.py):
+one section, each call's id `functions.NAME:N`, its arguments JSON of its schema.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
+from shared.wire.generation.tools import ToolUse
 from worker.engine.sequence.calls.call_readers import ReadCall
+from worker.engine.sequence.calls.families.frames import JsonFrame, json_frame_grammar
 from worker.engine.sequence.calls.families.syntax import (
     CallSyntax,
     Opening,
@@ -56,8 +60,24 @@ def _name(call_id: str) -> str:
     return _COUNTER.sub("", call_id.strip()).removeprefix("functions.")
 
 
+FRAME = JsonFrame(
+    section_start=SECTION,
+    call_start=CALL + "functions.",
+    name_end=":",
+    arguments_start=ARGUMENTS,
+    call_end=CALL_END,
+    section_end=SECTION_END,
+    counted=True,
+)
+
+
+def grammar(tools: ToolUse, tokens: Mapping[str, int]) -> str:
+    return json_frame_grammar(FRAME, tools, tokens)
+
+
 SYNTAX = CallSyntax(
     name="kimi_k2",
     openings=(Opening(SECTION, SECTION_END), Opening(CALL, CALL_END, kept=True)),
     parse=parse,
+    grammar=grammar,
 )

@@ -17,16 +17,21 @@ Malformations tolerated: `[TOOL_CALLS]` split across tokens (the scanner holds a
 back, so nothing of it is shown), a repeated `[TOOL_CALLS]` between calls or none, white space
 around the parts. Arguments whose JSON does not parse (cut short) make the region no call.
 
-Forced calls: not written in this syntax yet.
+Forced calls (tool_choice required or named) are written in the v11 form (families/frames.py):
+`[TOOL_CALLS]NAME[ARGS]{JSON}` for each call, JSON of its schema (a model of an earlier
+tokenizer is forced into that form too; its parser reads both).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
+from shared.wire.generation.tools import ToolUse
 from worker.engine.sequence.calls.call_readers import ReadCall
+from worker.engine.sequence.calls.families.frames import JsonFrame, json_frame_grammar
 from worker.engine.sequence.calls.families.syntax import (
     CallSyntax,
     CallSyntaxError,
@@ -87,4 +92,18 @@ def _object(arguments: Any) -> str:
     return json.dumps(arguments)
 
 
-SYNTAX = CallSyntax(name="mistral", openings=(Opening(CALLS, None),), parse=parse)
+FRAME = JsonFrame(
+    section_start="",
+    call_start=CALLS,
+    name_end="",
+    arguments_start="[ARGS]",
+    call_end="",
+    section_end="",
+)
+
+
+def grammar(tools: ToolUse, tokens: Mapping[str, int]) -> str:
+    return json_frame_grammar(FRAME, tools, tokens)
+
+
+SYNTAX = CallSyntax(name="mistral", openings=(Opening(CALLS, None),), parse=parse, grammar=grammar)
