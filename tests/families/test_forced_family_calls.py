@@ -188,15 +188,17 @@ def test_a_marker_held_as_one_token_is_forced_as_it_the_longest_first_white_spac
     assert lark_text("<tool_call>", {}) == '"<tool_call>"'
 
 
-def assert_forced_to_the_end(grammar: str | None, text: str) -> None:
-    """On Qwen3's real vocabulary, the grammar allows each of `text`'s tokens in turn, then only
+def assert_forced_to_the_end(
+    grammar: str | None, text: str, family: str = "qwen3", end_token: str = "<|im_end|>"
+) -> None:
+    """On the family's vocabulary, the grammar allows each of `text`'s tokens in turn, then only
     the end token."""
     assert grammar is not None
-    tokenizer = family_tokenizer("qwen3")
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tokenizer = family_tokenizer(family)
+    end = tokenizer.convert_tokens_to_ids(end_token)
     vocab = len(tokenizer.get_vocab())
     forced = Grammars(tokenizer._tokenizer, frozenset({end}), vocab).constraint(grammar)
-    context = [151644, 77091]  # a prompt's last tokens
+    context = [1, 2]  # a prompt's last tokens
     for token in [*tokenizer.encode(text, add_special_tokens=False), end]:
         allowed = forced(mx.array(context), mx.zeros(vocab))
         assert allowed[token].item() == 0.0, tokenizer.decode([*context[2:], token])
@@ -217,3 +219,10 @@ def test_a_forced_json_tools_call_on_qwen3s_real_vocabulary_takes_its_marker_tok
     grammar = form.call_grammar(ToolUse(tools=TOOLS, choice=NAMED))
     call = '{"name": "set_volume", "arguments": {"level": 4, "muted": false}}'
     assert_forced_to_the_end(grammar, f"<tool_call>{call}</tool_call>")
+
+
+def test_a_forced_mistral_call_takes_its_tool_calls_token_on_the_familys_vocabulary() -> None:
+    form = ToolFormat.of(family_tokenizer("mistral"))
+    grammar = form.call_grammar(ToolUse(tools=TOOLS, choice=NAMED))
+    call = mistral_call("set_volume", ("level", "4"), ("muted", "false"))
+    assert_forced_to_the_end(grammar, call, family="mistral", end_token="</s>")
