@@ -10,7 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.wire.generation.tools import CALL_END, CALL_START
-from worker.engine.sequence.calls.call_readers import CallReader, JsonCallReader, ParsedCallReader
+from worker.engine.sequence.calls.call_readers import (
+    CallReader,
+    JsonCallReader,
+    ParsedCallReader,
+    ReadCall,
+)
+from worker.engine.sequence.calls.families.syntax import Opening
 from worker.engine.sequence.calls.tool_calls import MarkedCallScanner, Scanned
 
 CALL = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
@@ -22,7 +28,7 @@ def json_reader() -> CallReader:
 
 def scan_all(pieces: list[str], reader: Callable[[], CallReader] = json_reader) -> Scanned:
     """Every piece through one scanner, then its finish: all it gave, joined."""
-    scanning = MarkedCallScanner(CALL_START, CALL_END, reader)
+    scanning = MarkedCallScanner((Opening(CALL_START, CALL_END),), reader)
     got = Scanned()
     for part in [*(scanning.feed(p) for p in pieces), scanning.finish()]:
         got.text += part.text
@@ -104,9 +110,9 @@ def test_a_call_without_arguments_takes_an_empty_object() -> None:
 
 
 def test_a_family_parser_sends_each_call_whole_at_its_end() -> None:
-    def parse(text: str, tools: object) -> dict[str, object]:
+    def parse(text: str, tools: object) -> list[ReadCall]:
         name, _, arguments = text.partition("|")
-        return {"name": name, "arguments": json.loads(arguments)}
+        return [ReadCall(name, arguments)]
 
     tools = [{"type": "function", "function": {"name": "add"}}]
     got = scan_all(

@@ -192,14 +192,13 @@ class Preparer:
         found = processors_for(job.sampling)
         grammar = job.grammar
         if job.tools is not None and job.tools.constrained():
-            frame = self._tool_format.call_frame()
-            if frame is None:
+            grammar = self._tool_format.call_grammar(job.tools)
+            if grammar is None:
                 raise InvalidRequestError(
                     "This model writes tool calls in a format that cannot be forced; "
                     "use tool_choice 'auto'.",
                     param="tool_choice",
                 )
-            grammar = job.tools.call_grammar(frame)
         constraint = self._grammars.constraint(grammar) if grammar is not None else None
         return tuple(found), constraint
 

@@ -13,12 +13,14 @@ them (shared/queue/prompt/prompt_tokens.py):
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the JSON-tools format of Hermes and
   Qwen 2.5 (mlx-lm's `json_tools` parser reads it back).
 `tool_choice` "required" or a named function constrains decoding to that call format with a
-grammar whose arguments follow each function's `parameters` schema (JSON-tools format only).
+grammar whose arguments follow each function's `parameters` schema (the JSON formats here; a
+family's own syntax, where one can be written, by worker/engine/sequence/calls/families/).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -134,23 +136,33 @@ class ToolUse(BaseModel):
     def parses_calls(self) -> bool:
         return self.choice != "none"
 
-    def call_grammar(self, frame: CallFrame = JSON_TOOLS_FRAME) -> str:
-        """The Lark grammar (llguidance) of the calls `choice` allows, written in `frame`."""
-        allowed = [
+    def allowed(self) -> list[FunctionDefinition]:
+        """The functions `choice` lets a forced call name."""
+        return [
             t.function
             for t in self.tools
             if not isinstance(self.choice, NamedToolChoice)
             or t.function.name == self.choice.function.name
         ]
+
+    def several(self) -> bool:
+        """Whether a forced answer may hold several calls."""
+        return self.parallel and not isinstance(self.choice, NamedToolChoice)
+
+    def call_grammar(
+        self, frame: CallFrame = JSON_TOOLS_FRAME, tokens: Mapping[str, int] | None = None
+    ) -> str:
+        """The Lark grammar (llguidance) of the calls `choice` allows, written in `frame`;
+        `tokens`: the markers the vocabulary holds as one added token (`lark_text`)."""
         # Whitespace is fixed to json.dumps' separators: a sampled model left free to write
         # whitespace between tokens can spend its whole max_tokens on it, mid-call.
-        calls = [_call_schema(f, frame.arguments) for f in allowed]
+        calls = [_call_schema(f, frame.arguments) for f in self.allowed()]
         schema = {"anyOf": calls, "x-guidance": _CALL_JSON}
-        several = self.parallel and not isinstance(self.choice, NamedToolChoice)
+        several = self.several()
         between = f"{json.dumps(frame.between)} " if frame.between else ""
         framed = " ".join(
-            [*([json.dumps(frame.start)] if frame.start else []), "body"]
-            + ([json.dumps(frame.end)] if frame.end else [])
+            [*([lark_text(frame.start, tokens)] if frame.start else []), "body"]
+            + ([lark_text(frame.end, tokens)] if frame.end else [])
         )
         lark = (
             f"start: call{f' ({between}call)*' if several else ''}\n"
@@ -158,6 +170,25 @@ class ToolUse(BaseModel):
             f"body: %json {json.dumps(schema)}\n"
         )
         return str(LLMatcher.grammar_from_lark(lark))
+
+
+def lark_text(text: str, tokens: Mapping[str, int] | None = None) -> str:
+    """Fixed text as a Lark grammar's items, each marker the vocabulary holds as one added
+    token (`tokens`, text to id) written as that token (`<[id]>`): llguidance takes an added
+    token only where the grammar names it, never for the text it spells."""
+    # The first marker in the text, the longest where several begin there; white space is
+    # left to the tokenizer, in whichever tokens it likes.
+    found = sorted(
+        ((text.find(m), m) for m in tokens or () if m.strip() and m in text),
+        key=lambda f: (f[0], -len(f[1])),
+    )
+    if not found:
+        return json.dumps(text)
+    at, marker = found[0]
+    items = [json.dumps(text[:at])] if at else []
+    items.append(f"<[{(tokens or {})[marker]}]>")
+    rest = text[at + len(marker) :]
+    return " ".join([*items, lark_text(rest, tokens)] if rest else items)
 
 
 def _call_schema(function: FunctionDefinition, arguments: str) -> dict[str, Any]:

@@ -114,12 +114,12 @@ class AnswerCallScanner:
 
     def _end_call(self, got: Scanned, shown: list[str]) -> None:
         assert self._reader is not None
-        pieces, call = self._reader.close()
+        pieces, calls = self._reader.close()
         self._reader = None
         got.deltas += [self._numbering.delta(piece) for piece in pieces]
-        if call is None:
+        if not calls:
             shown.append(self._held + self._body)
             self._state = "text"
         else:
-            got.calls.append(self._numbering.call(call))
+            got.calls += [self._numbering.call(call) for call in calls]
             self._state = "opening"

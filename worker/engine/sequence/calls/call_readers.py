@@ -10,8 +10,9 @@ name, then its arguments text) and, at the call's end marker, the call itself:
   up to its closing brace. The call's `arguments` is exactly what was
   sent, so the pieces a client joins are the arguments (and parse as JSON once the object
   closes).
-- `ParsedCallReader`, for every other family: mlx-lm's parser reads the whole text at the end
-  marker, and the call is sent in one piece.
+- `ParsedCallReader`, for every other family: the family's parser (mlxq's own,
+  worker/engine/sequence/calls/families/, or mlx-lm's where it is right) reads the whole text at
+  the end marker, and each call in it is sent in one piece.
 
 A call whose text never gave the name of one of the request's tools is not a call: the scanner
 shows its text as written.
@@ -24,7 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-Parser = Callable[..., Any]  # mlx-lm's parse_tool_call(text, tools) -> {"name", "arguments"}
+# A family's parser: a region's text and the request's tools (as mlx-lm's parsers take them)
+# to every call in it; it raises where the text is no call.
+ParseCalls = Callable[[str, list[dict[str, Any]]], list["ReadCall"]]
 _SPACE = " \t\r\n"
 # The key of a call's arguments: the JSON-tools format's, and Llama 3.x's.
 ARGUMENT_KEYS = ("arguments", "parameters")
@@ -51,15 +54,17 @@ class CallReader(Protocol):
         """More of the call's text; what may be sent of the call now."""
         ...
 
-    def close(self) -> tuple[list[CallPiece], ReadCall | None]:
-        """The call's text has ended: the last pieces, and the call (None: it is no call)."""
+    def close(self) -> tuple[list[CallPiece], list[ReadCall]]:
+        """The call's text has ended: the last pieces, and the calls (none: it is no call)."""
         ...
 
 
 class ParsedCallReader:
-    """A call in a family's own format, parsed whole by its mlx-lm parser."""
+    """Calls in a family's own format, parsed whole at the region's end; each sent in one
+    piece. All or nothing: if the parser fails on any of the region's calls, or one names a
+    function the request did not declare, the region is no call and is shown as written."""
 
-    def __init__(self, parse: Parser, tools: list[dict[str, Any]]):
+    def __init__(self, parse: ParseCalls, tools: list[dict[str, Any]]):
         self._parse = parse
         self._tools = tools
         self._names = {t["function"]["name"] for t in tools}
@@ -69,16 +74,14 @@ class ParsedCallReader:
         self._text.append(text)
         return []
 
-    def close(self) -> tuple[list[CallPiece], ReadCall | None]:
+    def close(self) -> tuple[list[CallPiece], list[ReadCall]]:
         try:
-            parsed = self._parse("".join(self._text), self._tools)
-            name, arguments = parsed["name"], parsed.get("arguments", {})
-        except Exception:  # any parser failure: the text is shown, not lost
-            return [], None
-        if name not in self._names:
-            return [], None
-        text = arguments if isinstance(arguments, str) else json.dumps(arguments)
-        return [CallPiece(text, name)], ReadCall(name, text)
+            calls = self._parse("".join(self._text), self._tools)
+        except Exception:  # any parser failure (mlx-lm's raise anything): the text is shown
+            return [], []
+        if not calls or any(call.name not in self._names for call in calls):
+            return [], []
+        return [CallPiece(call.arguments, call.name) for call in calls], calls
 
 
 class JsonCallReader:
@@ -120,14 +123,14 @@ class JsonCallReader:
         """The text fed after the point where reading ended (after the object's last brace)."""
         return self._text[self._at :]
 
-    def close(self) -> tuple[list[CallPiece], ReadCall | None]:
+    def close(self) -> tuple[list[CallPiece], list[ReadCall]]:
         if self._name is None:
-            return [], None
+            return [], []
         pieces = self._pieces()
         if self._arguments is None and not self._streaming:
             self._arguments = "{}"  # a call that never wrote its arguments takes none
             pieces += self._pieces()
-        return pieces, ReadCall(self._name, self._written())
+        return pieces, [ReadCall(self._name, self._written())]
 
     def _written(self) -> str:
         """The arguments text sent so far (all of it, once the name is known)."""

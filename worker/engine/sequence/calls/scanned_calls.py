@@ -24,24 +24,27 @@ class Scanned:
 @dataclass
 class CallNumbering:
     """A sequence's calls numbered in the order they are made: the first piece of each carries
-    its new id and its name, the later ones its index only."""
+    its new id and its name, the later ones its index only. A reader sends a call's first
+    piece before the call, and its calls in the order it sent them (several may close at
+    once: a section of calls)."""
 
     made: int = 0
-    _call_id: str | None = None  # the id of the call being sent
+    _ids: list[str] = field(default_factory=list)  # each call's id, by index
+    _completed: int = 0  # calls handed on whole so far
 
     def delta(self, piece: CallPiece) -> ToolCallDelta:
         if piece.name is None:
             return ToolCallDelta(
                 index=self.made - 1, function=FunctionCallDelta(arguments=piece.arguments)
             )
-        self._call_id = new_id("call_")
+        self._ids.append(new_id("call_"))
         self.made += 1
         function = FunctionCallDelta(name=piece.name, arguments=piece.arguments)
         return ToolCallDelta(
-            index=self.made - 1, id=self._call_id, type="function", function=function
+            index=self.made - 1, id=self._ids[-1], type="function", function=function
         )
 
     def call(self, call: ReadCall) -> ToolCall:
-        assert self._call_id is not None  # a reader sends a call's name before the call
-        function = FunctionCall(name=call.name, arguments=call.arguments)
-        return ToolCall(id=self._call_id, function=function)
+        call_id = self._ids[self._completed]  # its first piece was sent before it
+        self._completed += 1
+        return ToolCall(id=call_id, function=FunctionCall(name=call.name, arguments=call.arguments))
