@@ -24,6 +24,16 @@ after another and a burst spreads:
 No job waits for its holder longer than the prefill its cache would save (matched tokens x
 `prefill_s_per_token`), capped at `placement_wait_s`; after that any worker takes it, so a dead
 or wedged worker holds nothing up for long.
+
+A request's `prompt_cache_key` is a hint (the job's `cache_hint`: a hash of it and the job's
+server-derived cache scope, shared/queue/prefix/cache_scope.py), so one caller's key never
+steers by, or reads, another's. Each placement of a hinted job writes the worker it chose to
+`{ns}:hint:{model}:{hint}` (HINT_TTL_S, renewed by every placement); the next job with that hint
+takes that worker as its holder while it is live, unless another worker holds more of the
+prompt's first tokens: a longer real prefix wins, the hint breaks ties, and it names a holder
+where no worker holds any block (a first turn shorter than a block, a changed system prompt).
+A hinted holder is then held to the same rule as any other (full or far busier: spread), and
+waits for at least HINT_WAIT_S; a dead one is not among the live workers, so it is ignored.
 """
 
 from __future__ import annotations
@@ -48,12 +58,20 @@ SPREAD_WAIT_S = 0.5
 Outcome = Literal["placed", "spread", ""]
 # Placement hashes live this long after their last write; entries go when their job is taken.
 _HASH_TTL_S = 86400
+# A hint names its last worker this long after its last job (OpenAI keeps a prompt cache up to an
+# hour in memory); by then that worker's prefix cache has likely moved on.
+HINT_TTL_S = 3600
+# How long a job waits for the worker its hint names when that worker holds none of its blocks:
+# what the hint saves is unknown, so no longer than a spread job waits.
+HINT_WAIT_S = SPREAD_WAIT_S
 
 # KEYS: the model's job-blocks hash, its placement hash, its metrics hash, then each live
-# worker's taking list. ARGV: job id, its block hashes, hash TTL (s), the holder ('' for none),
-# the holder's "not after", the spread "not after", MAX_IMBALANCE, then per live worker (in the
-# order of the taking lists) its id and its slots (0: no report yet, counted as full).
-# Returns the module docstring's outcome: 'placed' (on the holder), 'spread' or ''.
+# worker's taking list, then the job's hint key if it has one. ARGV: job id, its block hashes,
+# hash TTL (s), the holder ('' for none), the holder's "not after", the spread "not after",
+# MAX_IMBALANCE, HINT_TTL_S, then per live worker (in the order of the taking lists) its id and
+# its slots (0: no report yet, counted as full).
+# Returns the module docstring's outcome: 'placed' (on the holder), 'spread' or ''; the hint key
+# names the worker it placed the job on.
 _PLACE = """
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
@@ -63,16 +81,18 @@ for _, record in ipairs(redis.call('HVALS', KEYS[2])) do
   local w = string.match(record, '^([^|]*)|')
   if w then placed[w] = (placed[w] or 0) + 1 end
 end
-local n, names, load, free, any_free = (#ARGV - 7) / 2, {}, {}, {}, false
+local n, names, load, free, any_free = (#ARGV - 8) / 2, {}, {}, {}, false
 for i = 1, n do
-  names[i] = ARGV[6 + 2 * i]
+  names[i] = ARGV[7 + 2 * i]
   load[i] = redis.call('LLEN', KEYS[3 + i]) + (placed[names[i]] or 0)
-  free[i] = tonumber(ARGV[7 + 2 * i]) - load[i]
+  free[i] = tonumber(ARGV[8 + 2 * i]) - load[i]
   if free[i] > 0 then any_free = true end
 end
+local hint = KEYS[4 + n]
 local function record(worker, not_after, kind)
   redis.call('HSET', KEYS[2], ARGV[1], worker .. '|' .. not_after .. kind)
   redis.call('EXPIRE', KEYS[2], ARGV[3])
+  if hint then redis.call('SET', hint, worker, 'EX', ARGV[8]) end
 end
 for i = 1, n do
   if names[i] == holder then
@@ -107,10 +127,15 @@ class Candidate:
     slots: int  # 0 until its first report
 
 
-def holder(candidates: list[Candidate]) -> Candidate | None:
-    """The worker holding most of the prompt's first tokens (most slots among equals)."""
-    best = max(candidates, key=lambda c: (c.matched_tokens, c.slots), default=None)
-    return best if best is not None and best.matched_tokens > 0 else None
+def holder(candidates: list[Candidate], hinted: str | None = None) -> Candidate | None:
+    """The worker holding most of the prompt's first tokens; among equals the one the job's
+    hint names (`hinted`, even where none holds any), then the one with most slots."""
+    best = max(
+        candidates, key=lambda c: (c.matched_tokens, c.worker_id == hinted, c.slots), default=None
+    )
+    if best is None or (best.matched_tokens == 0 and best.worker_id != hinted):
+        return None
+    return best
 
 
 class Placement:
@@ -131,37 +156,62 @@ class Placement:
         """Read `workers` for the job's prompt and write its placement record (before the job
         is queued, so that no worker can take it unplaced). None: nothing to place on."""
         hashes = block_hashes(tokens, scope=job.cache_scope)
-        if not hashes or not workers or job.lane != "interactive":
+        if not (hashes or job.cache_hint) or not workers or job.lane != "interactive":
             return None
-        now, candidates = self._read(sorted(workers), hashes)
-        return self._write(job, hashes, candidates, now)
+        hint = self._keys.cache_hint(job.model, job.cache_hint) if job.cache_hint else None
+        now, hinted, candidates = self._read(sorted(workers), hashes, hint)
+        found = holder(candidates, hinted)
+        # What a hinted holder's cache saves is unknown where it holds no block: wait a little.
+        floor_s = HINT_WAIT_S if found is not None and found.worker_id == hinted else 0.0
+        return self._write(job, hashes, found, candidates, hint, now + floor_s, now)
 
-    def _read(self, workers: list[str], hashes: list[str]) -> tuple[float, list[Candidate]]:
+    def _read(
+        self, workers: list[str], hashes: list[str], hint: str | None
+    ) -> tuple[float, str | None, list[Candidate]]:
+        """The time, the worker `hint` names (None: no hint, or it expired) and the candidates."""
         pipe = self._redis.pipeline(transaction=False)
         pipe.time()
+        # Placeholders (echo) keep the rows in step where there is no hint or no full block.
+        if hint:
+            pipe.get(hint)
+        else:
+            pipe.echo("")
         for worker in workers:
-            pipe.smismember(self._keys.prefix_blocks(worker), hashes)
+            if hashes:
+                pipe.smismember(self._keys.prefix_blocks(worker), hashes)
+            else:
+                pipe.echo("")
             pipe.get(self._keys.worker_stats(worker))
-        (seconds, micros), *rows = pipe.execute()
+        (seconds, micros), hinted, *rows = pipe.execute()
         candidates = [
-            _candidate(worker, held, report)
+            _candidate(worker, held or [], report)
             for worker, held, report in zip(workers, rows[::2], rows[1::2], strict=True)
         ]
-        return seconds + micros / 1e6, candidates
+        named = bytes(hinted).decode() if hinted else None
+        return seconds + micros / 1e6, named, candidates
 
     def _write(
-        self, job: GenerationJob, hashes: list[str], candidates: list[Candidate], now: float
+        self,
+        job: GenerationJob,
+        hashes: list[str],
+        found: Candidate | None,
+        candidates: list[Candidate],
+        hint: str | None,
+        floor: float,
+        now: float,
     ) -> Outcome:
-        """Write the job's hashes and its record by the module docstring's rule (`_PLACE`)."""
-        found = holder(candidates)
+        """Write the job's hashes and its record by the module docstring's rule (`_PLACE`); the
+        holder may take it alone until at least `floor` (unix s)."""
         saves_s = found.matched_tokens * self._prefill_s_per_token if found else 0.0
         model = job.model
         keys = [self._keys.job_blocks(model), self._keys.placement(model)]
         keys += [self._keys.model_metrics(model)]
         keys += [self._keys.taking(c.worker_id) for c in candidates]
+        keys += [hint] if hint else []
         args: list[str | int] = [job.job_id, ",".join(hashes), _HASH_TTL_S]
-        args += [found.worker_id if found else "", f"{now + min(self._wait_s, saves_s):.3f}"]
-        args += [f"{now + min(self._wait_s, SPREAD_WAIT_S):.3f}", MAX_IMBALANCE]
+        not_after = max(floor, now + saves_s) if found else now
+        args += [found.worker_id if found else "", f"{min(now + self._wait_s, not_after):.3f}"]
+        args += [f"{now + min(self._wait_s, SPREAD_WAIT_S):.3f}", MAX_IMBALANCE, HINT_TTL_S]
         for c in candidates:
             args += [c.worker_id, c.slots]
         outcome = bytes(self._place(keys=keys, args=args)).decode()

@@ -23,7 +23,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypedDict
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.queue import fair_order
-from shared.queue.prefix.cache_scope import SCOPE_PATTERN, UNSCOPED, narrowed
+from shared.queue.prefix.cache_scope import SCOPE_PATTERN, UNSCOPED, hint, narrowed
 from shared.wire.anthropic.messages import MessagesInput
 from shared.wire.batch.batches import BatchLine
 from shared.wire.chat.completions import ChatCompletionRequest, ChatMessage, CompletionRequest
@@ -146,6 +146,9 @@ class GenerationJob(QueuedJobBase):
     replay_ttl_s: Annotated[int, Field(ge=1)] | None = None
     # Whose prefix cache entries it may reuse and adds to (shared/queue/prefix/cache_scope.py).
     cache_scope: Annotated[str, Field(pattern=SCOPE_PATTERN)] = UNSCOPED
+    # Its `prompt_cache_key` as a placement hint under that scope (cache_scope.py `hint`); None:
+    # none given. Only the API reads it (api/queue/placement.py).
+    cache_hint: Annotated[str, Field(pattern=SCOPE_PATTERN)] | None = None
     # False for a request that said `store: false`: what it adds to the prefix cache stays in
     # memory, never in the disk tier's files.
     keep_on_disk: bool = True
@@ -258,6 +261,7 @@ class _Queueing(TypedDict):
     replay_ttl_s: int | None
     keep_alive_s: float | None
     cache_scope: str
+    cache_hint: str | None
     keep_on_disk: bool
 
 
@@ -283,6 +287,8 @@ def job_for(
         lane = "background"
     if isinstance(req, ChatCompletionRequest) and req.service_tier == "flex":
         lane = "background"
+    scoped = narrowed(scope, None if isinstance(req, ResponsesRequest) else req.cache_salt)
+    key = None if isinstance(req, CompletionRequest) else req.prompt_cache_key
     queueing = _Queueing(
         owner=owner,
         share=fair_order.share(owner, req.user, keyed=owner not in (None, "anonymous")),
@@ -290,7 +296,8 @@ def job_for(
         lane=lane,
         replay_ttl_s=replay_ttl_s,
         keep_alive_s=None if isinstance(req, ResponsesRequest) else req.keep_alive,
-        cache_scope=narrowed(scope, None if isinstance(req, ResponsesRequest) else req.cache_salt),
+        cache_scope=scoped,
+        cache_hint=hint(scoped, key),
         keep_on_disk=isinstance(req, CompletionRequest) or req.store is not False,
     )
     job = _job_for(job_id, req, queueing)

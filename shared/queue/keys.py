@@ -38,6 +38,9 @@ Layout under the namespace `ns` (default "mlxq"):
                                 that time (api/queue/placement.py, worker/runtime/intake/slots.py)
     {ns}:job_blocks:{model}     hash  queued interactive job id -> its prompt's block hashes,
                                 comma-separated, added to its taker's blocks set when taken
+    {ns}:hint:{model}:{hint}    string  the worker the last job of a placement hint (a scoped
+                                `prompt_cache_key`: shared/queue/prefix/cache_scope.py) was
+                                placed on, with a TTL (api/queue/placement.py)
     {ns}:tokenizer:{model}      hash  "spec": the model's TokenizerSpec
                                 (shared/queue/prompt/prompt_tokens.py), "digest": its digest;
                                 written by each worker serving the model
@@ -225,6 +228,9 @@ class Keys:
 
     def job_blocks(self, model: str) -> str:
         return f"{self.ns}:job_blocks:{_model(model)}"
+
+    def cache_hint(self, model: str, hint: str) -> str:
+        return f"{self.ns}:hint:{_model(model)}:{_id(hint)}"
 
     def tokenizer(self, model: str) -> str:
         return f"{self.ns}:tokenizer:{_model(model)}"

@@ -8,7 +8,7 @@ from collections import Counter
 
 from redis import Redis
 
-from api.queue.placement import MAX_IMBALANCE, Placement
+from api.queue.placement import MAX_IMBALANCE, Placement, holder
 from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
 from shared.queue.prefix.prefix_blocks import block_hashes
@@ -25,9 +25,9 @@ def burst(redis: Redis, keys: Keys, workers: list[str], size: int) -> Counter[st
     """Place `size` requests for PROMPT, every read before any write; jobs per worker."""
     placement = Placement(redis, keys, wait_s=2.0, prefill_s_per_token=0.0044)
     hashes = block_hashes(PROMPT)
-    reads = [placement._read(workers, hashes) for _ in range(size)]
-    for i, (now, candidates) in enumerate(reads):
-        placement._write(job(i), hashes, candidates, now)
+    reads = [placement._read(workers, hashes, None) for _ in range(size)]
+    for i, (now, _, candidates) in enumerate(reads):
+        placement._write(job(i), hashes, holder(candidates), candidates, None, now, now)
     records = redis.hvals(keys.placement(MODEL))
     return Counter(bytes(r).decode().split("|")[0] for r in records)  # type: ignore[union-attr]
 

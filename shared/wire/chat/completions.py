@@ -269,9 +269,11 @@ class ChatCompletionRequest(SamplingRequest):
     reasoning_effort: Effort | None = None
     thinking_token_budget: Annotated[int, Field(ge=0, le=MAX_TOKENS)] | None = None
     chat_template_kwargs: TemplateKwargs | None = None
-    # Accepted and changing nothing here: the worker's prefix cache reuses a repeated prompt
-    # opening without a key, breakpoints or a retention policy; mlxq checks no policies per end
-    # user. A prediction is a draft source where the worker speculates (MLXQ_SPECULATION_TOKENS).
+    # `prompt_cache_key` is a placement hint, scoped by the caller (shared/queue/jobs.py
+    # `cache_hint`, api/queue/placement.py). Accepted and changing nothing here: the worker's
+    # prefix cache reuses a repeated prompt opening without breakpoints or a retention policy;
+    # mlxq checks no policies per end user. A prediction is a draft source where the worker
+    # speculates (MLXQ_SPECULATION_TOKENS).
     prompt_cache_key: Annotated[str, Field(max_length=1024)] | None = None
     prompt_cache_options: PromptCacheOptions | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None

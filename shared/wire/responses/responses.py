@@ -8,10 +8,10 @@ present only while queued) counts the background jobs ahead of this one (0: it i
 Reasoning: `reasoning.effort` becomes the job's `ReasoningControl`
 (shared/wire/generation/reasoning.py); `reasoning.summary` is accepted, and no summary is written (a
 reasoning item carries the reasoning itself); `include: ["reasoning.encrypted_content"]` asks for
-the opaque value a client sends back (shared/wire/responses/reasoning_blob.py). Accepted and
-changing nothing here: `prompt_cache_key` and `prompt_cache_retention` (the worker's prefix cache
-reuses any repeated prompt opening without them), `safety_identifier` (mlxq checks no policies per
-end user).
+the opaque value a client sends back (shared/wire/responses/reasoning_blob.py).
+`prompt_cache_key` is a placement hint, scoped by the caller (api/queue/placement.py). Accepted
+and changing nothing here: `prompt_cache_retention` (the worker's prefix cache reuses any
+repeated prompt opening without it), `safety_identifier` (mlxq checks no policies per end user).
 """
 
 from __future__ import annotations
