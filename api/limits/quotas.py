@@ -4,7 +4,7 @@ key shares (it runs `noeviction`: full, it refuses every caller's writes).
 What each key (its owner, api/http/auth.py; without keys the one local owner) may keep at once
 (shared/queue/config.py `QuotaSettings`, 0: no limit), by kind:
 - `files`: its files, uploads and batch outputs, by count and by bytes;
-- `responses`: its stored responses;
+- `responses`: its stored responses, by count and by their records' bytes;
 - `batches`: its batches, whatever their status; `open_batches`: those not ended;
 - `background`: its background responses queued or in progress;
 - `idempotency`: its Idempotency-Key records.
@@ -60,8 +60,9 @@ _ENDED_JOB = frozenset(
 # KEYS: the owner's entries of one kind, and their bytes (keys.py `usage`). ARGV: the object id,
 # its hold (ms), the count limit (0: none), its bytes, the byte limit (0: none), 1 to check the
 # limits (0: count it whatever). An entry held already is only ever held longer. Both keys get
-# every hold as their TTL, so the bytes never outlive the entries they sum. Returns 0 if held
-# (1: over the count, 2: over the bytes), the count and the bytes after.
+# every hold as their TTL, so the bytes never outlive the entries they sum. A hold of 0 holds
+# nothing: it only trims and counts (`Quotas.room`). Returns 0 if held (1: over the count, 2:
+# over the bytes), the count and the bytes after.
 RESERVE = """
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -86,7 +87,7 @@ if not held and ARGV[6] == '1' then
     full = 2
   end
 end
-if full == 0 then
+if full == 0 and hold > 0 then
   redis.call('ZADD', KEYS[1], 'GT', now + hold, id)
   if not held then
     count = count + 1
@@ -174,7 +175,20 @@ class Quotas:
             "background": s.quota_background,
             "idempotency": s.quota_idempotency_keys,
         }[kind]
-        return count, s.quota_file_bytes if kind == "files" else 0
+        most_bytes = {"files": s.quota_file_bytes, "responses": s.quota_response_bytes}
+        return count, most_bytes.get(kind, 0)
+
+    def room(self, owner: str, kind: Kind) -> int | None:
+        """The bytes of `kind` the owner may still take (None: no byte limit), its expired
+        entries dropped first, so a caller can refuse what cannot fit before reading it."""
+        most_bytes = self.limits(kind)[1]
+        if not most_bytes:
+            return None
+        keys = [self._keys.quota(owner, kind), self._keys.usage(owner, kind)]
+        with redis_errors_as_503():
+            # A hold of 0: RESERVE only trims what expired and counts what is left.
+            _, _, held = self._reserve(keys=keys, args=["", 0, 0, 0, 0, 0])
+        return max(0, most_bytes - int(held))
 
     def take(self, owner: str, *usages: Usage) -> None:
         """Hold each of `usages`, or none of them and raise the refusal of the first that does
@@ -285,19 +299,36 @@ def _refusal(
             kind="open_batches",
             retry_after_ms=later,
         )
-    if usage.kind == "files" and count < most:  # the bytes are over, not the count
-        return QuotaExceededError(
-            f"This file of {usage.size} bytes would pass this API key's quota of {most_bytes} "
-            f"bytes of files: its files hold {size}. Delete files you no longer need, or wait "
-            "for them to expire.",
-            param="file",
-        )
+    if usage.kind in _BYTES and (not most or count < most):  # the bytes are over, not the count
+        return bytes_refusal(usage.kind, usage.size, size, most_bytes)
     what, remedy = _KEPT[usage.kind]
     return QuotaExceededError(
         f"This API key keeps {count} {what}, its quota. {remedy}",
         param="Idempotency-Key" if usage.kind == "idempotency" else None,
     )
 
+
+def bytes_refusal(
+    kind: Kind, size: int, held: int, most_bytes: int, at_least: bool = False
+) -> QuotaExceededError:
+    """What a key is told whose object of `size` bytes (`at_least`: or more, an upload told
+    from its Content-Length) would pass its byte quota of `kind` (`held`: what its objects of
+    that kind hold now)."""
+    what, setting, param = _BYTES[kind]
+    remedy = _KEPT[kind][1]
+    return QuotaExceededError(
+        f"This {what} of {'at least ' if at_least else ''}{size} bytes would pass this API "
+        f"key's quota of {most_bytes} bytes "
+        f"({setting}): its {what}s hold {held}. {remedy}",
+        param=param,
+    )
+
+
+# The kinds counted in bytes: what one is called, the setting of its quota, the param named.
+_BYTES: dict[str, tuple[str, str, str | None]] = {
+    "files": ("file", "MLXQ_QUOTA_FILE_BYTES", "file"),
+    "responses": ("stored response", "MLXQ_QUOTA_RESPONSE_BYTES", None),
+}
 
 # What a key over its quota of a kind keeps, and what it can do.
 _KEPT: dict[str, tuple[str, str]] = {
