@@ -7,7 +7,7 @@ What each key (its owner, api/http/auth.py; without keys the one local owner) ma
 - `responses`: its stored responses, by count and by their records' bytes;
 - `batches`: its batches, whatever their status; `open_batches`: those not ended;
 - `background`: its background responses queued or in progress;
-- `idempotency`: its Idempotency-Key records.
+- `idempotency`: its Idempotency-Key records, by count and by their kept answers' bytes.
 
 Each object a key keeps is an entry in a sorted set of its owner and kind (keys.py `quota`),
 scored by when its hold ends on Redis's clock: the object's own lifetime (a file's TTL, a stored
@@ -59,7 +59,9 @@ _ENDED_JOB = frozenset(
 
 # KEYS: the owner's entries of one kind, and their bytes (keys.py `usage`). ARGV: the object id,
 # its hold (ms), the count limit (0: none), its bytes, the byte limit (0: none), 1 to check the
-# limits (0: count it whatever). An entry held already is only ever held longer. Both keys get
+# limits (0: count it whatever). An entry held already is only ever held longer, and takes
+# its new bytes if they are given (an Idempotency-Key's claim, then its kept answer): a claim
+# of 0 bytes is refused once the kept bytes are past their limit. Both keys get
 # every hold as their TTL, so the bytes never outlive the entries they sum. A hold of 0 holds
 # nothing: it only trims and counts (`Quotas.room`). Returns 0 if held (1: over the count, 2:
 # over the bytes), the count and the bytes after.
@@ -89,12 +91,11 @@ if not held and ARGV[6] == '1' then
 end
 if full == 0 and hold > 0 then
   redis.call('ZADD', KEYS[1], 'GT', now + hold, id)
-  if not held then
-    count = count + 1
-    if size > 0 then
-      redis.call('HSET', KEYS[2], 'object:' .. id, size)
-      bytes = redis.call('HINCRBY', KEYS[2], 'total', size)
-    end
+  if not held then count = count + 1 end
+  local old = tonumber(redis.call('HGET', KEYS[2], 'object:' .. id)) or 0
+  if size > 0 and size ~= old then  -- a held entry's object may be written bigger (a claim's)
+    redis.call('HSET', KEYS[2], 'object:' .. id, size)
+    bytes = redis.call('HINCRBY', KEYS[2], 'total', size - old)
   end
   for i = 1, 2 do  -- each lives as long as its longest entry
     if redis.call('PTTL', KEYS[i]) < hold then redis.call('PEXPIRE', KEYS[i], hold) end
@@ -175,7 +176,11 @@ class Quotas:
             "background": s.quota_background,
             "idempotency": s.quota_idempotency_keys,
         }[kind]
-        most_bytes = {"files": s.quota_file_bytes, "responses": s.quota_response_bytes}
+        most_bytes = {
+            "files": s.quota_file_bytes,
+            "responses": s.quota_response_bytes,
+            "idempotency": s.quota_idempotency_bytes,
+        }
         return count, most_bytes.get(kind, 0)
 
     def room(self, owner: str, kind: Kind) -> int | None:
@@ -316,10 +321,15 @@ def bytes_refusal(
     that kind hold now)."""
     what, setting, param = _BYTES[kind]
     remedy = _KEPT[kind][1]
+    if not size:  # a place whose bytes come later (an Idempotency-Key's answer)
+        return QuotaExceededError(
+            f"This API key's {what}s hold {held} bytes, its quota of {most_bytes} bytes "
+            f"({setting}). {remedy}",
+            param=param,
+        )
     return QuotaExceededError(
         f"This {what} of {'at least ' if at_least else ''}{size} bytes would pass this API "
-        f"key's quota of {most_bytes} bytes "
-        f"({setting}): its {what}s hold {held}. {remedy}",
+        f"key's quota of {most_bytes} bytes ({setting}): its {what}s hold {held}. {remedy}",
         param=param,
     )
 
@@ -328,6 +338,7 @@ def bytes_refusal(
 _BYTES: dict[str, tuple[str, str, str | None]] = {
     "files": ("file", "MLXQ_QUOTA_FILE_BYTES", "file"),
     "responses": ("stored response", "MLXQ_QUOTA_RESPONSE_BYTES", None),
+    "idempotency": ("Idempotency-Key record", "MLXQ_QUOTA_IDEMPOTENCY_BYTES", "Idempotency-Key"),
 }
 
 # What a key over its quota of a kind keeps, and what it can do.

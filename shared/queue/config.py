@@ -188,6 +188,8 @@ class QuotaSettings(BaseModel):
     quota_background: int = Field(default=100, ge=0)
     # Idempotency-Key records (each keeps its whole answer for 24 h).
     quota_idempotency_keys: int = Field(default=10_000, ge=0)
+    # Their kept answers' bytes: a chat completion with n=128 keeps megabytes for a day.
+    quota_idempotency_bytes: int = Field(default=256 * 1024**2, ge=0)
 
 
 class WorkerSettings(BaseModel):

@@ -1,6 +1,7 @@
 """Byte quotas on what a key keeps (api/limits/quotas.py), on the in-process app and the
-session's real Redis: a stored response's record counts its bytes, deleting or expiry gives them
-back, and an upload is refused from its Content-Length before its body is read."""
+session's real Redis: a stored response's record and a kept Idempotency-Key answer count their
+bytes, deleting or expiry gives them back, and an upload is refused from its Content-Length
+before its body is read."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from api.limits.quotas import Usage
 from api.routes.batch.files import FORM_OVERHEAD_BYTES
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
-from tests.api.test_quotas import ALICE, BOB, assert_over_quota, keyed_app, quotas_under
+from tests.api.test_quotas import (
+    ALICE,
+    BOB,
+    assert_over_quota,
+    keyed_app,
+    keyed_upload,
+    quotas_under,
+)
 from tests.support import MODEL, post_file
 
 # A stored background response whose record is about 2,000 bytes, nearly all its instructions.
@@ -77,3 +85,15 @@ def test_an_upload_past_the_keys_file_bytes_is_refused_from_its_length_before_it
     assert not body.touched
     assert post_file(http, b"x" * 600, headers=BOB).status_code == 200
     assert post_file(http, b"x" * 600, headers=ALICE).status_code == 200  # within it: taken
+
+
+def test_kept_idempotency_answers_count_their_bytes_and_a_key_past_them_claims_no_new_one(
+    app_settings: Settings,
+) -> None:
+    upload = keyed_upload(keyed_app(app_settings, quota_idempotency_bytes=1).test_client())
+    assert upload("k1", ALICE).status_code == 200  # nothing kept yet: its answer passes the byte
+    refused = upload("k2", ALICE)
+    assert_over_quota(refused, param="Idempotency-Key")
+    assert "MLXQ_QUOTA_IDEMPOTENCY_BYTES" in refused.get_json()["error"]["message"]
+    assert upload("k1", ALICE).headers["Idempotent-Replayed"] == "true"  # kept, still answered
+    assert upload("k2", BOB).status_code == 200
