@@ -63,7 +63,7 @@ _ENDED_JOB = frozenset(
 # its new bytes if they are given (an Idempotency-Key's claim, then its kept answer): a claim
 # of 0 bytes is refused once the kept bytes are past their limit. Both keys get
 # every hold as their TTL, so the bytes never outlive the entries they sum. A hold of 0 holds
-# nothing: it only trims and counts (`Quotas.room`). Returns 0 if held (1: over the count, 2:
+# nothing: it only trims and checks (`Quotas.ensure_room`). Returns 0 if held (1: over the count, 2:
 # over the bytes), the count and the bytes after.
 RESERVE = """
 local time = redis.call('TIME')
@@ -183,17 +183,19 @@ class Quotas:
         }
         return count, most_bytes.get(kind, 0)
 
-    def room(self, owner: str, kind: Kind) -> int | None:
-        """The bytes of `kind` the owner may still take (None: no byte limit), its expired
-        entries dropped first, so a caller can refuse what cannot fit before reading it."""
-        most_bytes = self.limits(kind)[1]
-        if not most_bytes:
-            return None
-        keys = [self._keys.quota(owner, kind), self._keys.usage(owner, kind)]
+    def ensure_room(self, owner: str, usage: Usage, at_least: bool = False) -> None:
+        """Raise the refusal that `take` would give `usage` (`at_least`: its size is a lower
+        bound), holding nothing, so a caller can refuse what cannot fit before reading it."""
+        count, most_bytes = self.limits(usage.kind)
+        if not (count or most_bytes):
+            return
+        keys = [self._keys.quota(owner, usage.kind), self._keys.usage(owner, usage.kind)]
         with redis_errors_as_503():
-            # A hold of 0: RESERVE only trims what expired and counts what is left.
-            _, _, held = self._reserve(keys=keys, args=["", 0, 0, 0, 0, 0])
-        return max(0, most_bytes - int(held))
+            # A hold of 0: RESERVE trims what expired and checks the limits, and adds nothing.
+            args: list[str | int] = [usage.object_id, 0, count, usage.size, most_bytes, 1]
+            full, held, size = self._reserve(keys=keys, args=args)
+        if full:
+            raise _refusal(self._settings, usage, int(held), int(size), count, most_bytes, at_least)
 
     def take(self, owner: str, *usages: Usage) -> None:
         """Hold each of `usages`, or none of them and raise the refusal of the first that does
@@ -286,7 +288,13 @@ _OPEN: dict[str, tuple[Callable[[Pipeline, Keys, str], None], Callable[[Any], bo
 
 
 def _refusal(
-    settings: Settings, usage: Usage, count: int, size: int, most: int, most_bytes: int
+    settings: Settings,
+    usage: Usage,
+    count: int,
+    size: int,
+    most: int,
+    most_bytes: int,
+    at_least: bool = False,
 ) -> MLXQError:
     """What a key over its quota of `usage.kind` is told (`count` and `size`: what it keeps)."""
     later = settings.retry_after_s * 1000
@@ -305,7 +313,7 @@ def _refusal(
             retry_after_ms=later,
         )
     if usage.kind in _BYTES and (not most or count < most):  # the bytes are over, not the count
-        return bytes_refusal(usage.kind, usage.size, size, most_bytes)
+        return bytes_refusal(usage.kind, usage.size, size, most_bytes, at_least)
     what, remedy = _KEPT[usage.kind]
     return QuotaExceededError(
         f"This API key keeps {count} {what}, its quota. {remedy}",
