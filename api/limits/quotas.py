@@ -4,10 +4,10 @@ key shares (it runs `noeviction`: full, it refuses every caller's writes).
 What each key (its owner, api/http/auth.py; without keys the one local owner) may keep at once
 (shared/queue/config.py `QuotaSettings`, 0: no limit), by kind:
 - `files`: its files, uploads and batch outputs, by count and by bytes;
-- `responses`: its stored responses;
+- `responses`: its stored responses, by count and by their records' bytes;
 - `batches`: its batches, whatever their status; `open_batches`: those not ended;
 - `background`: its background responses queued or in progress;
-- `idempotency`: its Idempotency-Key records.
+- `idempotency`: its Idempotency-Key records, by count and by their kept answers' bytes.
 
 Each object a key keeps is an entry in a sorted set of its owner and kind (keys.py `quota`),
 scored by when its hold ends on Redis's clock: the object's own lifetime (a file's TTL, a stored
@@ -59,9 +59,12 @@ _ENDED_JOB = frozenset(
 
 # KEYS: the owner's entries of one kind, and their bytes (keys.py `usage`). ARGV: the object id,
 # its hold (ms), the count limit (0: none), its bytes, the byte limit (0: none), 1 to check the
-# limits (0: count it whatever). An entry held already is only ever held longer. Both keys get
-# every hold as their TTL, so the bytes never outlive the entries they sum. Returns 0 if held
-# (1: over the count, 2: over the bytes), the count and the bytes after.
+# limits (0: count it whatever). An entry held already is only ever held longer, and takes
+# its new bytes if they are given (an Idempotency-Key's claim, then its kept answer): a claim
+# of 0 bytes is refused once the kept bytes are past their limit. Both keys get
+# every hold as their TTL, so the bytes never outlive the entries they sum. A hold of 0 holds
+# nothing: it only trims and checks (`Quotas.ensure_room`). Returns 0 if held (1: over the count, 2:
+# over the bytes), the count and the bytes after.
 RESERVE = """
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -86,14 +89,13 @@ if not held and ARGV[6] == '1' then
     full = 2
   end
 end
-if full == 0 then
+if full == 0 and hold > 0 then
   redis.call('ZADD', KEYS[1], 'GT', now + hold, id)
-  if not held then
-    count = count + 1
-    if size > 0 then
-      redis.call('HSET', KEYS[2], 'object:' .. id, size)
-      bytes = redis.call('HINCRBY', KEYS[2], 'total', size)
-    end
+  if not held then count = count + 1 end
+  local old = tonumber(redis.call('HGET', KEYS[2], 'object:' .. id)) or 0
+  if size > 0 and size ~= old then  -- a held entry's object may be written bigger (a claim's)
+    redis.call('HSET', KEYS[2], 'object:' .. id, size)
+    bytes = redis.call('HINCRBY', KEYS[2], 'total', size - old)
   end
   for i = 1, 2 do  -- each lives as long as its longest entry
     if redis.call('PTTL', KEYS[i]) < hold then redis.call('PEXPIRE', KEYS[i], hold) end
@@ -174,7 +176,26 @@ class Quotas:
             "background": s.quota_background,
             "idempotency": s.quota_idempotency_keys,
         }[kind]
-        return count, s.quota_file_bytes if kind == "files" else 0
+        most_bytes = {
+            "files": s.quota_file_bytes,
+            "responses": s.quota_response_bytes,
+            "idempotency": s.quota_idempotency_bytes,
+        }
+        return count, most_bytes.get(kind, 0)
+
+    def ensure_room(self, owner: str, usage: Usage, at_least: bool = False) -> None:
+        """Raise the refusal that `take` would give `usage` (`at_least`: its size is a lower
+        bound), holding nothing, so a caller can refuse what cannot fit before reading it."""
+        count, most_bytes = self.limits(usage.kind)
+        if not (count or most_bytes):
+            return
+        keys = [self._keys.quota(owner, usage.kind), self._keys.usage(owner, usage.kind)]
+        with redis_errors_as_503():
+            # A hold of 0: RESERVE trims what expired and checks the limits, and adds nothing.
+            args: list[str | int] = [usage.object_id, 0, count, usage.size, most_bytes, 1]
+            full, held, size = self._reserve(keys=keys, args=args)
+        if full:
+            raise _refusal(self._settings, usage, int(held), int(size), count, most_bytes, at_least)
 
     def take(self, owner: str, *usages: Usage) -> None:
         """Hold each of `usages`, or none of them and raise the refusal of the first that does
@@ -267,7 +288,13 @@ _OPEN: dict[str, tuple[Callable[[Pipeline, Keys, str], None], Callable[[Any], bo
 
 
 def _refusal(
-    settings: Settings, usage: Usage, count: int, size: int, most: int, most_bytes: int
+    settings: Settings,
+    usage: Usage,
+    count: int,
+    size: int,
+    most: int,
+    most_bytes: int,
+    at_least: bool = False,
 ) -> MLXQError:
     """What a key over its quota of `usage.kind` is told (`count` and `size`: what it keeps)."""
     later = settings.retry_after_s * 1000
@@ -285,19 +312,42 @@ def _refusal(
             kind="open_batches",
             retry_after_ms=later,
         )
-    if usage.kind == "files" and count < most:  # the bytes are over, not the count
-        return QuotaExceededError(
-            f"This file of {usage.size} bytes would pass this API key's quota of {most_bytes} "
-            f"bytes of files: its files hold {size}. Delete files you no longer need, or wait "
-            "for them to expire.",
-            param="file",
-        )
+    if usage.kind in _BYTES and (not most or count < most):  # the bytes are over, not the count
+        return bytes_refusal(usage.kind, usage.size, size, most_bytes, at_least)
     what, remedy = _KEPT[usage.kind]
     return QuotaExceededError(
         f"This API key keeps {count} {what}, its quota. {remedy}",
         param="Idempotency-Key" if usage.kind == "idempotency" else None,
     )
 
+
+def bytes_refusal(
+    kind: Kind, size: int, held: int, most_bytes: int, at_least: bool = False
+) -> QuotaExceededError:
+    """What a key is told whose object of `size` bytes (`at_least`: or more, an upload told
+    from its Content-Length) would pass its byte quota of `kind` (`held`: what its objects of
+    that kind hold now)."""
+    what, setting, param = _BYTES[kind]
+    remedy = _KEPT[kind][1]
+    if not size:  # a place whose bytes come later (an Idempotency-Key's answer)
+        return QuotaExceededError(
+            f"This API key's {what}s hold {held} bytes, its quota of {most_bytes} bytes "
+            f"({setting}). {remedy}",
+            param=param,
+        )
+    return QuotaExceededError(
+        f"This {what} of {'at least ' if at_least else ''}{size} bytes would pass this API "
+        f"key's quota of {most_bytes} bytes ({setting}): its {what}s hold {held}. {remedy}",
+        param=param,
+    )
+
+
+# The kinds counted in bytes: what one is called, the setting of its quota, the param named.
+_BYTES: dict[str, tuple[str, str, str | None]] = {
+    "files": ("file", "MLXQ_QUOTA_FILE_BYTES", "file"),
+    "responses": ("stored response", "MLXQ_QUOTA_RESPONSE_BYTES", None),
+    "idempotency": ("Idempotency-Key record", "MLXQ_QUOTA_IDEMPOTENCY_BYTES", "Idempotency-Key"),
+}
 
 # What a key over its quota of a kind keeps, and what it can do.
 _KEPT: dict[str, tuple[str, str]] = {

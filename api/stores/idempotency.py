@@ -14,7 +14,8 @@ meet) gets:
 Only a successful (2xx) answer is kept: a try that failed (a validation error, a full queue, an
 outage) releases the key, so the corrected request can use it. A claim whose API process died
 mid-request lapses after `claim_ttl_s`. Each record, claimed or kept, takes a place in its
-owner's quota (api/limits/quotas.py): a new key claimed beyond it is a 429 and not held.
+owner's quota (api/limits/quotas.py), a kept one its answer's bytes too: a new key claimed
+beyond either is a 429 and not held.
 """
 
 from __future__ import annotations
@@ -88,9 +89,11 @@ class IdempotencyStore:
         raise IdempotencyKeyInUseError(f"The {HEADER} is in use; retry.", param=HEADER)
 
     def keep(self, key: str, answer: Answer) -> None:
-        self._redis.set(self._key(key), answer.model_dump_json(), ex=RECORD_TTL_S)
-        if self._quotas is not None:  # its place, for as long as the answer is kept
-            self._quotas.count(self._owner, self._usage(key, RECORD_TTL_S))
+        record = answer.model_dump_json()
+        self._redis.set(self._key(key), record, ex=RECORD_TTL_S)
+        if self._quotas is not None:  # its place and bytes, for as long as the answer is kept
+            usage = self._usage(key, RECORD_TTL_S, size=len(record.encode()))
+            self._quotas.count(self._owner, usage)
 
     def release(self, key: str) -> None:
         self._redis.delete(self._key(key))
@@ -107,8 +110,8 @@ class IdempotencyStore:
             self._redis.delete(self._key(key))
             raise
 
-    def _usage(self, key: str, hold_s: int) -> Usage:
-        return Usage("idempotency", _digest(key), hold_s=hold_s)
+    def _usage(self, key: str, hold_s: int, size: int = 0) -> Usage:
+        return Usage("idempotency", _digest(key), size=size, hold_s=hold_s)
 
 
 def _digest(key: str) -> str:

@@ -7,7 +7,7 @@ long as the record lives) and, while that log has no final event, its RQ record 
 position, started, ended, failed or gone). shared/wire/responses/responses.py derives the response
 object from those, so every API process answers the same, and nothing needs updating when the job
 moves. A stored response, and a background one until it ends, takes a place in its owner's quotas
-(api/limits/quotas.py) before its job is queued (`usages`).
+(api/limits/quotas.py) before its job is queued (`usages`); a stored one its record's bytes too.
 """
 
 from __future__ import annotations
@@ -48,8 +48,10 @@ class ResponseStore:
     @staticmethod
     def usages(stored: StoredResponse) -> list[Usage]:
         """What a response takes of its owner's quotas: a place among its stored responses
-        (unless store=false), and among its background responses not ended."""
-        found = [Usage("responses", stored.id)] if stored.request.store else []
+        and its record's bytes (unless store=false), and a place among its background
+        responses not ended."""
+        size = len(stored.model_dump_json().encode())  # what `create` writes, owner aside
+        found = [Usage("responses", stored.id, size=size)] if stored.request.store else []
         return found + ([Usage("background", stored.id)] if stored.background else [])
 
     def create(self, owner: str, stored: StoredResponse) -> None:

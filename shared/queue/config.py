@@ -176,6 +176,10 @@ class QuotaSettings(BaseModel):
     # Stored responses (each its request and its event log, MLXQ_RESPONSE_TTL_S): about seven a
     # minute, every minute of a day.
     quota_responses: int = Field(default=10_000, ge=0)
+    # Their records' bytes (the request: its input items, instructions, tools, schemas). 256 MiB
+    # is 10,000 responses of 26 KiB, or about 40 carrying a 6 MiB schema: one key's responses
+    # alone no longer fill a Redis of a few GiB.
+    quota_response_bytes: int = Field(default=256 * 1024**2, ge=0)
     # Batches kept (any status, MLXQ_BATCH_TTL_S), and those not ended: each open one holds its
     # lines' jobs, a copy of its input, in the queue.
     quota_batches: int = Field(default=1_000, ge=0)
@@ -184,6 +188,8 @@ class QuotaSettings(BaseModel):
     quota_background: int = Field(default=100, ge=0)
     # Idempotency-Key records (each keeps its whole answer for 24 h).
     quota_idempotency_keys: int = Field(default=10_000, ge=0)
+    # Their kept answers' bytes: a chat completion with n=128 keeps megabytes for a day.
+    quota_idempotency_bytes: int = Field(default=256 * 1024**2, ge=0)
 
 
 class WorkerSettings(BaseModel):

@@ -6,12 +6,13 @@ Message Batches route) while another key goes on creating."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from flask import Flask
+from flask.testing import FlaskClient
 from redis import Redis
 from redis.client import PubSub
 from rq.job import Job
@@ -197,14 +198,20 @@ def test_open_batches_are_capped_per_key_until_one_ends(
     assert http.post("/v1/batches", json=batch_body(file_id), headers=ALICE).status_code == 200
 
 
-def test_idempotency_records_are_capped_per_key_and_a_replay_takes_no_place(
-    app_settings: Settings,
-) -> None:
-    http = keyed_app(app_settings, quota_idempotency_keys=1).test_client()
+def keyed_upload(http: FlaskClient) -> Callable[[str, dict[str, str]], TestResponse]:
+    """An upload to `http` under an Idempotency-Key, as one key or another."""
 
     def upload(key: str, who: dict[str, str]) -> TestResponse:
         return post_file(http, b"{}\n", headers={**who, "Idempotency-Key": key})
 
+    return upload
+
+
+def test_idempotency_records_are_capped_per_key_and_a_replay_takes_no_place(
+    app_settings: Settings,
+) -> None:
+    http = keyed_app(app_settings, quota_idempotency_keys=1).test_client()
+    upload = keyed_upload(http)
     assert upload("k1", ALICE).status_code == 200
     replayed = upload("k1", ALICE)
     assert replayed.status_code == 200 and replayed.headers["Idempotent-Replayed"] == "true"

@@ -7,7 +7,7 @@ from pydantic import BaseModel, ValidationError
 
 from api.backend import backend
 from api.http.auth import owner_id
-from api.limits.quotas import quotas
+from api.limits.quotas import Usage, quotas
 from api.limits.shares import takes_a_request
 from api.stores.files import FileStore
 from api.stores.idempotency import idempotent
@@ -35,9 +35,16 @@ def _json(model: BaseModel, status: int = 200) -> Response:
 
 @bp.before_request
 def _upload_cap() -> None:
-    """An upload may be larger than other bodies: its cap is set before anything reads it."""
-    if request.endpoint == "files.create_file":
-        request.max_content_length = backend().settings.max_file_bytes + FORM_OVERHEAD_BYTES
+    """An upload may be larger than other bodies: its cap is set before anything reads it. Its
+    `Content-Length` is held against the key's quota of files (their count and bytes) before
+    the body is read too: a key at its quota does not make the API take in 100 MiB to refuse
+    it."""
+    if request.endpoint != "files.create_file":
+        return
+    request.max_content_length = backend().settings.max_file_bytes + FORM_OVERHEAD_BYTES
+    # The file is at least the body less the room kept for the form around it.
+    at_least = max(0, (request.content_length or 0) - FORM_OVERHEAD_BYTES)
+    quotas().ensure_room(owner_id(), Usage("files", "upload", size=at_least), at_least=True)
 
 
 @bp.post("/v1/files")
