@@ -14,7 +14,8 @@ import pytest
 
 from shared.wire.generation.sampling import SamplingParams
 from tests.worker.tiny_models import TINY_LLAMA, tiny_model
-from worker.engine.batch.slot_batch import LONG_PREFILL, SlotBatch
+from worker.engine.batch.slot_batch import SlotBatch
+from worker.engine.batch.speculation import LONG_PREFILL
 from worker.engine.batch.types import Entry, Token
 from worker.engine.sequence.drafts import PromptLookup, Speculation
 from worker.engine.sequence.processors import processors_for

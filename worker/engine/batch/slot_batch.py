@@ -21,21 +21,15 @@ dropped (its KV, written, goes with the prefix cache's copy). The last tokens ar
 with no overlap, when a sequence's logits processors read its tokens on the host, or a
 sequence's last token is the one being read.
 
-With a KV budget (`kv_tokens`: the positions every row's buffer may take together, rows x
-capacity), a waiting sequence is admitted only while every admitted sequence could still reach
-its last position (prompt plus its token limit) within the budget: so the buffers never grow past
-it, one long sequence may take the whole of it when it runs alone, and a sequence that does not
-fit yet waits for rows to end, first come first served. The engine refuses what could never fit
-(worker/engine/prepare.py).
+A step with few decoding rows, one of them hoping for a draft, verifies drafts instead: it reads
+the last tokens first and scores every row's next input and its draft in one forward
+(worker/engine/batch/speculation.py decides when, and what each row keeps).
 
-Rows are kept in slot order, decoding rows first: a decode forward reads rows 0..n-1, with no
-gather. A row promoted from prefill swaps with the first prefilling row; a row that ends takes
-the last decoding row into its slot, and that one's slot the last prefilling row (each a copy of
-one row's positions). Admitting a sequence writes only its own row (the prefix cache's copy of
-its opening, if any). Samplers and logits processors are mlx-lm's shape, called as mlx-lm's
-generation batch calls them (worker/engine/batch/mlx_lm_decode.py); the first call of a sequence's
-processors
-sees exactly its prompt.
+The rows, kept in slot order over the layers' KV buffers, and what a KV budget admits are
+worker/engine/batch/slot_rows.py's. Admitting a sequence writes only its own row (the prefix
+cache's copy of its opening, if any). Samplers and logits processors are mlx-lm's shape, called
+as mlx-lm's generation batch calls them (worker/engine/batch/mlx_lm_decode.py); the first call of
+a sequence's processors sees exactly its prompt.
 """
 
 from __future__ import annotations
@@ -43,26 +37,15 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, cast
 
 import mlx.core as mx
 
-from worker.engine.batch.kv_rows import (
-    DecodeRows,
-    DecodeView,
-    PrefillRows,
-    PrefillView,
-    SlotKV,
-    extract,
-)
-from worker.engine.batch.quantized_kv import (
-    KVQuantization,
-    QuantizedDecodeView,
-    QuantizedPrefillView,
-    QuantizedSlotKV,
-)
-from worker.engine.batch.speculation import agreed, matched
+from worker.engine.batch.kv_rows import DecodeRows, PrefillRows, extract
+from worker.engine.batch.quantized_kv import KVQuantization
+from worker.engine.batch.slot_rows import Launch, Row, SlotRows
+from worker.engine.batch.speculation import LONG_PREFILL, agreed, drafts, matched, speculates
 from worker.engine.batch.types import Entry, PrefillBudget, Token
 from worker.engine.sequence.sampling import greedy
 
@@ -70,43 +53,12 @@ from worker.engine.sequence.sampling import greedy
 # many positions, padding included, and while padding adds at most this share of work.
 GROUP_TOKENS = 512
 PADDING = 1.25
-# A step that prefilled this many prompt tokens verifies no draft: it is compute-bound, and a
-# draft's read of the last tokens before the forward (no overlap) would hold back the rows'
-# next tokens behind the prefill. A prompt's own first step (a few tokens left of its chunks,
-# or a short prompt) still speculates: that is where a prediction's first draft is checked.
-LONG_PREFILL = 256
 
 
-@dataclass(eq=False)  # a row is itself: compared by identity
-class Row:
-    uid: int
-    tokens: list[int]  # the sequence so far: prompt, then the tokens read back
-    todo: list[int]  # prompt tokens whose KV is not in the row yet
-    entry: Entry
-    reach: int  # the positions it may hold at its end: its prompt, its token limit, one more
-    offset: int = 0  # positions of the row holding KV (or being written by a forward)
-    launched: int = 0  # tokens the decode forwards were asked for
-    read: int = 0  # tokens read back
-    next_token: int = -1  # the next decode forward's input, when known on the host
-    # Where the next input is while it is still being computed: a forward's tokens, a row.
-    source: tuple[Launch, int] | None = None
-    gone: bool = False  # ended or removed: a forward still running for it is not read
-    # A chunk of its prompt, longer than a short one, went in and more is left: its tail is
-    # never a short prompt taken whole, so a burst's budget (PrefillBudget.short) never takes
-    # long prompts' tails at once. A short prompt cut by a step's floor stays short.
-    chunked: bool = False
+class SlotBatch(SlotRows):
+    """Sequences in slots, stepped: admission, chunked prefill, the decode forward a step ahead
+    of its read, and the verify forward of a speculating step."""
 
-
-@dataclass(frozen=True, eq=False)
-class Launch:
-    """A decode forward under way: its rows, in order, and the tokens it samples (lazy)."""
-
-    rows: list[Row]
-    tokens: mx.array
-    read: set[int] = field(default_factory=set)  # rows whose token was read early (first ones)
-
-
-class SlotBatch:
     def __init__(
         self,
         model: Any,
@@ -125,28 +77,11 @@ class SlotBatch:
         model's dtype; `kv_tokens`: the budget of positions every row shares (None: none);
         `long_rows`: the buffers grow a row at a time, not by doubling (rows of long prompts,
         worker/engine/batch/split_batch.py); `first_uid`: its first sequence's id."""
+        super().__init__(len(model.layers), slots, positions, quantization, kv_tokens, long_rows)
         self._model = model
-        self._slots = slots
         self._stops = stop_ids
         self._chunk = chunk
         self._keep_caches = keep_caches
-        self._kv_tokens = kv_tokens
-        self._layers: list[SlotKV]
-        # The views' classes, picked once: a batch of float KV runs none of the quantized code.
-        self._decode_view: type[DecodeView] = DecodeView
-        self._prefill_view: type[PrefillView] = PrefillView
-        if quantization is None:
-            self._layers = [
-                SlotKV(slots, positions, kv_tokens, not long_rows) for _ in model.layers
-            ]
-        else:
-            self._layers = [
-                QuantizedSlotKV(slots, positions, quantization, kv_tokens, not long_rows)
-                for _ in model.layers
-            ]
-            self._decode_view, self._prefill_view = QuantizedDecodeView, QuantizedPrefillView
-        self._rows: list[Row] = []  # by slot; the first `_decoding` decode, the others prefill
-        self._decoding = 0
         self._waiting: deque[Row] = deque()
         self._unread: Launch | None = None  # the last decode forward, its tokens not read yet
         self._uid = first_uid
@@ -162,30 +97,6 @@ class SlotBatch:
     def prefilled(self) -> int:
         """Prompt tokens the last step prefilled: what it took of its budget."""
         return self._prefilled
-
-    @property
-    def decoding(self) -> bool:
-        """Some sequence is past its prompt."""
-        return self._decoding > 0
-
-    @property
-    def kv_size(self) -> tuple[int, int]:
-        """The KV buffers' rows and positions per row ((0, 0): none allocated)."""
-        return self._layers[0].rows, self._layers[0].capacity
-
-    @property
-    def kv_held(self) -> int:
-        """The KV positions this batch takes of a budget: what its buffers hold, or what its
-        rows may reach (rows x the furthest reach), whichever is more."""
-        rows, capacity = self.kv_size
-        promised = len(self._rows) * max((r.reach for r in self._rows), default=0)
-        return max(rows * capacity, promised)
-
-    def limit_kv(self, tokens: int) -> None:
-        """The budget from now on (another batch shares it: worker/engine/batch/split_batch.py)."""
-        self._kv_tokens = tokens
-        for layer in self._layers:
-            layer.budget = tokens
 
     def insert(self, entries: list[Entry]) -> list[int]:
         uids = []
@@ -204,13 +115,13 @@ class SlotBatch:
         step that starts a sequence's first token, this forward's tokens too."""
         self._prefill(prefill_budget or PrefillBudget.flat(sys.maxsize))
         rows = self._rows[: self._decoding]
-        if rows and self._prefilled < LONG_PREFILL and self._speculates(rows):
+        if rows and self._prefilled < LONG_PREFILL and speculates(rows):
             # Drafts follow the last tokens: those are read first, with no overlap.
             out = self._read()
             rows = self._rows[: self._decoding]
-            drafts = self._drafts(rows) if rows else []
-            if any(drafts):
-                out += self._verify(rows, drafts)
+            drafted = drafts(rows, self._room()) if rows else []
+            if any(drafted):
+                out += self._verify(rows, drafted)
             elif rows:
                 self._unread = self._launch(rows)
         elif rows and not self._read_first(rows):
@@ -239,13 +150,6 @@ class SlotBatch:
             self._free(slot)
         self._admit()
 
-    def _fits(self, row: Row) -> bool:
-        """Whether every admitted row, and `row`, could reach its end within the budget."""
-        if self._kv_tokens is None:
-            return True
-        reach = max([row.reach, *(r.reach for r in self._rows)])
-        return (len(self._rows) + 1) * reach <= self._kv_tokens
-
     def _admit(self) -> None:
         while self._waiting and len(self._rows) < self._slots and self._fits(self._waiting[0]):
             row = self._waiting.popleft()
@@ -261,14 +165,6 @@ class SlotBatch:
                 row.entry = replace(row.entry, cache=None)  # its KV is in the row now
             if len(row.todo) == 1:
                 self._promote(slot)
-
-    def _reserve(self, positions: int) -> None:
-        """Room in every layer for the rows in slots and `positions` positions each (under a
-        budget, at least what every row holds: a buffer kept within it may shrink to that)."""
-        if self._kv_tokens is not None:
-            positions = max([positions, *(r.offset for r in self._rows)])
-        for layer in self._layers:
-            layer.reserve(len(self._rows), positions)
 
     def _prefill(self, budget: PrefillBudget) -> None:
         if budget.tokens > 0 and self._decoding < len(self._rows) and self._unread is not None:
@@ -346,66 +242,29 @@ class SlotBatch:
             chunked += 0 if whole else n
         return group, chunked
 
-    def _room(self) -> int:
-        """The positions a row's buffer may reach: a row's limit, and the budget's share."""
-        limit = self._layers[0].limit
-        if self._kv_tokens is None or not self._rows:
-            return limit
-        # Admission keeps every row's reach within this share.
-        return min(limit, self._kv_tokens // len(self._rows))
-
-    def _promote(self, slot: int) -> None:
-        """The row's prompt is in its slot but for the last token: the next decode feeds it."""
-        row = self._rows[slot]
-        row.next_token = row.todo.pop()
-        self._swap(slot, self._decoding)
-        self._decoding += 1
-
     def _read_first(self, rows: list[Row]) -> bool:
         """Whether the last forward's tokens must be read before the next forward is built:
         a logits processor reads the whole sequence on the host, and a sequence whose last
         token is under way needs no more."""
         return any(r.entry.processors or r.launched >= r.entry.max_tokens for r in rows)
 
-    @staticmethod
-    def _speculates(rows: list[Row]) -> bool:
-        """Whether this step may verify drafts: few rows, one of them hoping for a draft."""
-        for r in rows:  # every step: no allocation, and nothing past a row without a drafter
-            drafter = r.entry.drafter
-            if drafter is not None and drafter.hopeful(len(r.tokens) + (r.source is not None)):
-                return len(rows) <= drafter.settings.rows
-        return False
-
-    def _drafts(self, rows: list[Row]) -> list[list[int]]:
-        """Each row's draft, within its token limit and the positions a row may reach."""
-        room = self._room() - max(r.offset for r in rows) - 1
-        drafts: list[list[int]] = []
-        for row in rows:
-            drafter = row.entry.drafter
-            if drafter is None:
-                drafts.append([])
-                continue
-            k = min(drafter.length, row.entry.max_tokens - row.read - 1, room)
-            drafts.append(drafter.draft(row.tokens, k))
-        return drafts
-
-    def _verify(self, rows: list[Row], drafts: list[list[int]]) -> list[Token]:
+    def _verify(self, rows: list[Row], drafted: list[list[int]]) -> list[Token]:
         """One forward over every row's next input and its draft (rows without one: just the
         input, padded), read at once; each row keeps what it draws (worker/engine/batch/
         speculation.py), and its offset moves back over the rejected positions."""
-        lengths = [1 + len(d) for d in drafts]
+        lengths = [1 + len(d) for d in drafted]
         shared = PrefillRows(list(range(len(rows))), [r.offset for r in rows], lengths)
         self._reserve(shared.end)
         views = [self._prefill_view(layer, shared) for layer in self._layers]
         width = max(lengths)
         inputs = [
             [r.next_token, *d] + [0] * (width - n)
-            for r, d, n in zip(rows, drafts, lengths, strict=True)
+            for r, d, n in zip(rows, drafted, lengths, strict=True)
         ]
         logits = self._model(mx.array(inputs), cache=views)
         mx.eval(logits)
         out: list[Token] = []
-        for i, (row, draft) in enumerate(zip(rows, drafts, strict=True)):
+        for i, (row, draft) in enumerate(zip(rows, drafted, strict=True)):
             drawn = matched(row.entry, row.tokens, logits[i], draft, self._stops)
             if row.entry.drafter is not None:
                 row.entry.drafter.checked(len(draft), agreed(drawn, draft))
@@ -526,37 +385,3 @@ class SlotBatch:
         tokens = greedy(logits)
         tokens[mx.array(drawn)] = mx.concatenate([samplers[i](logits[i : i + 1]) for i in drawn])
         return tokens
-
-    def _swap(self, a: int, b: int) -> None:
-        if a == b:
-            return
-        rows = self._rows
-        # A row admitted since the buffer last grew may lie past its rows: a slice written
-        # there would be dropped without a word.
-        self._reserve(max(rows[a].offset, rows[b].offset))
-        for layer in self._layers:
-            if layer.keys is None:
-                continue
-            first = layer.read(a, rows[a].offset)
-            second = layer.read(b, rows[b].offset)
-            layer.write(b, 0, *first)
-            layer.write(a, 0, *second)
-        rows[a], rows[b] = rows[b], rows[a]
-
-    def _free(self, slot: int) -> None:
-        """Give up a row: the last decoding row takes its slot, the last row that one's."""
-        if slot < self._decoding:
-            self._decoding -= 1
-            self._move(self._decoding, slot)
-            slot = self._decoding
-        self._move(len(self._rows) - 1, slot)
-        self._rows.pop()
-        if not self._rows:
-            for layer in self._layers:
-                layer.release()
-
-    def _move(self, source: int, target: int) -> None:
-        if source != target:
-            for layer in self._layers:
-                layer.move(source, target, self._rows[source].offset)
-            self._rows[target] = self._rows[source]

@@ -5,7 +5,7 @@ prompt and output) are looked up in what came before them, and the tokens that f
 latest earlier occurrence are the draft. Text the request predicted (OpenAI's `prediction`) is
 looked up first, as a corpus of its own. A draft is only a guess: the slot batch scores it in one
 forward and keeps a drafted token only while it equals what the sequence's own sampler draws
-there (worker/engine/batch/slot_batch.py), so the output is the one without speculation.
+there (worker/engine/batch/speculation.py), so the output is the one without speculation.
 
 The index grows by the tokens added since the last lookup (a dict per n-gram length), so a
 lookup costs the new tokens, not the sequence. After a miss the sequence waits a few tokens
