@@ -17,7 +17,7 @@ import time
 from shared.queue.config import Settings
 from shared.queue.jobs import job_for
 from shared.wire.chat.completions import ChatCompletionRequest
-from worker.engine.generation import Engine
+from worker.engine.generation.engine import Engine
 from worker.engine.model import LoadedModel, load_model
 from worker.runtime.serve import engine_settings
 

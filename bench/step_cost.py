@@ -19,7 +19,7 @@ from typing import Any
 from shared.queue.config import Settings
 from shared.queue.jobs import job_for
 from shared.wire.chat.completions import ChatCompletionRequest
-from worker.engine.generation import Engine
+from worker.engine.generation.engine import Engine
 from worker.engine.model import load_model
 from worker.runtime.serve import engine_settings
 

@@ -10,8 +10,8 @@ interleaved rounds (each round in a rotated order, so that a noisy machine affec
   `forward_graph` is the part of it spent in Python building the graph (no evaluation).
 - `batch`: one `SlotBatch.next` (worker/engine/batch/slot_batch.py), greedy, short chat prompts, no
   stop tokens: sampling, bookkeeping, the token read back.
-- `engine`: one `Engine.step` over the same (worker/engine/generation.py): also detokenizing, stop
-  strings and the step's outputs.
+- `engine`: one `Engine.step` over the same (worker/engine/generation/engine.py): also
+  detokenizing, stop strings and the step's outputs.
 - `closed`: engine-only tokens/s of that many clients each sending 2 short chat prompts for 48
   tokens, one after the other (bench serve's short cell without HTTP): prefill included.
 
@@ -44,7 +44,7 @@ from worker.engine.batch.slot_batch import SlotBatch
 from worker.engine.batch.token_batch import PREFILL_CHUNK
 from worker.engine.batch.types import Entry
 from worker.engine.cpu import matvec
-from worker.engine.generation import Engine
+from worker.engine.generation.engine import Engine
 from worker.engine.model import LoadedModel, load_model
 from worker.engine.sequence.sampling import greedy
 from worker.runtime.serve import engine_settings

@@ -5,8 +5,8 @@ records (the same, or differently, and why mlxq's reading is the right one); and
 chat template marks the family is given the family's syntax.
 
 A case whose output is "text" is shown as written and makes no call, so the engine ends it with
-finish_reason "stop" (worker/engine/generation.py turns a sequence's finish into "tool_calls"
-only when its scanner made a call).
+finish_reason "stop" (worker/engine/generation/step_output.py turns a sequence's finish into
+"tool_calls" only when its scanner made a call).
 """
 
 from __future__ import annotations

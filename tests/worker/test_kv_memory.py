@@ -12,7 +12,7 @@ from shared.queue.jobs import job_for
 from shared.wire.chat.completions import ChatCompletionRequest
 from shared.wire.errors import ContextLengthError
 from tests.support import MODEL
-from worker.engine.generation import Engine, EngineSettings
+from worker.engine.generation.engine import Engine, EngineSettings
 from worker.engine.model import load_model
 
 MODEL_DIR = Path.home() / ".cache" / "mlxq" / "models" / MODEL

@@ -33,7 +33,7 @@ from shared.wire.events import (
 from worker.engine.doubles.synthetic import SyntheticEngine
 from worker.engine.doubles.synthetic_embedding import SyntheticEmbeddingEngine
 from worker.engine.embedding.engine import EmbeddingOutput, PreparedEmbedding
-from worker.engine.generation import StepOutput
+from worker.engine.generation.step_output import StepOutput
 from worker.engine.prepare import PreparedJob
 from worker.ops.cluster import wait_until
 from worker.runtime.kinds.embedding_kind import EmbeddingKind

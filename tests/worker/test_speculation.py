@@ -229,7 +229,7 @@ def _answer(loaded: Any, body: dict[str, Any], k: int) -> tuple[str, Any]:
     """The text and the last output of the default model's engine on `body`, drafting k."""
     from shared.queue.jobs import job_for
     from shared.wire.chat.completions import ChatCompletionRequest
-    from worker.engine.generation import Engine, EngineSettings
+    from worker.engine.generation.engine import Engine, EngineSettings
 
     speculation = Speculation(k, 2) if k else None
     engine = Engine(loaded, EngineSettings(2, 48, 4096, "slots", speculation=speculation))

@@ -15,7 +15,8 @@ from shared.queue.config import Settings
 from shared.queue.jobs import job_for
 from shared.wire.chat.completions import CompletionRequest
 from tests.support import MODEL
-from worker.engine.generation import Engine, EngineSettings, StepOutput
+from worker.engine.generation.engine import Engine, EngineSettings
+from worker.engine.generation.step_output import StepOutput
 from worker.engine.model import LoadedModel, load_model
 
 BUDGET = 96  # MLXQ_PREFILL_TOKENS: what a step prefills with nothing decoding

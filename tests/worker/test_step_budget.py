@@ -1,8 +1,9 @@
-"""An engine step's prefill budget on the real default model (worker/engine/generation.py): a prompt
-that arrives while another sequence decodes is prefilled at most MLXQ_PREFILL_TOKENS_DECODING
-tokens a step, and only what MLXQ_PREFILL_SECONDS_DECODING allows at the rate the batch's
-prefill ran lately, since that sequence's next token waits for the step; with nothing decoding,
-a step takes up to MLXQ_PREFILL_TOKENS."""
+"""An engine step's prefill budget on the real default model
+(worker/engine/generation/engine.py): a prompt that arrives while another sequence decodes is
+prefilled at most MLXQ_PREFILL_TOKENS_DECODING tokens a step, and only what
+MLXQ_PREFILL_SECONDS_DECODING allows at the rate the batch's prefill ran lately, since that
+sequence's next token waits for the step; with nothing decoding, a step takes up to
+MLXQ_PREFILL_TOKENS."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from shared.wire.chat.completions import ChatCompletionRequest
 from tests.support import MODEL
 from worker.engine.batch.slot_batch import SlotBatch
 from worker.engine.batch.token_batch import PREFILL_CHUNK
-from worker.engine.generation import Engine, EngineSettings
+from worker.engine.generation.engine import Engine, EngineSettings
 from worker.engine.model import LoadedModel, load_model
 from worker.engine.prefill_policy import FIRST_CHUNK, MIN_PREFILL_TOKENS
 

@@ -18,7 +18,7 @@ from shared.queue.prompt.prompt_tokens import PromptCounter
 from shared.wire.chat.completions import ChatMessage
 from worker.engine.doubles.synthetic import SyntheticEngine
 from worker.engine.doubles.synthetic_prefill import SyntheticPrefill, SyntheticPrefixCache
-from worker.engine.generation import StepOutput
+from worker.engine.generation.step_output import StepOutput
 from worker.runtime.prefix.prefix_report import PrefixReport
 from worker.runtime.serve import build_synthetic
 

@@ -7,8 +7,9 @@ Two kinds of prompt are computed here rather than in the batch's own prefill:
   choice enters with a copy of it.
 Either is computed up to its last token, in forwards of at most CHUNK positions (SCORE_CHUNK
 when scored: that many rows of vocabulary-wide logits at a time), taking from the step's
-prefill budget what the batch's prefill would otherwise take (worker/engine/generation.py), so
-no prompt holds a step longer than the step's budget allows, however long or many its prompts.
+prefill budget what the batch's prefill would otherwise take
+(worker/engine/generation/engine.py), so no prompt holds a step longer than the step's budget
+allows, however long or many its prompts.
 The cache is in the batch's KV form: the choices then enter the batch with it and only the
 prompt's last token left, as after a prefix-cache hit, so a scored prompt is computed once.
 """

@@ -45,7 +45,7 @@ from worker.engine.embedding.download import (
 )
 from worker.engine.embedding.encoder import load_encoder
 from worker.engine.embedding.engine import EmbeddingEngine, warm_up
-from worker.engine.generation import BatchEngine, Engine, EngineSettings
+from worker.engine.generation.engine import BatchEngine, Engine, EngineSettings
 from worker.engine.hub import cached_folder
 from worker.engine.model import Routes, load_model, load_tokenizer_only, native_folder
 from worker.engine.prefix_cache import PrefixCache

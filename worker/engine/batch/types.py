@@ -34,7 +34,7 @@ class PrefillBudget:
     chunks of prompts that the step does not finish. A short prompt (at most `short` tokens)
     taken whole passes the partial cap while `tokens` lasts, so a burst of short prompts starts
     within a step or two while a long prompt still moves a chunk at a time
-    (worker/engine/generation.py sets them)."""
+    (worker/engine/generation/engine.py sets them)."""
 
     tokens: int
     partial: int

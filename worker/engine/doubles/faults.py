@@ -18,7 +18,7 @@ from functools import cached_property
 from typing_extensions import override
 
 from shared.queue.jobs import GenerationJob
-from worker.engine.generation import Engine
+from worker.engine.generation.engine import Engine
 from worker.engine.prepare import PreparedJob
 from worker.engine.sequence.detokenize import TextDecoder
 

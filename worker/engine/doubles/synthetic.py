@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from shared.queue.jobs import GenerationJob
 from worker.engine.doubles.synthetic_prefill import PrefillState, SyntheticPrefill
-from worker.engine.generation import StepOutput
+from worker.engine.generation.step_output import StepOutput
 from worker.engine.prepare import ChoiceSetup, PreparedJob
 from worker.engine.sequence.sampling import greedy
 

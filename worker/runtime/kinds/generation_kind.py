@@ -1,5 +1,5 @@
 """The generation kind of job, as the one engine loop (worker/runtime/loop.py) and job function
-(worker/runtime/job_function.py) run it on the token batch (worker/engine/generation.py).
+(worker/runtime/job_function.py) run it on the token batch (worker/engine/generation/engine.py).
 
 A step's outputs become, in order: a token event for each output with new text, reasoning,
 logprobs or tool calls; a choice-end event for each choice that ends in a job of several; the
@@ -30,7 +30,7 @@ from shared.wire.chat.completions import (
 from shared.wire.errors import GenerationError
 from shared.wire.events import ChoiceEndEvent, DoneEvent, ErrorEvent, Event, TokenEvent
 from shared.wire.fleet.catalog import ModelKind
-from worker.engine.generation import StepOutput
+from worker.engine.generation.step_output import StepOutput
 from worker.engine.prepare import PreparedJob
 from worker.runtime.job_function import Run
 from worker.runtime.kinds.batch_lines import BatchLines

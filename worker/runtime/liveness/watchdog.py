@@ -10,10 +10,10 @@ handler hands the worker's jobs back (worker/runtime/liveness/reaper.py) and end
 non-zero status, so that its supervisor (launchd, systemd, a container runtime) starts a fresh
 one.
 
-A step is bounded by the engine's step budget (worker/engine/generation.py, MLXQ_PREFILL_TOKENS
-while nothing decodes), so `timeout_s` must exceed the slowest such step on the machine
-(MLXQ_WATCHDOG_S); what no budget bounds (a deadlock, a forward that never returns) is what
-trips it.
+A step is bounded by the engine's step budget (worker/engine/generation/engine.py,
+MLXQ_PREFILL_TOKENS while nothing decodes), so `timeout_s` must exceed the slowest such step on
+the machine (MLXQ_WATCHDOG_S); what no budget bounds (a deadlock, a forward that never returns)
+is what trips it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ queues it for the batch, `step` lets the queued jobs in together and advances ev
 one token, returning what each may show now, `remove` drops jobs (cancellation).
 
 A job runs as one sequence per choice (`n`), each a `Sequence` dataclass; the choices of a job
-share one prefill of the prompt and each ends on its own, the job when the last one does. A
+share one prefill of the prompt and each ends on its own, the job when the last one does. What a
+step shows of a sequence is made by worker/engine/generation/step_output.py. A
 prompt whose opening the prefix cache holds (worker/engine/prefix_cache.py) enters the batch with a
 copy of that KV cache and only its remaining tokens to prefill. A prompt that is scored (echo with
 logprobs) or that several choices share is computed first, outside the batch
@@ -19,95 +20,33 @@ from __future__ import annotations
 import copy
 import logging
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shared.queue.jobs import GenerationJob
 from shared.wire.generation.logprobs import TokenLogprob
-from shared.wire.generation.tools import ToolCall, ToolCallDelta
 from worker.engine.batch.quantized_kv import KVQuantization
 from worker.engine.batch.token_batch import kv_form, open_batch, plain_kv
 from worker.engine.batch.types import Entry, PrefillBudget
+from worker.engine.generation.step_output import (
+    JobInBatch,
+    Sequence,
+    StepOutput,
+    advance,
+    failed,
+    only_scored,
+)
 from worker.engine.model import LoadedModel
 from worker.engine.prefill_policy import PrefillPolicy
 from worker.engine.prefix_cache import PrefixCache, Reuse, level
 from worker.engine.prepare import PreparedJob, Preparer
-from worker.engine.sequence.calls.tool_calls import Scanned, ToolCallScanner
 from worker.engine.sequence.detokenize import TextDecoder
 from worker.engine.sequence.drafts import DraftFigures, PromptLookup, Speculation
-from worker.engine.sequence.logprobs import LogprobRecorder, PromptScorer
-from worker.engine.sequence.reasoning import Split
+from worker.engine.sequence.logprobs import PromptScorer
 from worker.engine.sequence.stop import StopStringMatcher
 from worker.engine.staged_prompt import StagedPrompt
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Sequence:
-    """One choice of a running job."""
-
-    job_id: str
-    index: int
-    decoder: TextDecoder
-    matcher: StopStringMatcher
-    recorder: LogprobRecorder | None
-    calls: ToolCallScanner | None
-    split: Split | None  # a reasoning model's: its reasoning apart from its content
-    # The prompt's own logprobs (an echo that asked for them), sent with the first token.
-    opening: list[TokenLogprob] | None = None
-    # Its job's cache scope, and whether its cache may go to disk (PreparedJob's).
-    scope: str = ""
-    keep_on_disk: bool = True
-    drafter: PromptLookup | None = None  # set when it speculates
-
-
-@dataclass
-class JobInBatch:
-    """A job in the batch: what its usage counts, and its choices still running."""
-
-    prompt_tokens: int
-    cached_tokens: int
-    uids: list[int] = field(default_factory=list)
-    # Choices whose prompt is still staged (a job that only scores: its prompts still staged).
-    staged: int = 0
-    completion_tokens: int = 0  # all choices together
-    reasoning_tokens: int = 0  # of those, the ones spent reasoning
-    # Drafted tokens of its prediction kept and not (all choices).
-    accepted_prediction_tokens: int = 0
-    rejected_prediction_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    """What one step produced for one choice: new visible text, and why it ended if it did.
-
-    The job has ended when a choice ends with `choices_left` 0. Token counts are the job's (all
-    choices). A choice whose own work failed ends its whole job with finish_reason "error" and
-    the reason in `error`.
-    """
-
-    job_id: str
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-    error: str | None = None
-    logprobs: list[TokenLogprob] | None = None
-    call_deltas: list[ToolCallDelta] | None = None
-    tool_calls: list[ToolCall] | None = None
-    index: int = 0
-    choices_left: int = 0
-    stop_sequence: str | None = None  # the stop string that ended the choice, if one did
-    reasoning: str = ""  # new reasoning text (a reasoning model's thinking, apart from `text`)
-    reasoning_tokens: int = 0  # the job's completion tokens spent reasoning (all choices)
-    accepted_prediction_tokens: int = 0  # the job's (all choices)
-    rejected_prediction_tokens: int = 0
-
-    @property
-    def ends_job(self) -> bool:
-        return self.finish_reason is not None and self.choices_left == 0
 
 
 class BatchEngine(Protocol):
@@ -232,7 +171,7 @@ class Engine:
         start_of = {(p.job_id, k): r for (p, k), r in zip(now, levelled, strict=True)}
         for p in pending:
             if p.max_tokens == 0 and not self._jobs[p.job_id].staged:  # nothing to score
-                self._ready += self._scored(p, {})
+                self._ready += only_scored(p, self._jobs.pop(p.job_id), {})
         rows = [
             (p, i)
             for p in pending
@@ -290,7 +229,8 @@ class Engine:
             self._scores[key] = staged.logprobs
             if not job.staged:
                 keys = [(p.job_id, k) for k in range(len(p.prompts))]
-                self._ready += self._scored(p, {k: self._scores.pop(k, None) for k in keys})
+                logprobs = {k: self._scores.pop(k, None) for k in keys}
+                self._ready += only_scored(p, self._jobs.pop(p.job_id), logprobs)
             return
         rows = [(p, i) for i, c in enumerate(p.choices) if c.prompt == staged.k]
         job.staged -= len(rows)
@@ -352,26 +292,6 @@ class Engine:
             return None
         return PromptLookup(self._speculation, list(prepared.predicted), self.drafts)
 
-    def _scored(
-        self, prepared: PreparedJob, scored: dict[tuple[str, int], list[TokenLogprob] | None]
-    ) -> list[StepOutput]:
-        """A job that only scores its prompts (max_tokens 0): each choice ends at once."""
-        job = self._jobs.pop(prepared.job_id)
-        return [
-            StepOutput(
-                job_id=prepared.job_id,
-                text="",
-                finish_reason="length",
-                prompt_tokens=job.prompt_tokens,
-                completion_tokens=0,
-                cached_tokens=job.cached_tokens,
-                logprobs=scored.get((prepared.job_id, choice.prompt)),
-                index=i,
-                choices_left=len(prepared.choices) - 1 - i,
-            )
-            for i, choice in enumerate(prepared.choices)
-        ]
-
     def _new_decoder(self, prepared: PreparedJob) -> TextDecoder:
         return self._loaded.new_decoder()
 
@@ -431,101 +351,12 @@ class Engine:
 
     def _advance_one(self, uid: int, token: int, finish_reason: str | None) -> StepOutput:
         """One sequence's share of a step: if it fails, its job ends, not the batch."""
-        try:
-            return self._advance(uid, token, finish_reason)
-        except Exception as err:
-            seq = self._by_uid[uid]
-            job = self._jobs[seq.job_id]
-            return StepOutput(
-                job_id=seq.job_id,
-                text="",
-                finish_reason="error",
-                prompt_tokens=job.prompt_tokens,
-                completion_tokens=job.completion_tokens,
-                cached_tokens=job.cached_tokens,
-                error=f"{type(err).__name__}: {err}",
-                index=seq.index,
-            )
-
-    def _advance(self, uid: int, token: int, finish_reason: str | None) -> StepOutput:
         seq = self._by_uid[uid]
         job = self._jobs[seq.job_id]
-        job.completion_tokens += 1
-        text = ""
-        logprobs = None
-        if seq.recorder is not None:
-            entry = seq.recorder.take()
-            logprobs = [] if token in self._loaded.stop_ids else [entry]
-        if seq.opening is not None:
-            logprobs, seq.opening = seq.opening + (logprobs or []), None
-        reasoning = ""
-        if token not in self._loaded.stop_ids:
-            piece = seq.decoder.add(token)
-            if seq.split is not None:
-                piece, reasoning = self._split(seq.split, job, token, piece)
-            text = seq.matcher.feed(piece)
-        if seq.matcher.matched:
-            finish_reason = "stop"
-        elif finish_reason is not None:
-            rest = seq.decoder.finish()
-            if seq.split is not None:
-                rest, held = seq.split.finish(rest)
-                reasoning += held
-            text += seq.matcher.feed(rest) + seq.matcher.flush()
-            finish_reason = "stop" if seq.matcher.matched else finish_reason
-        deltas = calls = None
-        if seq.calls is not None:
-            scanned = self._scan(seq.calls, text, finish_reason is not None)
-            text, deltas, calls = scanned.text, scanned.deltas or None, scanned.calls or None
-            if seq.calls.made and finish_reason == "stop":
-                finish_reason = "tool_calls"
-        self._count_prediction(seq.drafter, job)
-        left = len(job.uids) + job.staged - (finish_reason is not None)
-        return StepOutput(
-            job_id=seq.job_id,
-            text=text,
-            finish_reason=finish_reason,
-            prompt_tokens=job.prompt_tokens,
-            completion_tokens=job.completion_tokens,
-            cached_tokens=job.cached_tokens,
-            logprobs=logprobs,
-            call_deltas=deltas,
-            tool_calls=calls,
-            index=seq.index,
-            choices_left=left,
-            stop_sequence=seq.matcher.matched_stop if finish_reason == "stop" else None,
-            reasoning=reasoning,
-            reasoning_tokens=job.reasoning_tokens,
-            accepted_prediction_tokens=job.accepted_prediction_tokens,
-            rejected_prediction_tokens=job.rejected_prediction_tokens,
-        )
-
-    @staticmethod
-    def _count_prediction(drafter: PromptLookup | None, job: JobInBatch) -> None:
-        """The job counts what the batch checked of its prediction since the last token."""
-        if drafter is None:
-            return
-        job.accepted_prediction_tokens += drafter.predicted_kept
-        job.rejected_prediction_tokens += drafter.predicted_rejected
-        drafter.predicted_kept = drafter.predicted_rejected = 0
-
-    @staticmethod
-    def _split(split: Split, job: JobInBatch, token: int, piece: str) -> tuple[str, str]:
-        """`piece` as content and reasoning; the job counts the reasoning tokens."""
-        before = split.reasoning_tokens
-        content, reasoning = split.feed(token, piece)
-        job.reasoning_tokens += split.reasoning_tokens - before
-        return content, reasoning
-
-    @staticmethod
-    def _scan(scanner: ToolCallScanner, text: str, last: bool) -> Scanned:
-        got = scanner.feed(text)
-        if last:
-            rest = scanner.finish()
-            got.text += rest.text
-            got.deltas += rest.deltas
-            got.calls += rest.calls
-        return got
+        try:
+            return advance(seq, job, token, finish_reason, self._loaded.stop_ids)
+        except Exception as err:
+            return failed(seq, job, err)
 
     def remove(self, job_ids: list[str]) -> None:
         self._pending = [p for p in self._pending if p.job_id not in job_ids]
