@@ -66,6 +66,13 @@ class HealthPoller(threading.Thread):
                 self.probes.append(Probe(sent, time.perf_counter() - sent, status))
                 self.stopping.wait(HEALTH_EVERY_S)
 
+    def answered_after(self, moment: float) -> None:
+        """Wait until a probe sent after `moment` is answered: every probe sent before it is then
+        recorded, however long it took."""
+        deadline = time.perf_counter() + PROBE_TIMEOUT_S + 5
+        while time.perf_counter() < deadline and not any(p.sent > moment for p in self.probes[-3:]):
+            time.sleep(HEALTH_EVERY_S)
+
 
 @dataclass(frozen=True)
 class Row:
@@ -146,7 +153,9 @@ def run_attacks(
         except httpx.HTTPError as err:  # an attack that failed part way is a row too
             statuses = Statuses({f"error: {type(err).__name__}": 1})
         time.sleep(SETTLE_S)
-        rows.append(window(poller.probes, attack, start, time.perf_counter(), statuses))
+        end = time.perf_counter()
+        poller.answered_after(end)  # a probe stalled in this window counts in it
+        rows.append(window(poller.probes, attack, start, end, statuses))
         print(table(rows[-1:]), flush=True)
     return rows
 
