@@ -15,6 +15,7 @@ try:
     from bench import (
         bulk,
         embed,
+        health,
         intake,
         kv_quantization,
         model_switch,
@@ -99,6 +100,7 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(func=embed.main)
     placement.add_parser(sub)
     intake.add_parser(sub)
+    health.add_parser(sub)
     reasoning.add_parser(sub)
     model_switch.add_parser(sub)
     return p
