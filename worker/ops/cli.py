@@ -4,6 +4,7 @@ see the fleet."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -38,7 +39,13 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
         os.environ.update(order)
         settings = Settings()
     serve(settings)
-    return 0
+    # Stopped cleanly: its jobs are handed on and its cache is on disk. The interpreter's own
+    # finalization, beside MLX's and OpenBLAS's threads, could outlast the pool's 45 s wait for
+    # the process (seen under load), so it ends here, as the wedged path does (serve.py).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _pool(args: argparse.Namespace, settings: Settings) -> int:
