@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import httpx
 
 from bench.health_attacks import ATTACKS, Attack, Statuses, Target
+from bench.health_poller import HealthPoller, Probe
 from bench.load import percentile
 from bench.machine import describe
 from bench.report import markdown_table, write
@@ -34,44 +34,6 @@ HEALTH_EVERY_S = 0.05
 PROBE_TIMEOUT_S = 30.0
 SETTLE_S = 2.0
 TARGET_MS = 100.0
-
-
-@dataclass(frozen=True)
-class Probe:
-    """One /health request: when it was sent (perf_counter s), how long it took, its status
-    (0: no answer within PROBE_TIMEOUT_S)."""
-
-    sent: float
-    took_s: float
-    status: int
-
-
-class HealthPoller(threading.Thread):
-    """Asks /health every HEALTH_EVERY_S until `stopping` is set."""
-
-    def __init__(self, url: str):
-        super().__init__(daemon=True)
-        self._url = f"{url}/health"
-        self.probes: list[Probe] = []
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        with httpx.Client(timeout=PROBE_TIMEOUT_S) as http:
-            while not self.stopping.is_set():
-                sent = time.perf_counter()
-                try:
-                    status = http.get(self._url).status_code
-                except httpx.HTTPError:
-                    status = 0
-                self.probes.append(Probe(sent, time.perf_counter() - sent, status))
-                self.stopping.wait(HEALTH_EVERY_S)
-
-    def answered_after(self, moment: float) -> None:
-        """Wait until a probe sent after `moment` is answered: every probe sent before it is then
-        recorded, however long it took."""
-        deadline = time.perf_counter() + PROBE_TIMEOUT_S + 5
-        while time.perf_counter() < deadline and not any(p.sent > moment for p in self.probes[-3:]):
-            time.sleep(HEALTH_EVERY_S)
 
 
 @dataclass(frozen=True)
@@ -169,7 +131,7 @@ def main(args: argparse.Namespace) -> None:
     try:
         cluster.start_api_first(1)
         target = Target(cluster.api_url, KEYS[0], DEFAULT_MODEL_NAME)
-        poller = HealthPoller(cluster.api_url)
+        poller = HealthPoller(cluster.api_url, HEALTH_EVERY_S, PROBE_TIMEOUT_S)
         poller.start()
         rows = run_attacks(target, poller, chosen, args.seconds)
         poller.stopping.set()

@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from bench import sse_client
+from bench.health_poller import HealthPoller
 from bench.load import chat_body, percentile
 from bench.machine import describe
 from bench.report import markdown_table, write
@@ -58,24 +59,6 @@ class Row:
     gaps: int
     gap_p99_ms: float
     gap_max_ms: float
-
-
-class HealthPoller(threading.Thread):
-    """Asks /health every HEALTH_EVERY_S; records (sent at, latency) in perf_counter seconds."""
-
-    def __init__(self, url: str):
-        super().__init__(daemon=True)
-        self._url = url
-        self.samples: list[tuple[float, float]] = []
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        with httpx.Client(timeout=60) as http:
-            while not self.stopping.is_set():
-                sent = time.perf_counter()
-                http.get(f"{self._url}/health")
-                self.samples.append((sent, time.perf_counter() - sent))
-                time.sleep(HEALTH_EVERY_S)
 
 
 class Stream(threading.Thread):
@@ -137,7 +120,7 @@ def measure(
         uploaded.raise_for_status()
         stream = Stream(port, int(stream_s * 1000 / step_ms))
         stream.start()
-        health = HealthPoller(cluster.api_url)
+        health = HealthPoller(cluster.api_url, HEALTH_EVERY_S, timeout_s=60)
         health.start()
         time.sleep(SETTLE_S)
         body = {
@@ -160,7 +143,7 @@ def measure(
         stream.stop()
         if not baseline:
             http.post(f"/v1/batches/{created.json()['id']}/cancel")
-    health_ms = [1000 * took for sent, took in health.samples if start <= sent <= end]
+    health_ms = health.between_ms(start, end)
     times = stream.record.chunk_times
     gaps_ms = [1000 * (b - a) for a, b in itertools.pairwise(times) if start <= b <= end]
     if times and times[-1] < end:

@@ -25,11 +25,9 @@ one section, each call `NAME<|tool sep|>{JSON}` with JSON of its schema.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 
-from shared.wire.generation.tools import ToolUse
 from worker.engine.sequence.calls.call_readers import ReadCall
-from worker.engine.sequence.calls.families.frames import JsonFrame, json_frame_grammar
+from worker.engine.sequence.calls.families.frames import JsonFrame
 from worker.engine.sequence.calls.families.syntax import (
     CallSyntax,
     Opening,
@@ -81,13 +79,9 @@ FRAME = JsonFrame(
 )
 
 
-def grammar(tools: ToolUse, tokens: Mapping[str, int]) -> str:
-    return json_frame_grammar(FRAME, tools, tokens)
-
-
 SYNTAX = CallSyntax(
     name="deepseek_v3",
     openings=(Opening(SECTION, SECTION_END), Opening(CALL, CALL_END, kept=True)),
     parse=parse,
-    grammar=grammar,
+    grammar=FRAME.grammar,
 )

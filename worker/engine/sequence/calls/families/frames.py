@@ -39,17 +39,17 @@ class XmlFrame:
     call_end: str
     between: str = ""
 
-
-def frame_grammar(frame: XmlFrame, tools: ToolUse, tokens: Mapping[str, int]) -> str:
-    """The grammar of the calls `tools.choice` allows, written in `frame`; `tokens`: the
-    markers the vocabulary holds as one added token (shared's `lark_text`)."""
-    rules: list[str] = []
-    calls = [_call(_Written(frame, tokens), f, i, rules) for i, f in enumerate(tools.allowed())]
-    rules.insert(0, f"call: {' | '.join(calls)}")
-    joined = f"{lark_text(frame.between, tokens)} call" if frame.between else "call"
-    start = f"start: call ({joined})*" if tools.several() else "start: call"
-    lark = "\n".join([start, *rules]) + "\n"
-    return str(LLMatcher.grammar_from_lark(lark))
+    def grammar(self, tools: ToolUse, tokens: Mapping[str, int]) -> str:
+        """The grammar of the calls `tools.choice` allows, written in this frame; `tokens`: the
+        markers the vocabulary holds as one added token (shared's `lark_text`)."""
+        rules: list[str] = []
+        written = _Written(self, tokens)
+        calls = [_call(written, f, i, rules) for i, f in enumerate(tools.allowed())]
+        rules.insert(0, f"call: {' | '.join(calls)}")
+        joined = f"{lark_text(self.between, tokens)} call" if self.between else "call"
+        start = f"start: call ({joined})*" if tools.several() else "start: call"
+        lark = "\n".join([start, *rules]) + "\n"
+        return str(LLMatcher.grammar_from_lark(lark))
 
 
 @dataclass(frozen=True)
@@ -66,28 +66,26 @@ class JsonFrame:
     section_end: str
     counted: bool = False
 
-
-def json_frame_grammar(frame: JsonFrame, tools: ToolUse, tokens: Mapping[str, int]) -> str:
-    """The grammar of the calls `tools.choice` allows, written in `frame`."""
-    rules: list[str] = []
-    for i, function in enumerate(tools.allowed()):
-        schema = {**(function.parameters or {"type": "object"}), "x-guidance": _JSON}
-        head = lark_text(frame.call_start + function.name + frame.name_end, tokens)
-        counter = " /[0-9]+/" if frame.counted else ""
-        tail = f" {lark_text(frame.arguments_start, tokens)}" if frame.arguments_start else ""
-        end = f" {lark_text(frame.call_end, tokens)}" if frame.call_end else ""
-        rules += [
-            f"call_{i}: {head}{counter}{tail} args_{i}{end}",
-            f"args_{i}: %json {json.dumps(schema)}",
-        ]
-    calls = range(len(tools.allowed()))
-    alternatives = " | ".join(f"call_{i}" for i in calls)
-    section = [lark_text(t, tokens) for t in (frame.section_start,) if t]
-    closing = [lark_text(t, tokens) for t in (frame.section_end,) if t]
-    repeat = "call+" if tools.several() else "call"
-    start = " ".join(["start:", *section, repeat, *closing])
-    lark = "\n".join([start, f"call: {alternatives}", *rules]) + "\n"
-    return str(LLMatcher.grammar_from_lark(lark))
+    def grammar(self, tools: ToolUse, tokens: Mapping[str, int]) -> str:
+        """The grammar of the calls `tools.choice` allows, written in this frame."""
+        rules: list[str] = []
+        for i, function in enumerate(tools.allowed()):
+            schema = {**(function.parameters or {"type": "object"}), "x-guidance": _JSON}
+            head = lark_text(self.call_start + function.name + self.name_end, tokens)
+            counter = " /[0-9]+/" if self.counted else ""
+            tail = f" {lark_text(self.arguments_start, tokens)}" if self.arguments_start else ""
+            end = f" {lark_text(self.call_end, tokens)}" if self.call_end else ""
+            rules += [
+                f"call_{i}: {head}{counter}{tail} args_{i}{end}",
+                f"args_{i}: %json {json.dumps(schema)}",
+            ]
+        alternatives = " | ".join(f"call_{i}" for i in range(len(tools.allowed())))
+        section = [lark_text(t, tokens) for t in (self.section_start,) if t]
+        closing = [lark_text(t, tokens) for t in (self.section_end,) if t]
+        repeat = "call+" if tools.several() else "call"
+        start = " ".join(["start:", *section, repeat, *closing])
+        lark = "\n".join([start, f"call: {alternatives}", *rules]) + "\n"
+        return str(LLMatcher.grammar_from_lark(lark))
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,8 @@ there; their parser reads both.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from shared.wire.generation.tools import ToolUse
 from worker.engine.sequence.calls.call_readers import ReadCall
-from worker.engine.sequence.calls.families.frames import XmlFrame, frame_grammar
+from worker.engine.sequence.calls.families.frames import XmlFrame
 from worker.engine.sequence.calls.families.syntax import (
     CallSyntax,
     CallSyntaxError,
@@ -118,10 +115,9 @@ FRAME = XmlFrame(
 )
 
 
-def grammar(tools: ToolUse, tokens: Mapping[str, int]) -> str:
-    return frame_grammar(FRAME, tools, tokens)
-
-
 SYNTAX = CallSyntax(
-    name="glm", openings=(Opening("<tool_call>", "</tool_call>"),), parse=parse, grammar=grammar
+    name="glm",
+    openings=(Opening("<tool_call>", "</tool_call>"),),
+    parse=parse,
+    grammar=FRAME.grammar,
 )

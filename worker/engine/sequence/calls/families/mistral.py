@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 from typing import Any
 
-from shared.wire.generation.tools import ToolUse
 from worker.engine.sequence.calls.call_readers import ReadCall
-from worker.engine.sequence.calls.families.frames import JsonFrame, json_frame_grammar
+from worker.engine.sequence.calls.families.frames import JsonFrame
 from worker.engine.sequence.calls.families.syntax import (
     CallSyntax,
     CallSyntaxError,
@@ -102,8 +100,6 @@ FRAME = JsonFrame(
 )
 
 
-def grammar(tools: ToolUse, tokens: Mapping[str, int]) -> str:
-    return json_frame_grammar(FRAME, tools, tokens)
-
-
-SYNTAX = CallSyntax(name="mistral", openings=(Opening(CALLS, None),), parse=parse, grammar=grammar)
+SYNTAX = CallSyntax(
+    name="mistral", openings=(Opening(CALLS, None),), parse=parse, grammar=FRAME.grammar
+)

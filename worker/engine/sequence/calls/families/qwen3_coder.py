@@ -34,11 +34,9 @@ of their schema; parallel calls one wrapper each, a newline between.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 
-from shared.wire.generation.tools import ToolUse
 from worker.engine.sequence.calls.call_readers import ReadCall
-from worker.engine.sequence.calls.families.frames import XmlFrame, frame_grammar
+from worker.engine.sequence.calls.families.frames import XmlFrame
 from worker.engine.sequence.calls.families.syntax import (
     CallSyntax,
     CallSyntaxError,
@@ -132,10 +130,6 @@ FRAME = XmlFrame(
 )
 
 
-def grammar(tools: ToolUse, tokens: Mapping[str, int]) -> str:
-    return frame_grammar(FRAME, tools, tokens)
-
-
 SYNTAX = CallSyntax(
     name="qwen3_coder",
     openings=(
@@ -143,5 +137,5 @@ SYNTAX = CallSyntax(
         Opening(FUNCTION, FUNCTION_END, kept=True),
     ),
     parse=parse,
-    grammar=grammar,
+    grammar=FRAME.grammar,
 )
