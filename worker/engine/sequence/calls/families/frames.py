@@ -1,15 +1,18 @@
 """Forced calls written in a family's own syntax: the Lark grammar (llguidance) of the calls a
 `ToolUse` allows, each call a frame of fixed text around its name and arguments. Two kinds:
-XML-like frames, whose arguments are key/value elements (`XmlFrame`: Qwen3-Coder, GLM), and
-frames whose arguments are one JSON object (`JsonFrame`: Kimi K2, DeepSeek V3.1, Mistral v11),
-written with json.dumps' separators as the JSON-tools grammar fixes them.
+XML-like frames, whose arguments are key/value elements (`XmlFrame`: Qwen3-Coder, GLM, and the
+invoke elements of MiniMax M2 and DeepSeek DSML), and frames whose arguments are one JSON
+object (`JsonFrame`: Kimi K2, DeepSeek V3.1, Mistral v11), written with json.dumps' separators
+as the JSON-tools grammar fixes them.
 
 A family gives the frame's pieces (`XmlFrame`): the text before a call's name, after it, around
-each parameter's key and after its value, the call's end, and what stands between two calls. A
-string value is free text up to the parameter's closer (a lazy lexeme: it ends at the first
-closer, which the family's parser reads the same way); any other value is JSON following its
-schema (`%json`, with json.dumps' separators, as the JSON-tools grammar fixes them). Required
-parameters are written in the schema's order, each optional one may be left out.
+each parameter's key and after its value, the call's end, what stands between two calls, and
+the section's markers where all calls share one wrapper (MiniMax's, DSML's). A string value is
+free text up to the parameter's closer (a lazy lexeme: it ends at the first closer, which the
+family's parser reads the same way); any other value is JSON following its schema (`%json`,
+with json.dumps' separators, as the JSON-tools grammar fixes them), after its own key end where
+the family marks how a value is written (DSML's `string="false"`). Required parameters are
+written in the schema's order, each optional one may be left out.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ _JSON = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": 
 @dataclass(frozen=True)
 class XmlFrame:
     """The fixed text of one family's call: `call_start NAME name_end`, then per parameter
-    `key_start KEY key_end VALUE value_end`, then `call_end`; `between` joins two calls."""
+    `key_start KEY key_end VALUE value_end` (`json_key_end` in place of `key_end` before a JSON
+    value, where the family writes one), then `call_end`; `between` joins two calls, and
+    `section_start` and `section_end` stand around all of them."""
 
     call_start: str
     name_end: str
@@ -38,6 +43,9 @@ class XmlFrame:
     value_end: str
     call_end: str
     between: str = ""
+    section_start: str = ""
+    section_end: str = ""
+    json_key_end: str | None = None
 
     def grammar(self, tools: ToolUse, tokens: Mapping[str, int]) -> str:
         """The grammar of the calls `tools.choice` allows, written in this frame; `tokens`: the
@@ -46,8 +54,7 @@ class XmlFrame:
         written = _Written(self, tokens)
         calls = [_call(written, f, i, rules) for i, f in enumerate(tools.allowed())]
         rules.insert(0, f"call: {' | '.join(calls)}")
-        joined = f"{lark_text(self.between, tokens)} call" if self.between else "call"
-        start = f"start: call ({joined})*" if tools.several() else "start: call"
+        start = _start(self.section_start, self.between, self.section_end, tools, tokens)
         lark = "\n".join([start, *rules]) + "\n"
         return str(LLMatcher.grammar_from_lark(lark))
 
@@ -80,12 +87,21 @@ class JsonFrame:
                 f"args_{i}: %json {json.dumps(schema)}",
             ]
         alternatives = " | ".join(f"call_{i}" for i in range(len(tools.allowed())))
-        section = [lark_text(t, tokens) for t in (self.section_start,) if t]
-        closing = [lark_text(t, tokens) for t in (self.section_end,) if t]
-        repeat = "call+" if tools.several() else "call"
-        start = " ".join(["start:", *section, repeat, *closing])
+        start = _start(self.section_start, "", self.section_end, tools, tokens)
         lark = "\n".join([start, f"call: {alternatives}", *rules]) + "\n"
         return str(LLMatcher.grammar_from_lark(lark))
+
+
+def _start(
+    section_start: str, between: str, section_end: str, tools: ToolUse, tokens: Mapping[str, int]
+) -> str:
+    """The start rule: one call, or (parallel calls allowed) several joined by `between`,
+    inside the section's markers where the family writes any."""
+    joined = f"{lark_text(between, tokens)} call" if between else "call"
+    calls = f"call ({joined})*" if tools.several() else "call"
+    opening = [lark_text(section_start, tokens)] if section_start else []
+    closing = [lark_text(section_end, tokens)] if section_end else []
+    return " ".join(["start:", *opening, calls, *closing])
 
 
 @dataclass(frozen=True)
@@ -116,14 +132,22 @@ def _call(written: _Written, function: FunctionDefinition, index: int, rules: li
 
 def _parameter(written: _Written, name: str, key: str, schema: Any) -> list[str]:
     frame = written.frame
-    opening = written.text(frame.key_start + key + frame.key_end)
-    closing = written.text(frame.value_end)
     schema = schema if isinstance(schema, dict) else {}
     choices = schema.get("enum")
-    if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
+    named = isinstance(choices, list) and bool(choices) and all(isinstance(c, str) for c in choices)
+    # A string enum's value is text too (DSML's `string="true"`).
+    text = named or _is_text(schema)
+    key_end = frame.key_end if text or frame.json_key_end is None else frame.json_key_end
+    opening = written.text(frame.key_start + key + key_end)
+    closing = written.text(frame.value_end)
+    if named:
         return [f"{name}: {opening} ({' | '.join(json.dumps(c) for c in choices)}) {closing}"]
-    if _is_text(schema):
-        return [f"{name}: {opening} {name}_v", f"{name}_v[lazy]: /(?s:.*)/ {closing}"]
+    if text:
+        # A lexeme cannot name an added token (llguidance), so the closer that ends a lazy value
+        # is written as text; a marker llguidance reads as text (DSML's `|DSML|` on DeepSeek's
+        # vocabulary) is still the model's own token there.
+        closer = json.dumps(frame.value_end)
+        return [f"{name}: {opening} {name}_v", f"{name}_v[lazy]: /(?s:.*)/ {closer}"]
     constrained = {**schema, "x-guidance": _JSON}
     return [f"{name}: {opening} {name}_v {closing}", f"{name}_v: %json {json.dumps(constrained)}"]
 
