@@ -1,10 +1,12 @@
 """Forced tool calls (tool_choice required or named) written in a family's own syntax:
-Qwen3-Coder's XML, GLM's key/value tags, and Kimi K2's, DeepSeek V3.1's and Mistral's JSON
-arguments (worker/engine/sequence/calls/families/frames.py).
+Qwen3-Coder's XML, GLM's key/value tags, MiniMax M2's and DeepSeek DSML's invoke elements, and
+Kimi K2's, DeepSeek V3.1's and Mistral's JSON arguments
+(worker/engine/sequence/calls/families/frames.py).
 The grammar takes a call as the family's template writes it, with values that follow the
 tool's schema, and nothing else; what it takes, the family's parser reads back as the same
-call; and on Qwen3's real vocabulary it leads a call's tokens, its markers as the added tokens
-they are, to the end token (the JSON-tools frame's too)."""
+call; and on a real vocabulary it leads a call's tokens, its markers as the added tokens they
+are, to the end token (Qwen3's for Qwen3-Coder, the JSON-tools frame and MiniMax, whose own
+vocabulary is not on PyPI; DeepSeek's own for DSML; the Mistral stand-in for Mistral)."""
 
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ from shared.wire.generation.tools import (
     ToolUse,
     lark_text,
 )
+from tests.families.vocab import deepseek as deepseek_marker
 from tests.families.vocab import family_tokenizer
 from worker.engine.sequence.calls.families import (
+    deepseek_dsml,
     deepseek_v3,
     glm,
     kimi_k2,
@@ -33,6 +37,7 @@ from worker.engine.sequence.calls.families import (
     mistral,
     qwen3_coder,
 )
+from worker.engine.sequence.calls.families.mlx_lm_parsers import module_syntax
 from worker.engine.sequence.calls.families.syntax import CallSyntax
 from worker.engine.sequence.calls.tool_calls import ToolFormat
 from worker.engine.sequence.grammar import Grammars
@@ -101,12 +106,34 @@ def mistral_call(name: str, *params: tuple[str, str]) -> str:
     return f"[TOOL_CALLS]{name}[ARGS]{json_args(params)}"
 
 
+def minimax(name: str, *params: tuple[str, str]) -> str:
+    body = "".join(f'<parameter name="{k}">{v}</parameter>\n' for k, v in params)
+    call = f'<invoke name="{name}">\n{body}</invoke>\n'
+    return f"{minimax_m2.WRAPPER}\n{call}{minimax_m2.WRAPPER_END}"
+
+
+def dsml(name: str, *params: tuple[str, str], string: dict[str, str] | None = None) -> str:
+    """As V3.2's encoder writes a call: `string="true"` where the value is a string (the
+    schema's type; `string` overrides it per key), else "false"."""
+    properties = SCHEMAS.get(name, {}).get("properties", {})
+    prefix = deepseek_dsml.PREFIX
+    body = ""
+    for key, value in params:
+        text = properties.get(key, {}).get("type") == "string"
+        marked = (string or {}).get(key, "true" if text else "false")
+        body += f'<{prefix}parameter name="{key}" string="{marked}">{value}</{prefix}parameter>\n'
+    call = f'<{prefix}invoke name="{name}">\n{body}</{prefix}invoke>\n'
+    return f"{deepseek_dsml.WRAPPER}\n{call}{deepseek_dsml.WRAPPER_END}"
+
+
 WRITERS = {
     "qwen3_coder": (qwen3_coder.SYNTAX, qwen),
     "glm": (glm.SYNTAX, glm_call),
     "kimi_k2": (kimi_k2.SYNTAX, kimi),
     "deepseek_v3": (deepseek_v3.SYNTAX, deepseek),
     "mistral": (mistral.SYNTAX, mistral_call),
+    "minimax_m2": (minimax_m2.SYNTAX, minimax),
+    "deepseek_dsml": (deepseek_dsml.SYNTAX, dsml),
 }
 # How two calls are joined: one wrapper each, or (sections) two calls in one section.
 JOINED = {
@@ -115,6 +142,12 @@ JOINED = {
         a.removesuffix(deepseek_v3.SECTION_END) + b.removeprefix(deepseek_v3.SECTION)
     ),
     "mistral": lambda a, b: a + b,
+    "minimax_m2": lambda a, b: (
+        a.removesuffix(minimax_m2.WRAPPER_END) + b.removeprefix(minimax_m2.WRAPPER + "\n")
+    ),
+    "deepseek_dsml": lambda a, b: (
+        a.removesuffix(deepseek_dsml.WRAPPER_END) + b.removeprefix(deepseek_dsml.WRAPPER + "\n")
+    ),
 }
 
 
@@ -177,8 +210,20 @@ def test_a_named_forced_call_is_that_one_call(family: str) -> None:
     assert not accepts(syntax, NAMED, joined(family, volume, volume))
 
 
+def test_a_dsml_parameter_says_how_its_value_is_written_as_its_schema_has_it() -> None:
+    syntax = deepseek_dsml.SYNTAX
+    assert accepts(syntax, "required", dsml("get_weather", ("city", "Oslo"), ("days", "3")))
+    for text in [
+        dsml("get_weather", ("city", "Oslo"), ("days", "3"), string={"days": "true"}),
+        dsml("get_weather", ("city", '"Oslo"'), string={"city": "false"}),
+        dsml("get_weather", ("city", "Oslo"), ("unit", "celsius"), string={"unit": "false"}),
+    ]:
+        assert not accepts(syntax, "required", text), text
+
+
 def test_a_family_whose_syntax_has_no_grammar_cannot_be_forced() -> None:
-    form = ToolFormat(in_template=True, syntax=minimax_m2.SYNTAX)
+    # mlx-lm's parsers (Gemma 4's here) come with no grammar: a forced call is refused.
+    form = ToolFormat(in_template=True, syntax=module_syntax("gemma4"))
     assert form.call_grammar(ToolUse(tools=TOOLS, choice="required")) is None
 
 
@@ -188,11 +233,11 @@ def test_a_marker_held_as_one_token_is_forced_as_it_the_longest_first_white_spac
     assert lark_text("<tool_call>", {}) == '"<tool_call>"'
 
 
-def assert_forced_to_the_end(
+def refused_at(
     grammar: str | None, text: str, family: str = "qwen3", end_token: str = "<|im_end|>"
-) -> None:
-    """On the family's vocabulary, the grammar allows each of `text`'s tokens in turn, then only
-    the end token."""
+) -> str | None:
+    """On the family's vocabulary, `text` up to the first of its tokens (then the end token)
+    the grammar refuses; None: it allows each in turn, and after the text only the end token."""
     assert grammar is not None
     tokenizer = family_tokenizer(family)
     end = tokenizer.convert_tokens_to_ids(end_token)
@@ -201,9 +246,19 @@ def assert_forced_to_the_end(
     context = [1, 2]  # a prompt's last tokens
     for token in [*tokenizer.encode(text, add_special_tokens=False), end]:
         allowed = forced(mx.array(context), mx.zeros(vocab))
-        assert allowed[token].item() == 0.0, tokenizer.decode([*context[2:], token])
+        if allowed[token].item() != 0.0:
+            return str(tokenizer.decode([*context[2:], token]))
         context.append(token)
     assert (allowed == 0).sum().item() == 1  # only the end token
+    return None
+
+
+def assert_forced_to_the_end(
+    grammar: str | None, text: str, family: str = "qwen3", end_token: str = "<|im_end|>"
+) -> None:
+    """On the family's vocabulary, the grammar allows each of `text`'s tokens in turn, then only
+    the end token."""
+    assert refused_at(grammar, text, family, end_token) is None
 
 
 def test_a_forced_call_on_qwen3s_real_vocabulary_takes_the_calls_tokens_then_ends() -> None:
@@ -226,3 +281,35 @@ def test_a_forced_mistral_call_takes_its_tool_calls_token_on_the_familys_vocabul
     grammar = form.call_grammar(ToolUse(tools=TOOLS, choice=NAMED))
     call = mistral_call("set_volume", ("level", "4"), ("muted", "false"))
     assert_forced_to_the_end(grammar, call, family="mistral", end_token="</s>")
+
+
+def test_a_forced_minimax_call_on_qwen3s_vocabulary_takes_the_calls_tokens_then_ends() -> None:
+    # MiniMax's vocabulary is not on PyPI; on Qwen3's, its markers are text in several tokens.
+    added = family_tokenizer("qwen3").get_added_vocab()
+    form = ToolFormat(in_template=True, syntax=minimax_m2.SYNTAX, tokens=added)
+    grammar = form.call_grammar(ToolUse(tools=TOOLS, choice="required"))
+    weather = minimax("get_weather", ("city", "Oslo"), ("days", "2"))
+    volume = minimax("set_volume", ("level", "4"), ("muted", "false"))
+    assert_forced_to_the_end(grammar, joined("minimax_m2", weather, volume))
+
+
+def test_a_forced_dsml_call_on_deepseeks_real_vocabulary_takes_the_calls_tokens_then_ends() -> None:
+    # DeepSeek's vocabulary holds the `|DSML|` prefix (fullwidth bars) as one added token.
+    tokenizer = family_tokenizer("deepseek-r1")
+    form = ToolFormat(
+        in_template=True, syntax=deepseek_dsml.SYNTAX, tokens=tokenizer.get_added_vocab()
+    )
+    grammar = form.call_grammar(ToolUse(tools=TOOLS, choice="required"))
+    weather = dsml("get_weather", ("city", "Oslo </b>"), ("days", "2"))
+    volume = dsml("set_volume", ("level", "4"), ("muted", "false"))
+    calls = joined("deepseek_dsml", weather, volume)
+    marker = tokenizer.convert_tokens_to_ids(deepseek_dsml.PREFIX)
+    assert marker in tokenizer.encode(calls, add_special_tokens=False)
+    end = deepseek_marker("end of sentence")
+    assert_forced_to_the_end(grammar, calls, family="deepseek-r1", end_token=end)
+    # A value ends at its first closer, as the parser reads it: no more of it after that.
+    closer = f"</{deepseek_dsml.PREFIX}parameter>\n"
+    overrun = calls.replace(closer, closer + "more" + closer, 1)
+    refused = refused_at(grammar, overrun, "deepseek-r1", end)
+    assert refused is not None
+    assert refused.startswith(calls[: calls.index(closer) + len(closer) - 1])

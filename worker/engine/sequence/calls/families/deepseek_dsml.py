@@ -14,13 +14,16 @@ it is read, and what it tolerates: families/invokes.py. mlx-lm has no parser for
 
 The family is told apart by its template naming `<|DSML|function_calls>`.
 
-Forced calls: not written in this syntax yet.
+Forced calls (tool_choice required or named) are written in this syntax, as V3.2's encoder
+writes a call (families/invokes.py): one `function_calls` block around all calls, each invoke
+and parameter on its own line; string values `string="true"` and free text up to the
+parameter's closer, others `string="false"` and JSON of their schema.
 """
 
 from __future__ import annotations
 
 from worker.engine.sequence.calls.call_readers import ReadCall
-from worker.engine.sequence.calls.families.invokes import read_invokes
+from worker.engine.sequence.calls.families.invokes import invoke_frame, read_invokes
 from worker.engine.sequence.calls.families.syntax import CallSyntax, Opening, Tools
 
 PREFIX = "\uff5cDSML\uff5c"
@@ -36,4 +39,12 @@ def writes_this(template: str | None) -> bool:
     return template is not None and WRAPPER in template
 
 
-SYNTAX = CallSyntax(name="deepseek_dsml", openings=(Opening(WRAPPER, WRAPPER_END),), parse=parse)
+FRAME = invoke_frame(WRAPPER, WRAPPER_END, PREFIX, marked=True)
+
+
+SYNTAX = CallSyntax(
+    name="deepseek_dsml",
+    openings=(Opening(WRAPPER, WRAPPER_END),),
+    parse=parse,
+    grammar=FRAME.grammar,
+)

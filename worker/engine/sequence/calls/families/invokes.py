@@ -8,6 +8,9 @@ by the tool's schema (families/values.py), unless the parameter says how it is w
 `string="true"`: the text as it is; `string="false"`: JSON, or the schema's reading where it is
 not JSON).
 
+How a forced call is written (`invoke_frame`): as both families' templates write a call, one
+wrapper around all calls, each invoke and each parameter on its own line.
+
 Malformations tolerated: a literal `</parameter>` inside a value (a parameter ends at the last
 closer before the next parameter or the invoke's end, and only a `<parameter` that follows a
 closed one starts a new one), names quoted with `'` or not at all, a call cut short by the end
@@ -21,6 +24,7 @@ import re
 from typing import Any
 
 from worker.engine.sequence.calls.call_readers import ReadCall
+from worker.engine.sequence.calls.families.frames import XmlFrame
 from worker.engine.sequence.calls.families.syntax import (
     CallSyntaxError,
     Tools,
@@ -42,6 +46,25 @@ def read_invokes(text: str, tools: Tools, prefix: str = "") -> list[ReadCall]:
     return [
         _invoke(text[a + len(opener) : b], tools, prefix) for a, b in zip(starts, ends, strict=True)
     ]
+
+
+def invoke_frame(
+    wrapper: str, wrapper_end: str, prefix: str = "", marked: bool = False
+) -> XmlFrame:
+    """The frame of forced invoke calls inside `wrapper`, their tags written with `prefix`;
+    `marked`: each parameter says how its value is written (DSML's `string="true"` before
+    text, `string="false"` before JSON)."""
+    return XmlFrame(
+        section_start=wrapper + "\n",
+        call_start=f'<{prefix}invoke name="',
+        name_end='">\n',
+        key_start=f'<{prefix}parameter name="',
+        key_end='" string="true">' if marked else '">',
+        json_key_end='" string="false">' if marked else None,
+        value_end=f"</{prefix}parameter>\n",
+        call_end=f"</{prefix}invoke>\n",
+        section_end=wrapper_end,
+    )
 
 
 def _invoke(block: str, tools: Tools, prefix: str) -> ReadCall:
