@@ -155,9 +155,11 @@ def joined(family: str, a: str, b: str) -> str:
     return JOINED[family](a, b) if family in JOINED else f"{a}\n{b}"
 
 
-def accepts(syntax: CallSyntax, choice: ToolChoice, text: str) -> bool:
+def accepts(
+    syntax: CallSyntax, choice: ToolChoice, text: str, tools: list[ChatTool] = TOOLS
+) -> bool:
     assert syntax.grammar is not None
-    forced = syntax.grammar(ToolUse(tools=TOOLS, choice=choice), {})
+    forced = syntax.grammar(ToolUse(tools=tools, choice=choice), {})
     matcher = llguidance.LLMatcher(llguidance.LLTokenizer("byte"), forced, log_level=0)
     return bool(matcher.consume_tokens(list(text.encode()))) and matcher.is_accepting()
 
@@ -219,6 +221,12 @@ def test_a_dsml_parameter_says_how_its_value_is_written_as_its_schema_has_it() -
         dsml("get_weather", ("city", "Oslo"), ("unit", "celsius"), string={"unit": "false"}),
     ]:
         assert not accepts(syntax, "required", text), text
+    # An enum of strings that names no type is text too.
+    modes = {"type": "object", "properties": {"mode": {"enum": ["fast", "slow"]}}}
+    run = [ChatTool(type="function", function=FunctionDefinition(name="run", parameters=modes))]
+    for marked, taken in [("true", True), ("false", False)]:
+        text = dsml("run", ("mode", "fast"), string={"mode": marked})
+        assert accepts(syntax, "required", text, run) is taken, text
 
 
 def test_a_family_whose_syntax_has_no_grammar_cannot_be_forced() -> None:
