@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from flask import Blueprint, Response
 
 from api.http.auth import cache_scope, owner_id
+from api.http.json_response import json_response
 from api.http.sse import frame, sse_response, token_framer
 from api.http.validation import checked_images, parse_body
 from api.queue.broker import broker
@@ -40,7 +41,7 @@ def create_chat_completion() -> Response:
     running = start(broker(), job)
     if req.stream:
         return sse_response(stream_chat(running, req))
-    return Response(collect_chat(running, req).model_dump_json(), mimetype="application/json")
+    return json_response(collect_chat(running, req))
 
 
 def collect_chat(running: RunningJob, req: ChatCompletionRequest) -> ChatCompletion:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from flask import Blueprint, Response
 
 from api.http.auth import cache_scope, owner_id
+from api.http.json_response import json_response
 from api.http.sse import frame, sse_response, token_framer
 from api.http.validation import parse_body
 from api.queue.broker import broker
@@ -32,7 +33,7 @@ def create_completion() -> Response:
     running = start(broker(), job_for(new_id("cmpl-"), req, owner_id(), scope=cache_scope()))
     if req.stream:
         return sse_response(stream_completion(running, req))
-    return Response(collect_completion(running, req).model_dump_json(), mimetype="application/json")
+    return json_response(collect_completion(running, req))
 
 
 def collect_completion(running: RunningJob, req: CompletionRequest) -> Completion:

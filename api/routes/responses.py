@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from flask import Blueprint, Response, request
 
 from api.http.auth import cache_scope, owner_id
+from api.http.json_response import json_response
 from api.http.sse import KEEPALIVE, event_frame, sse_response
 from api.http.validation import checked_images, parse_body
 from api.limits.quotas import quotas
@@ -50,10 +51,6 @@ def store() -> ResponseStore:
     return ResponseStore(broker())
 
 
-def _json(body: str) -> Response:
-    return Response(body, mimetype="application/json")
-
-
 @bp.post("/v1/responses")
 @idempotent
 def create_response() -> Response:
@@ -85,12 +82,12 @@ def create_response() -> Response:
     if running is None:  # a background response, queued
         if req.stream:
             return sse_response(replay_stream(responses, owner_id(), stored, after=-1))
-        return _json(responses.derive(stored, False).model_dump_json())
+        return json_response(responses.derive(stored, False))
     if req.stream:
         return sse_response(live_stream(running, stored, responses))
     result = collect(running)
     progress = Progress.finished(result.got.choice(0), result.done)
-    return _json(render(stored, progress, progress.status()).model_dump_json())
+    return json_response(render(stored, progress, progress.status()))
 
 
 @bp.get("/v1/responses/<response_id>")
@@ -98,7 +95,7 @@ def retrieve_response(response_id: str) -> Response:
     query = parse_query(RetrieveQuery)
     responses = store()
     if not query.stream:
-        return _json(responses.view(owner_id(), response_id).model_dump_json())
+        return json_response(responses.view(owner_id(), response_id))
     stored, _ = responses.load(owner_id(), response_id)
     after = query.starting_after
     if after is None:
@@ -115,12 +112,12 @@ def cancel_response(response_id: str) -> Response:
         raise InvalidRequestError(
             "Only responses created with background=true can be cancelled.", param="response_id"
         )
-    return _json(responses.cancel_unless_final(owner_id(), response_id).model_dump_json())
+    return json_response(responses.cancel_unless_final(owner_id(), response_id))
 
 
 @bp.delete("/v1/responses/<response_id>")
 def delete_response(response_id: str) -> Response:
-    return _json(store().delete(owner_id(), response_id).model_dump_json())
+    return json_response(store().delete(owner_id(), response_id))
 
 
 def _frames(events: list[StreamEvent], after: int) -> Iterator[bytes]:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from flask import Blueprint, Response, request
 
 from api.http.auth import cache_scope, owner_id
+from api.http.json_response import json_response
 from api.http.sse import named_frame, sse_response, token_framer
 from api.http.validation import checked_images, parse_body
 from api.limits.shares import takes_a_request
@@ -60,10 +61,6 @@ def check_version() -> None:
         )
 
 
-def _json(body: str) -> Response:
-    return Response(body, mimetype="application/json")
-
-
 @bp.post("/v1/messages")
 @idempotent
 def create_message() -> Response:
@@ -76,7 +73,7 @@ def create_message() -> Response:
     running = start(broker(), job)
     if req.stream:
         return sse_response(stream_message(running))
-    return _json(collect_message(running, chat).model_dump_json())
+    return json_response(collect_message(running, chat))
 
 
 @bp.post("/v1/messages/count_tokens")
@@ -96,7 +93,7 @@ def count_tokens() -> Response:
             "count with; count_tokens is not available for this model.",
             param="model",
         )
-    return _json(TokenCount(input_tokens=prompt.tokens).model_dump_json())
+    return json_response(TokenCount(input_tokens=prompt.tokens))
 
 
 def collect_message(running: RunningJob, chat: ChatCompletionRequest) -> Message:
