@@ -13,18 +13,18 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response, request
 
-from api.http.auth import cache_scope, owner_id
+from api.http.auth import owner_id
 from api.http.json_response import json_response
 from api.http.sse import KEEPALIVE, event_frame, sse_response
-from api.http.validation import checked_images, parse_body
+from api.http.validation import parse_body
 from api.limits.quotas import quotas
 from api.queue.admission import admit_background
 from api.queue.broker import broker
 from api.queue.generation import KeepaliveEvent, Relayed, RunningJob, collect, start
-from api.stores.idempotency import STREAMED, idempotent, refuse_key
+from api.routes.generation_job import requested_job
+from api.stores.idempotency import idempotent
 from api.stores.listing import parse_query
 from api.stores.responses import ResponseStore
-from shared.queue.jobs import job_for
 from shared.wire.digits import parse_integer
 from shared.wire.errors import InvalidRequestError, MLXQError, NotFoundError
 from shared.wire.events import ErrorEvent, RequeuedEvent
@@ -55,18 +55,15 @@ def store() -> ResponseStore:
 @idempotent
 def create_response() -> Response:
     req = parse_body(ResponsesRequest)
-    images = checked_images(req.images())
-    if req.stream:
-        refuse_key(STREAMED)
+    responses = store()
+    replay_ttl_s = responses.ttl_s if req.store else None
+    job = requested_job(new_id("resp_"), req, req.images(), replay_ttl_s)
     stored = StoredResponse(
-        id=new_id("resp_"),
+        id=job.job_id,
         created_at=int(time.time()),
         background=req.background,
         request=req,
     )
-    responses = store()
-    replay_ttl_s = responses.ttl_s if req.store else None
-    job = job_for(stored.id, req, owner_id(), replay_ttl_s, scope=cache_scope(), images=images)
     running: RunningJob | None = None
     # Its places in the key's quotas first: a key without room gets its 429 before anything runs.
     with quotas().holding(owner_id(), *responses.usages(stored)):

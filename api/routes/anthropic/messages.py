@@ -16,14 +16,14 @@ from collections.abc import Callable, Iterator
 
 from flask import Blueprint, Response, request
 
-from api.http.auth import cache_scope, owner_id
 from api.http.json_response import json_response
 from api.http.sse import named_frame, sse_response, token_framer
 from api.http.validation import checked_images, parse_body
 from api.limits.shares import takes_a_request
 from api.queue.broker import broker
 from api.queue.generation import KeepaliveEvent, Relayed, RunningJob, collect, start
-from api.stores.idempotency import STREAMED, idempotent, refuse_key
+from api.routes.generation_job import requested_job
+from api.stores.idempotency import idempotent
 from shared.queue.jobs import job_for
 from shared.wire.anthropic.message_answers import (
     ContentBlockDelta,
@@ -65,11 +65,8 @@ def check_version() -> None:
 @idempotent
 def create_message() -> Response:
     req = parse_body(MessagesRequest)
-    images = checked_images(req.images())
-    if req.stream:
-        refuse_key(STREAMED)
+    job = requested_job(new_id("msg_"), req, req.images())
     chat = req.chat_request()
-    job = job_for(new_id("msg_"), req, owner_id(), scope=cache_scope(), images=images)
     running = start(broker(), job)
     if req.stream:
         return sse_response(stream_message(running))
