@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import llguidance
-import mlx.core as mx
 import pytest
 
 from shared.wire.generation.tools import (
@@ -24,7 +22,9 @@ from shared.wire.generation.tools import (
     ToolUse,
     lark_text,
 )
+from tests.families.forcing import assert_forced_to_the_end
 from tests.families.vocab import family_tokenizer
+from tests.grammar_checks import takes
 from worker.engine.sequence.calls.families import (
     deepseek_v3,
     glm,
@@ -35,7 +35,6 @@ from worker.engine.sequence.calls.families import (
 )
 from worker.engine.sequence.calls.families.syntax import CallSyntax
 from worker.engine.sequence.calls.tool_calls import ToolFormat
-from worker.engine.sequence.grammar import Grammars
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "get_weather": {
@@ -124,9 +123,7 @@ def joined(family: str, a: str, b: str) -> str:
 
 def accepts(syntax: CallSyntax, choice: ToolChoice, text: str) -> bool:
     assert syntax.grammar is not None
-    forced = syntax.grammar(ToolUse(tools=TOOLS, choice=choice), {})
-    matcher = llguidance.LLMatcher(llguidance.LLTokenizer("byte"), forced, log_level=0)
-    return bool(matcher.consume_tokens(list(text.encode()))) and matcher.is_accepting()
+    return takes(syntax.grammar(ToolUse(tools=TOOLS, choice=choice), {}), text)
 
 
 def read_back(syntax: CallSyntax, text: str) -> list[tuple[str, Any]]:
@@ -186,24 +183,6 @@ def test_a_marker_held_as_one_token_is_forced_as_it_the_longest_first_white_spac
     tokens = {"<tool": 3, "<tool_call>": 7, "\n": 5}
     assert lark_text("<tool_call>\n<function=", tokens) == '<[7]> "\\n<function="'
     assert lark_text("<tool_call>", {}) == '"<tool_call>"'
-
-
-def assert_forced_to_the_end(
-    grammar: str | None, text: str, family: str = "qwen3", end_token: str = "<|im_end|>"
-) -> None:
-    """On the family's vocabulary, the grammar allows each of `text`'s tokens in turn, then only
-    the end token."""
-    assert grammar is not None
-    tokenizer = family_tokenizer(family)
-    end = tokenizer.convert_tokens_to_ids(end_token)
-    vocab = len(tokenizer.get_vocab())
-    forced = Grammars(tokenizer._tokenizer, frozenset({end}), vocab).constraint(grammar)
-    context = [1, 2]  # a prompt's last tokens
-    for token in [*tokenizer.encode(text, add_special_tokens=False), end]:
-        allowed = forced(mx.array(context), mx.zeros(vocab))
-        assert allowed[token].item() == 0.0, tokenizer.decode([*context[2:], token])
-        context.append(token)
-    assert (allowed == 0).sum().item() == 1  # only the end token
 
 
 def test_a_forced_call_on_qwen3s_real_vocabulary_takes_the_calls_tokens_then_ends() -> None:
