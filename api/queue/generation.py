@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from opentelemetry.trace import Span
 
@@ -53,6 +53,9 @@ from shared.wire.events import (
     TokenEvent,
     decode_event,
 )
+
+R = TypeVar("R")  # a request's validated body
+A = TypeVar("A")  # the answer built for it
 
 request_log = logging.getLogger("mlxq.request")  # one structured line per request
 # How often a waiting stream wakes up to send a keepalive comment.
@@ -288,6 +291,15 @@ def collect(running: RunningJob) -> Collected:
     finally:
         running.close()
     raise GenerationError("the job ended without a final event")
+
+
+def collect_answer(
+    running: RunningJob, req: R, build: Callable[[R, str, int, Transcripts, DoneEvent], A]
+) -> A:
+    """Run a job to its end and answer it with `build`, one of shared/wire/chat/answers.py's
+    answer builders (`chat_completion`, `text_completion`), created now."""
+    result = collect(running)
+    return build(req, running.job.job_id, int(time.time()), result.got, result.done)
 
 
 def stream_frames(

@@ -7,16 +7,15 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response
 
-from api.http.auth import cache_scope, owner_id
+from api.http.json_response import json_response
 from api.http.sse import frame, sse_response, token_framer
-from api.http.validation import checked_images, parse_body
+from api.http.validation import parse_body
 from api.queue.broker import broker
-from api.queue.generation import RunningJob, collect, start, stream_frames
-from api.stores.idempotency import STREAMED, idempotent, refuse_key
-from shared.queue.jobs import job_for
+from api.queue.generation import RunningJob, collect_answer, start, stream_frames
+from api.routes.generation_job import requested_job
+from api.stores.idempotency import idempotent
 from shared.wire.chat.answers import (
     ChatChunkChoice,
-    ChatCompletion,
     ChatCompletionChunk,
     ChunkDelta,
     chat_completion,
@@ -33,19 +32,10 @@ bp = Blueprint("chat", __name__)
 @idempotent
 def create_chat_completion() -> Response:
     req = parse_body(ChatCompletionRequest)
-    images = checked_images(req.images())
-    if req.stream:
-        refuse_key(STREAMED)
-    job = job_for(new_id("chatcmpl-"), req, owner_id(), scope=cache_scope(), images=images)
-    running = start(broker(), job)
+    running = start(broker(), requested_job(new_id("chatcmpl-"), req, req.images()))
     if req.stream:
         return sse_response(stream_chat(running, req))
-    return Response(collect_chat(running, req).model_dump_json(), mimetype="application/json")
-
-
-def collect_chat(running: RunningJob, req: ChatCompletionRequest) -> ChatCompletion:
-    result = collect(running)
-    return chat_completion(req, running.job.job_id, int(time.time()), result.got, result.done)
+    return json_response(collect_answer(running, req, chat_completion))
 
 
 def stream_chat(running: RunningJob, req: ChatCompletionRequest) -> Iterator[bytes]:

@@ -7,13 +7,13 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response
 
-from api.http.auth import cache_scope, owner_id
+from api.http.json_response import json_response
 from api.http.sse import frame, sse_response, token_framer
 from api.http.validation import parse_body
 from api.queue.broker import broker
-from api.queue.generation import RunningJob, collect, start, stream_frames
-from api.stores.idempotency import STREAMED, idempotent, refuse_key
-from shared.queue.jobs import job_for
+from api.queue.generation import RunningJob, collect_answer, start, stream_frames
+from api.routes.generation_job import requested_job
+from api.stores.idempotency import idempotent
 from shared.wire.chat.answers import Completion, TextChoice, text_completion
 from shared.wire.chat.completions import CompletionRequest, FinishReason
 from shared.wire.events import ChoiceEndEvent, DoneEvent, TokenEvent
@@ -27,17 +27,10 @@ bp = Blueprint("completions", __name__)
 @idempotent
 def create_completion() -> Response:
     req = parse_body(CompletionRequest)
-    if req.stream:
-        refuse_key(STREAMED)
-    running = start(broker(), job_for(new_id("cmpl-"), req, owner_id(), scope=cache_scope()))
+    running = start(broker(), requested_job(new_id("cmpl-"), req))
     if req.stream:
         return sse_response(stream_completion(running, req))
-    return Response(collect_completion(running, req).model_dump_json(), mimetype="application/json")
-
-
-def collect_completion(running: RunningJob, req: CompletionRequest) -> Completion:
-    result = collect(running)
-    return text_completion(req, running.job.job_id, int(time.time()), result.got, result.done)
+    return json_response(collect_answer(running, req, text_completion))
 
 
 def stream_completion(running: RunningJob, req: CompletionRequest) -> Iterator[bytes]:

@@ -12,6 +12,7 @@ import base64
 from flask import Blueprint, Response
 
 from api.http.auth import owner_id
+from api.http.json_response import json_response
 from api.http.validation import parse_body
 from api.queue.broker import broker
 from api.queue.generation import RunningJob, start
@@ -28,7 +29,7 @@ bp = Blueprint("embeddings", __name__)
 def create_embeddings() -> Response:
     req = parse_body(EmbeddingRequest)
     running = start(broker(), embedding_job_for(new_id("emb-"), req, owner_id()))
-    return Response(collect_embeddings(running, req).model_dump_json(), mimetype="application/json")
+    return json_response(collect_embeddings(running, req))
 
 
 def collect_embeddings(running: RunningJob, req: EmbeddingRequest) -> EmbeddingList:

@@ -15,6 +15,7 @@ from flask import Blueprint, Response
 
 from api.backend import backend
 from api.http.auth import is_operator, owner_id
+from api.http.json_response import json_response
 from api.stores.listing import parse_query
 from shared.observe.fleet import FleetQuery, read_snapshot
 from shared.observe.history import HistoryQuery, read_history
@@ -34,7 +35,7 @@ def fleet() -> Response:
         snapshot = read_snapshot(b.redis, b.keys, b.settings.heartbeat_s, recent=recent)
     if not operator:
         snapshot = snapshot.of_owner(owner_id(), query.recent)
-    return Response(snapshot.model_dump_json(), mimetype="application/json")
+    return json_response(snapshot)
 
 
 @bp.get("/v1/fleet/history")
@@ -43,4 +44,4 @@ def history() -> Response:
     b = backend()
     with redis_errors_as_503():
         samples = read_history(b.redis, b.keys, b.settings.heartbeat_s, since=query.since)
-    return Response(samples.model_dump_json(), mimetype="application/json")
+    return json_response(samples)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response
 
 from api.backend import backend
+from api.http.json_response import json_response
 from api.queue.roster import roster
 from shared.wire.fleet.catalog import Health
 
@@ -15,4 +16,4 @@ bp = Blueprint("health", __name__)
 def health() -> Response:
     backend().ping()  # raises BackendUnavailableError -> 503
     body = Health(models=[name for name, _ in roster().live_models()])
-    return Response(body.model_dump_json(), mimetype="application/json")
+    return json_response(body)

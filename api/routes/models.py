@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
+from api.http.json_response import json_response
 from api.queue.roster import roster
 from shared.wire.errors import ModelNotFoundError
 from shared.wire.fleet.catalog import ModelCard, ModelList, ModelStatus
@@ -39,7 +40,7 @@ def _cards() -> list[ModelCard]:
 
 @bp.get("/v1/models")
 def list_models() -> Response:
-    return Response(ModelList(data=_cards()).model_dump_json(), mimetype="application/json")
+    return json_response(ModelList(data=_cards()))
 
 
 @bp.get("/v1/models/<path:model_id>")
@@ -47,4 +48,4 @@ def get_model(model_id: str) -> Response:
     card = next((c for c in _cards() if c.id == model_id), None)
     if card is None:
         raise ModelNotFoundError(f"The model '{model_id}' does not exist.", param="model")
-    return Response(card.model_dump_json(), mimetype="application/json")
+    return json_response(card)

@@ -13,17 +13,18 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response, request
 
-from api.http.auth import cache_scope, owner_id
+from api.http.auth import owner_id
+from api.http.json_response import json_response
 from api.http.sse import KEEPALIVE, event_frame, sse_response
-from api.http.validation import checked_images, parse_body
+from api.http.validation import parse_body
 from api.limits.quotas import quotas
 from api.queue.admission import admit_background
 from api.queue.broker import broker
 from api.queue.generation import KeepaliveEvent, Relayed, RunningJob, collect, start
-from api.stores.idempotency import STREAMED, idempotent, refuse_key
+from api.routes.generation_job import requested_job
+from api.stores.idempotency import idempotent
 from api.stores.listing import parse_query
 from api.stores.responses import ResponseStore
-from shared.queue.jobs import job_for
 from shared.wire.digits import parse_integer
 from shared.wire.errors import InvalidRequestError, MLXQError, NotFoundError
 from shared.wire.events import ErrorEvent, RequeuedEvent
@@ -50,26 +51,19 @@ def store() -> ResponseStore:
     return ResponseStore(broker())
 
 
-def _json(body: str) -> Response:
-    return Response(body, mimetype="application/json")
-
-
 @bp.post("/v1/responses")
 @idempotent
 def create_response() -> Response:
     req = parse_body(ResponsesRequest)
-    images = checked_images(req.images())
-    if req.stream:
-        refuse_key(STREAMED)
+    responses = store()
+    replay_ttl_s = responses.ttl_s if req.store else None
+    job = requested_job(new_id("resp_"), req, req.images(), replay_ttl_s)
     stored = StoredResponse(
-        id=new_id("resp_"),
+        id=job.job_id,
         created_at=int(time.time()),
         background=req.background,
         request=req,
     )
-    responses = store()
-    replay_ttl_s = responses.ttl_s if req.store else None
-    job = job_for(stored.id, req, owner_id(), replay_ttl_s, scope=cache_scope(), images=images)
     running: RunningJob | None = None
     # Its places in the key's quotas first: a key without room gets its 429 before anything runs.
     with quotas().holding(owner_id(), *responses.usages(stored)):
@@ -85,12 +79,12 @@ def create_response() -> Response:
     if running is None:  # a background response, queued
         if req.stream:
             return sse_response(replay_stream(responses, owner_id(), stored, after=-1))
-        return _json(responses.derive(stored, False).model_dump_json())
+        return json_response(responses.derive(stored, False))
     if req.stream:
         return sse_response(live_stream(running, stored, responses))
     result = collect(running)
     progress = Progress.finished(result.got.choice(0), result.done)
-    return _json(render(stored, progress, progress.status()).model_dump_json())
+    return json_response(render(stored, progress, progress.status()))
 
 
 @bp.get("/v1/responses/<response_id>")
@@ -98,7 +92,7 @@ def retrieve_response(response_id: str) -> Response:
     query = parse_query(RetrieveQuery)
     responses = store()
     if not query.stream:
-        return _json(responses.view(owner_id(), response_id).model_dump_json())
+        return json_response(responses.view(owner_id(), response_id))
     stored, _ = responses.load(owner_id(), response_id)
     after = query.starting_after
     if after is None:
@@ -115,12 +109,12 @@ def cancel_response(response_id: str) -> Response:
         raise InvalidRequestError(
             "Only responses created with background=true can be cancelled.", param="response_id"
         )
-    return _json(responses.cancel_unless_final(owner_id(), response_id).model_dump_json())
+    return json_response(responses.cancel_unless_final(owner_id(), response_id))
 
 
 @bp.delete("/v1/responses/<response_id>")
 def delete_response(response_id: str) -> Response:
-    return _json(store().delete(owner_id(), response_id).model_dump_json())
+    return json_response(store().delete(owner_id(), response_id))
 
 
 def _frames(events: list[StreamEvent], after: int) -> Iterator[bytes]:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import llguidance
-import mlx.core as mx
 import pytest
 
 from shared.wire.generation.tools import (
@@ -26,8 +24,10 @@ from shared.wire.generation.tools import (
     ToolUse,
     lark_text,
 )
+from tests.families.forcing import assert_forced_to_the_end, refused_at
 from tests.families.vocab import deepseek as deepseek_marker
 from tests.families.vocab import family_tokenizer
+from tests.grammar_checks import takes
 from worker.engine.sequence.calls.families import (
     deepseek_dsml,
     deepseek_v3,
@@ -40,7 +40,6 @@ from worker.engine.sequence.calls.families import (
 from worker.engine.sequence.calls.families.mlx_lm_parsers import module_syntax
 from worker.engine.sequence.calls.families.syntax import CallSyntax
 from worker.engine.sequence.calls.tool_calls import ToolFormat
-from worker.engine.sequence.grammar import Grammars
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "get_weather": {
@@ -159,9 +158,7 @@ def accepts(
     syntax: CallSyntax, choice: ToolChoice, text: str, tools: list[ChatTool] = TOOLS
 ) -> bool:
     assert syntax.grammar is not None
-    forced = syntax.grammar(ToolUse(tools=tools, choice=choice), {})
-    matcher = llguidance.LLMatcher(llguidance.LLTokenizer("byte"), forced, log_level=0)
-    return bool(matcher.consume_tokens(list(text.encode()))) and matcher.is_accepting()
+    return takes(syntax.grammar(ToolUse(tools=tools, choice=choice), {}), text)
 
 
 def read_back(syntax: CallSyntax, text: str) -> list[tuple[str, Any]]:
@@ -239,34 +236,6 @@ def test_a_marker_held_as_one_token_is_forced_as_it_the_longest_first_white_spac
     tokens = {"<tool": 3, "<tool_call>": 7, "\n": 5}
     assert lark_text("<tool_call>\n<function=", tokens) == '<[7]> "\\n<function="'
     assert lark_text("<tool_call>", {}) == '"<tool_call>"'
-
-
-def refused_at(
-    grammar: str | None, text: str, family: str = "qwen3", end_token: str = "<|im_end|>"
-) -> str | None:
-    """On the family's vocabulary, `text` up to the first of its tokens (then the end token)
-    the grammar refuses; None: it allows each in turn, and after the text only the end token."""
-    assert grammar is not None
-    tokenizer = family_tokenizer(family)
-    end = tokenizer.convert_tokens_to_ids(end_token)
-    vocab = len(tokenizer.get_vocab())
-    forced = Grammars(tokenizer._tokenizer, frozenset({end}), vocab).constraint(grammar)
-    context = [1, 2]  # a prompt's last tokens
-    for token in [*tokenizer.encode(text, add_special_tokens=False), end]:
-        allowed = forced(mx.array(context), mx.zeros(vocab))
-        if allowed[token].item() != 0.0:
-            return str(tokenizer.decode([*context[2:], token]))
-        context.append(token)
-    assert (allowed == 0).sum().item() == 1  # only the end token
-    return None
-
-
-def assert_forced_to_the_end(
-    grammar: str | None, text: str, family: str = "qwen3", end_token: str = "<|im_end|>"
-) -> None:
-    """On the family's vocabulary, the grammar allows each of `text`'s tokens in turn, then only
-    the end token."""
-    assert refused_at(grammar, text, family, end_token) is None
 
 
 def test_a_forced_call_on_qwen3s_real_vocabulary_takes_the_calls_tokens_then_ends() -> None:

@@ -21,10 +21,11 @@ import pytest
 from mlx_lm.tokenizer_utils import _infer_tool_parser
 
 from shared.wire.generation.tools import ChatTool, ToolUse
+from tests.tool_call_scans import scanned
 from worker.engine.sequence.calls.families.mlx_lm_parsers import module_syntax
 from worker.engine.sequence.calls.families.syntax import CallSyntax
 from worker.engine.sequence.calls.scanned_calls import Scanned
-from worker.engine.sequence.calls.tool_calls import ToolCallScanner, ToolFormat
+from worker.engine.sequence.calls.tool_calls import ToolFormat
 
 CORPUS = Path(__file__).parent / "data" / "tool_calls"
 FILES = {path.stem: json.loads(path.read_text()) for path in sorted(CORPUS.glob("*.json"))}
@@ -55,15 +56,6 @@ def pieces_of(text: str) -> list[list[str]]:
         [text[i : i + 2] for i in range(0, len(text), 2)],
         [text[a:b] for a, b in bounds],
     ]
-
-
-def scanned(scanner: ToolCallScanner, pieces: list[str]) -> Scanned:
-    got = Scanned()
-    for part in [*(scanner.feed(p) for p in pieces), scanner.finish()]:
-        got.text += part.text
-        got.deltas += part.deltas
-        got.calls += part.calls
-    return got
 
 
 def use(family: str) -> ToolUse:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import llguidance
 import pytest
 
 from shared.wire.generation.tools import CALL_END, CALL_START, ChatTool, FunctionDefinition, ToolUse
+from tests.grammar_checks import takes
 
 WEATHER: dict[str, Any] = {
     "type": "object",
@@ -24,10 +24,7 @@ FORCED = ToolUse(
 
 
 def accepts(text: str) -> bool:
-    matcher = llguidance.LLMatcher(
-        llguidance.LLTokenizer("byte"), FORCED.call_grammar(), log_level=0
-    )
-    return bool(matcher.consume_tokens(list(text.encode()))) and matcher.is_accepting()
+    return takes(FORCED.call_grammar(), text)
 
 
 def test_a_call_written_as_json_dumps_writes_it_is_accepted() -> None:

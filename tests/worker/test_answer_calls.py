@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-import llguidance
-import mlx.core as mx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,15 +19,16 @@ from shared.wire.generation.tools import (
     ToolChoice,
     ToolUse,
 )
+from tests.families.forcing import assert_forced_to_the_end
 from tests.families.vocab import FAMILIES, family_tokenizer
+from tests.grammar_checks import takes
+from tests.tool_call_scans import scanned
 from worker.engine.sequence.calls.answer_calls import AnswerCallScanner
 from worker.engine.sequence.calls.scanned_calls import Scanned
 from worker.engine.sequence.calls.tool_calls import ToolFormat
-from worker.engine.sequence.grammar import Grammars
 
 CALL = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
 OTHER = '{"name": "add", "parameters": {"a": 1, "b": 2}}'
-VOCAB = 128256  # Llama 3's, specials included
 TOOLS = [
     ChatTool(type="function", function=FunctionDefinition(name=name, parameters=schema))
     for name, schema in [
@@ -42,11 +41,7 @@ TOOLS = [
 def scan_all(pieces: list[str]) -> Scanned:
     """Every piece through one scanner, then its finish: all it gave, joined."""
     scanning = AnswerCallScanner(frozenset({"get_weather", "add"}))
-    got = Scanned()
-    for part in [*(scanning.feed(p) for p in pieces), scanning.finish()]:
-        got.text += part.text
-        got.deltas += part.deltas
-        got.calls += part.calls
+    got = scanned(scanning, pieces)
     assert scanning.made == len(got.calls)
     return got
 
@@ -129,9 +124,7 @@ def test_only_llama3_writes_its_calls_as_the_whole_answer(family: str) -> None:
 
 
 def accepts(choice: ToolChoice, text: str) -> bool:
-    forced = ToolUse(tools=TOOLS, choice=choice).call_grammar(ANSWER_FRAME)
-    matcher = llguidance.LLMatcher(llguidance.LLTokenizer("byte"), forced, log_level=0)
-    return bool(matcher.consume_tokens(list(text.encode()))) and matcher.is_accepting()
+    return takes(ToolUse(tools=TOOLS, choice=choice).call_grammar(ANSWER_FRAME), text)
 
 
 def test_a_forced_call_is_bare_json_with_parameters_and_calls_joined_by_semicolons() -> None:
@@ -149,14 +142,6 @@ def test_a_named_forced_call_is_that_one_call() -> None:
 
 
 def test_a_forced_call_on_the_real_llama3_vocabulary_takes_the_calls_tokens_then_ends() -> None:
-    tokenizer = family_tokenizer("llama3")
-    end_of_turn = tokenizer.convert_tokens_to_ids("<|eot_id|>")
     named = NamedToolChoice(type="function", function=FunctionChoice(name="get_weather"))
     grammar = ToolUse(tools=TOOLS, choice=named).call_grammar(ANSWER_FRAME)
-    forced = Grammars(tokenizer._tokenizer, frozenset({end_of_turn}), VOCAB).constraint(grammar)
-    context = [128000, 128006]  # a prompt's last tokens
-    for token in [*tokenizer.encode(CALL, add_special_tokens=False), end_of_turn]:
-        allowed = forced(mx.array(context), mx.zeros(VOCAB))
-        assert allowed[token].item() == 0.0, tokenizer.decode([*context[2:], token])
-        context.append(token)
-    assert allowed.max().item() == 0.0 and (allowed == 0).sum().item() == 1  # only the end
+    assert_forced_to_the_end(grammar, CALL, "llama3", "<|eot_id|>", context=(128000, 128006))

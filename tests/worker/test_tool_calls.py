@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.wire.generation.tools import CALL_END, CALL_START
+from tests.tool_call_scans import scanned
 from worker.engine.sequence.calls.call_readers import (
     CallReader,
     JsonCallReader,
@@ -28,13 +29,7 @@ def json_reader() -> CallReader:
 
 def scan_all(pieces: list[str], reader: Callable[[], CallReader] = json_reader) -> Scanned:
     """Every piece through one scanner, then its finish: all it gave, joined."""
-    scanning = MarkedCallScanner((Opening(CALL_START, CALL_END),), reader)
-    got = Scanned()
-    for part in [*(scanning.feed(p) for p in pieces), scanning.finish()]:
-        got.text += part.text
-        got.deltas += part.deltas
-        got.calls += part.calls
-    return got
+    return scanned(MarkedCallScanner((Opening(CALL_START, CALL_END),), reader), pieces)
 
 
 def scan(pieces: list[str]) -> tuple[str, list[tuple[str, dict[str, int]]]]:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 
 from flask import Blueprint, Response, url_for
-from pydantic import BaseModel
 
 from api.http.auth import owner_id
+from api.http.json_response import json_response
 from api.http.validation import json_body
 from api.limits.shares import takes_a_request
 from api.queue.broker import broker
@@ -46,10 +46,6 @@ bp.before_request(check_version)
 
 def store() -> BatchStore:
     return BatchStore(broker(), file_store())
-
-
-def _json(model: BaseModel) -> Response:
-    return Response(model.model_dump_json(), mimetype="application/json")
 
 
 def _batch(batches: BatchStore, batch_id: str) -> Batch:
@@ -94,7 +90,7 @@ def create_message_batch() -> Response:
         endpoint=MESSAGES_PATH,
         input_file_id="",
     )
-    return _json(_view(store().start(owner_id(), stored, requests)))
+    return json_response(_view(store().start(owner_id(), stored, requests)))
 
 
 @bp.get("/v1/messages/batches")
@@ -104,7 +100,7 @@ def list_message_batches() -> Response:
         owner_id(), BatchListQuery(after=query.after_id, limit=query.limit), messages=True
     )
     data = [_view(batch) for batch in listed.data]
-    return _json(
+    return json_response(
         MessageBatchList(
             data=data,
             has_more=listed.has_more,
@@ -116,14 +112,14 @@ def list_message_batches() -> Response:
 
 @bp.get("/v1/messages/batches/<batch_id>")
 def retrieve_message_batch(batch_id: str) -> Response:
-    return _json(_view(_batch(store(), batch_id)))
+    return json_response(_view(_batch(store(), batch_id)))
 
 
 @bp.post("/v1/messages/batches/<batch_id>/cancel")
 def cancel_message_batch(batch_id: str) -> Response:
     batches = store()
     _batch(batches, batch_id)
-    return _json(_view(batches.cancel(owner_id(), batch_id)))
+    return json_response(_view(batches.cancel(owner_id(), batch_id)))
 
 
 @bp.delete("/v1/messages/batches/<batch_id>")
@@ -131,7 +127,7 @@ def delete_message_batch(batch_id: str) -> Response:
     batches = store()
     _batch(batches, batch_id)
     batches.delete(owner_id(), batch_id)
-    return _json(DeletedMessageBatch(id=batch_id))
+    return json_response(DeletedMessageBatch(id=batch_id))
 
 
 @bp.get("/v1/messages/batches/<batch_id>/results")

@@ -16,13 +16,14 @@ from collections.abc import Callable, Iterator
 
 from flask import Blueprint, Response, request
 
-from api.http.auth import cache_scope, owner_id
+from api.http.json_response import json_response
 from api.http.sse import named_frame, sse_response, token_framer
 from api.http.validation import checked_images, parse_body
 from api.limits.shares import takes_a_request
 from api.queue.broker import broker
 from api.queue.generation import KeepaliveEvent, Relayed, RunningJob, collect, start
-from api.stores.idempotency import STREAMED, idempotent, refuse_key
+from api.routes.generation_job import requested_job
+from api.stores.idempotency import idempotent
 from shared.queue.jobs import job_for
 from shared.wire.anthropic.message_answers import (
     ContentBlockDelta,
@@ -60,23 +61,16 @@ def check_version() -> None:
         )
 
 
-def _json(body: str) -> Response:
-    return Response(body, mimetype="application/json")
-
-
 @bp.post("/v1/messages")
 @idempotent
 def create_message() -> Response:
     req = parse_body(MessagesRequest)
-    images = checked_images(req.images())
-    if req.stream:
-        refuse_key(STREAMED)
+    job = requested_job(new_id("msg_"), req, req.images())
     chat = req.chat_request()
-    job = job_for(new_id("msg_"), req, owner_id(), scope=cache_scope(), images=images)
     running = start(broker(), job)
     if req.stream:
         return sse_response(stream_message(running))
-    return _json(collect_message(running, chat).model_dump_json())
+    return json_response(collect_message(running, chat))
 
 
 @bp.post("/v1/messages/count_tokens")
@@ -96,7 +90,7 @@ def count_tokens() -> Response:
             "count with; count_tokens is not available for this model.",
             param="model",
         )
-    return _json(TokenCount(input_tokens=prompt.tokens).model_dump_json())
+    return json_response(TokenCount(input_tokens=prompt.tokens))
 
 
 def collect_message(running: RunningJob, chat: ChatCompletionRequest) -> Message:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from flask import Blueprint, Response
-from pydantic import BaseModel
 
 from api.http.auth import owner_id
+from api.http.json_response import json_response
 from api.http.validation import parse_body
 from api.limits.shares import takes_a_request
 from api.queue.broker import broker
@@ -22,27 +22,23 @@ def store() -> BatchStore:
     return BatchStore(broker(), file_store())
 
 
-def _json(model: BaseModel) -> Response:
-    return Response(model.model_dump_json(), mimetype="application/json")
-
-
 @bp.post("/v1/batches")
 @takes_a_request
 @idempotent
 def create_batch() -> Response:
-    return _json(store().create(owner_id(), parse_body(BatchCreateRequest)))
+    return json_response(store().create(owner_id(), parse_body(BatchCreateRequest)))
 
 
 @bp.get("/v1/batches")
 def list_batches() -> Response:
-    return _json(store().listing(owner_id(), parse_query(BatchListQuery)))
+    return json_response(store().listing(owner_id(), parse_query(BatchListQuery)))
 
 
 @bp.get("/v1/batches/<batch_id>")
 def retrieve_batch(batch_id: str) -> Response:
-    return _json(store().view(owner_id(), batch_id))
+    return json_response(store().view(owner_id(), batch_id))
 
 
 @bp.post("/v1/batches/<batch_id>/cancel")
 def cancel_batch(batch_id: str) -> Response:
-    return _json(store().cancel(owner_id(), batch_id))
+    return json_response(store().cancel(owner_id(), batch_id))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from flask import Blueprint, Response, request
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from api.backend import backend
 from api.http.auth import owner_id
+from api.http.json_response import json_response
 from api.limits.quotas import Usage, quotas
 from api.limits.shares import takes_a_request
 from api.stores.files import FileStore
@@ -27,10 +28,6 @@ MAX_FILENAME_CHARS = 255
 def store() -> FileStore:
     b = backend()
     return FileStore(b.redis, b.keys, b.settings.batch_ttl_s, quotas())
-
-
-def _json(model: BaseModel, status: int = 200) -> Response:
-    return Response(model.model_dump_json(), status=status, mimetype="application/json")
 
 
 @bp.before_request
@@ -71,7 +68,7 @@ def create_file() -> Response:
         raise PayloadTooLargeError(f"The file is larger than the {cap}-byte limit.", param="file")
     filename = (upload.filename or "upload.jsonl").replace("\x00", "")[:MAX_FILENAME_CHARS]
     created = store().create(owner_id(), filename, "batch", content, ttl_s=ttl_s)
-    return _json(created)
+    return json_response(created)
 
 
 def _expires_after_s() -> int | None:
@@ -92,12 +89,12 @@ def _expires_after_s() -> int | None:
 
 @bp.get("/v1/files")
 def list_files() -> Response:
-    return _json(store().listing(owner_id(), parse_query(FileListQuery)))
+    return json_response(store().listing(owner_id(), parse_query(FileListQuery)))
 
 
 @bp.get("/v1/files/<file_id>")
 def retrieve_file(file_id: str) -> Response:
-    return _json(store().get(owner_id(), file_id))
+    return json_response(store().get(owner_id(), file_id))
 
 
 @bp.get("/v1/files/<file_id>/content")
@@ -107,4 +104,4 @@ def file_content(file_id: str) -> Response:
 
 @bp.delete("/v1/files/<file_id>")
 def delete_file(file_id: str) -> Response:
-    return _json(store().delete(owner_id(), file_id))
+    return json_response(store().delete(owner_id(), file_id))

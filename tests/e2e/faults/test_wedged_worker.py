@@ -43,6 +43,18 @@ def ask(text: str, **extra: object) -> dict[str, object]:
     return chat_body(messages=[{"role": "user", "content": text}], **extra)
 
 
+def wedging_job(job_id: str) -> GenerationJob:
+    """A bulk job whose sequence wedges its worker's engine loop at its third token."""
+    return GenerationJob(
+        job_id=job_id,
+        model=MODEL,
+        prompt=f"Once {WEDGE}",
+        max_tokens=6,
+        sampling=SamplingParams(temperature=0, logit_bias={2: -100, 0: -100}),  # reaches token 3
+        replay_ttl_s=600,
+    )
+
+
 def test_an_exception_in_one_sequence_fails_that_sequence_only(cluster: Cluster) -> None:
     (worker,) = exactly_workers(cluster, 1, **FAULTY)
     healthy = Stream(cluster.api_url, chat_body(max_tokens=24))
@@ -67,14 +79,7 @@ def test_a_wedged_loop_is_caught_by_the_watchdog_its_jobs_handed_on_and_the_work
     redis = cluster.redis()
     stream = Stream(cluster.api_url, chat_body(max_tokens=2000))
     stream.read_tokens(2)
-    bulk = GenerationJob(
-        job_id="resp_wedge",
-        model=MODEL,
-        prompt=f"Once {WEDGE}",
-        max_tokens=6,
-        sampling=SamplingParams(temperature=0, logit_bias={2: -100, 0: -100}),  # reaches token 3
-        replay_ttl_s=600,
-    )
+    bulk = wedging_job("resp_wedge")
     standalone(cluster.settings()).submit_bulk([bulk])
     wedge_from = time.monotonic()
 
@@ -97,14 +102,7 @@ def test_a_bulk_job_that_wedges_each_worker_it_runs_on_is_failed_after_its_secon
 ) -> None:
     (first,) = exactly_workers(cluster, 1, **FAULTY)
     redis = cluster.redis()
-    poison = GenerationJob(
-        job_id="resp_poison",
-        model=MODEL,
-        prompt=f"Once {WEDGE}",
-        max_tokens=6,
-        sampling=SamplingParams(temperature=0, logit_bias={2: -100, 0: -100}),  # reaches token 3
-        replay_ttl_s=600,
-    )
+    poison = wedging_job("resp_poison")
     standalone(cluster.settings()).submit_bulk([poison], retries=5)  # retries are not what ends it
     assert first.proc.wait(timeout=WATCHDOG_S + 60) == EXIT_WEDGED
     job = rq_job(redis, poison.job_id)
