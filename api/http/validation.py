@@ -9,10 +9,10 @@ A body is accepted only as one JSON document declared as such:
 Only then does the model validate it (limits, types, unsupported parameters). The body's size
 is bounded before any of this by Flask's MAX_CONTENT_LENGTH (413), chunked bodies included.
 A request's images are checked after it validates (`checked_images`: shared/wire/images.py's
-rule, under the settings' limits), before anything of it is queued. Under gevent the check runs
-on one of the hub's native threads: decoding an image of the largest size takes most of a
-second (measured: 0.7 s for 33 megapixels), and Pillow and hashlib release the GIL while they
-decode and hash, so the hub keeps serving the other requests meanwhile.
+rule, under the settings' limits), before anything of it is queued. Parsing, validating (a JSON
+schema's grammar is compiled as the model validates) and the image check run off the hub
+(api/http/off_hub.py): a megabyte body takes a tenth of a second to parse and validate, and
+decoding an image of the largest size most of a second (measured: 0.7 s for 33 megapixels).
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ from __future__ import annotations
 import math
 from typing import Any, TypeVar
 
-import gevent
 import pydantic_core
 from flask import request
-from gevent import monkey
 from pydantic import BaseModel
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from api.backend import backend
+from api.http.off_hub import off_hub
 from shared.queue.config import Settings
 from shared.wire.errors import InvalidJSONError, InvalidRequestError, UnsupportedMediaTypeError
 from shared.wire.images import ImageInput, ImageLimits, ImageRef, check_images
@@ -36,7 +35,7 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def parse_body(model: type[M]) -> M:
-    return parse_json(model, json_body())
+    return off_hub(parse_json, model, json_body())
 
 
 def json_body() -> bytes:
@@ -80,25 +79,7 @@ def checked_images(images: list[ImageInput]) -> list[ImageRef]:
     naming its part. Off the hub where there is one (the module docstring)."""
     if not images:
         return []
-    limits = image_limits(backend().settings)
-    if not monkey.is_module_patched("threading"):  # no hub: the in-process app of the tests
-        return check_images(images, limits)
-    # A refusal comes back as a value: raised on the pool's thread, gevent would log it.
-    checked: list[ImageRef] | InvalidRequestError = gevent.get_hub().threadpool.apply(
-        _checked_or_refused, (images, limits)
-    )
-    if isinstance(checked, InvalidRequestError):
-        raise checked
-    return checked
-
-
-def _checked_or_refused(
-    images: list[ImageInput], limits: ImageLimits
-) -> list[ImageRef] | InvalidRequestError:
-    try:
-        return check_images(images, limits)
-    except InvalidRequestError as err:
-        return err
+    return off_hub(check_images, images, image_limits(backend().settings))
 
 
 def _require_json_content_type() -> None:

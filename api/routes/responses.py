@@ -66,16 +66,17 @@ def create_response() -> Response:
     )
     running: RunningJob | None = None
     # Its places in the key's quotas first: a key without room gets its 429 before anything runs.
-    with quotas().holding(owner_id(), *responses.usages(stored)):
+    record = responses.record(stored)
+    with quotas().holding(owner_id(), *responses.usages(stored, len(record.encode()))):
         if req.background:
             b = broker()
             queued = admit_background(b, job)
-            responses.create(owner_id(), stored)
+            responses.create(owner_id(), stored.id, record)
             b.submit_bulk([queued])
         else:
             running = start(broker(), job)
             if req.store:
-                responses.create(owner_id(), stored)
+                responses.create(owner_id(), stored.id, record)
     if running is None:  # a background response, queued
         if req.stream:
             return sse_response(replay_stream(responses, owner_id(), stored, after=-1))

@@ -1,7 +1,9 @@
 """The stack exactly as the README's run command starts it (`mlxq run`, shipped defaults, the
 pool included) serves the default model's whole window and a burst from one engine: a prompt
-longer than 4,096 tokens is answered, and a burst of 16 streams is served by one worker process,
-the pool starting no second one beside it (worker/pool/agent.py).
+longer than 4,096 tokens is answered, a burst of 16 streams is served by one worker process,
+the pool starting no second one beside it (worker/pool/agent.py), and SIGTERM after the burst
+stops the whole stack cleanly within seconds, not at the pool's SIGKILL of a worker that hangs
+in its interpreter's finalization (worker/ops/cli.py).
 
 Only what keeps the stack private differs from a user's: its own Redis port, Redis folder,
 API port and prefix-cache folder. The models are the user's: the default ones, prepared under
@@ -10,6 +12,7 @@ API port and prefix-cache folder. The models are the user's: the default ones, p
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,6 +29,9 @@ from tests.support import MODEL
 from worker.ops.cluster import RUN, free_port, spawn, stop, wait_until
 
 BURST = 16
+# The pool waits a stopping worker's drain plus its exit's grace (worker/pool/agent.py) before a
+# SIGKILL, 45 s by default; a clean stop of an idle stack takes 5-8 s here.
+STOPPED_WITHIN_S = 30
 # Distinct words, so the long prompt is no cache hit: about 4,300 tokens.
 LONG_PROMPT = " ".join(f"item{i}" for i in range(1080))
 
@@ -100,3 +106,12 @@ def test_a_burst_of_16_is_served_by_one_worker_process(stack: Stack) -> None:
     time.sleep(6)  # past the pool's stable window (MLXQ_POOL_STABLE_S): no late replica either
     seen |= stack.workers()
     assert len(seen) == 1, seen
+
+
+def test_sigterm_after_the_burst_stops_the_stack_cleanly_within_seconds(stack: Stack) -> None:
+    started = time.monotonic()
+    stack.proc.send_signal(signal.SIGTERM)
+    status = stack.proc.wait(timeout=120)
+    took = time.monotonic() - started
+    assert status == 0
+    assert took < STOPPED_WITHIN_S, f"the stack took {took:.1f} s to stop"

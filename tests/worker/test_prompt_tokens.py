@@ -6,6 +6,8 @@ tokenizes with); the API's is `PromptCounter` built from the spec that worker wo
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +77,28 @@ def test_a_renderer_the_counter_cannot_reproduce_publishes_the_window_only(wrapp
 
     spec = build_spec(CustomRenderer(), CONTEXT)  # type: ignore[arg-type]
     assert spec.tokenizer_json is None and spec.context_length == CONTEXT
+
+
+def test_counting_a_long_prompt_lets_the_processs_other_threads_run(counter: PromptCounter) -> None:
+    """The API counts off its hub (api/http/off_hub.py): the hub's thread must get turns while
+    a long prompt is tokenized, not wait for the whole of it."""
+    prompt = " ".join(f"word{i}" for i in range(80_000))  # about half a second to tokenize
+    ticks: list[float] = []
+    counting = threading.Event()
+
+    def tick() -> None:
+        while counting.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    counting.set()
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    started = time.perf_counter()
+    counter.count_text(prompt)
+    took = time.perf_counter() - started
+    counting.clear()
+    ticker.join()
+    during = [t for t in ticks if started < t < started + took]
+    # A tick every millisecond or so; a tokenizer holding the GIL allows one or two in all.
+    assert len(during) > took * 1000 / 10, (len(during), took)

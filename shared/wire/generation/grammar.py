@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from cachetools import LRUCache
 from llguidance import LLMatcher
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from shared.wire.errors import InvalidRequestError
 
@@ -34,6 +34,20 @@ GRAMMAR_CACHE_BYTES = 32 << 20
 # By the schema's digest and the parameter named in its 400, the grammar's text.
 _COMPILED: LRUCache[tuple[bytes, str], str] = LRUCache(GRAMMAR_CACHE_BYTES, getsizeof=len)
 _COMPILED_LOCK = threading.Lock()
+
+
+class SchemaGrammar(BaseModel):
+    """A format carrying a JSON schema, which keeps the grammar it compiled: a request asks for
+    it as it validates and again as its job is made, and even a hit in the API's cache costs a
+    serialization of the whole schema (its key), which for a schema of megabytes is most of
+    what the request costs."""
+
+    _grammar: str | None = PrivateAttr(default=None)
+
+    def _grammar_of(self, schema: dict[str, Any], param: str) -> str:
+        if self._grammar is None:
+            self._grammar = grammar_for_schema(schema, param)
+        return self._grammar
 
 
 class JsonSchemaSpec(BaseModel):
@@ -61,13 +75,13 @@ class JsonObjectFormat(BaseModel):
         return grammar_for_schema(ANY_OBJECT, param)
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(SchemaGrammar):
     model_config = ConfigDict(extra="forbid")
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
 
     def grammar(self, param: str) -> str | None:
-        return grammar_for_schema(self.json_schema.schema_ or {}, param)
+        return self._grammar_of(self.json_schema.schema_ or {}, param)
 
 
 ResponseFormat = Annotated[

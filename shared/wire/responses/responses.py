@@ -39,8 +39,8 @@ from shared.wire.errors import InvalidRequestError, UnsupportedParameterError
 from shared.wire.generation.grammar import (
     SCHEMA_NAME_PATTERN,
     JsonObjectFormat,
+    SchemaGrammar,
     TextFormat,
-    grammar_for_schema,
 )
 from shared.wire.generation.reasoning import Effort, ReasoningControl
 from shared.wire.generation.tools import (
@@ -132,7 +132,7 @@ class ReasoningConfig(BaseModel):
         return None if self.effort is None else ReasoningControl.of_effort(self.effort)
 
 
-class JsonSchemaTextFormat(BaseModel):
+class JsonSchemaTextFormat(SchemaGrammar):
     """The Responses API's `text.format` for a schema: chat's `json_schema` spec, flattened."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
@@ -143,7 +143,7 @@ class JsonSchemaTextFormat(BaseModel):
     strict: bool | None = None
 
     def grammar(self, param: str) -> str | None:
-        return grammar_for_schema(self.schema_, param)
+        return self._grammar_of(self.schema_, param)
 
 
 TextFormatChoice = Annotated[
