@@ -6,11 +6,12 @@ tests/e2e/test_prefix_fetch.py."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,9 @@ from tests.worker.test_prefix_lending import _cache, _finished
 from worker.engine.prefix_cache import PrefixCache
 from worker.engine.prepare import PreparedJob
 from worker.ops.cluster import wait_until
+from worker.runtime.prefix.lend_tag import FleetKey
 from worker.runtime.prefix.prefix_fetch import MIN_GAIN_TOKENS, FetchRule, PrefixFetch
-from worker.runtime.prefix.prefix_lend import Ask, Header, LendBounds, Lender
+from worker.runtime.prefix.prefix_lend import DEFAULT_BOUNDS, Ask, Header, LendBounds, Lender
 
 LONG = [(i % 97) + 1 for i in range(320)]  # a held history past MIN_GAIN_TOKENS
 ASKED = [*LONG, 50, 51]
@@ -65,18 +67,21 @@ def wire(model: Any, tmp_path: Path, redis_url: str) -> Iterator[Wire]:
             redis.delete(*found)
 
 
-def _taker(wire: Wire, prefill_s_per_token: float = 1.0) -> PrefixFetch:
+def _taker(
+    wire: Wire, prefill_s_per_token: float = 1.0, fleet: FleetKey | None = None
+) -> PrefixFetch:
     assert wire.taker.disk is not None
     rule = FetchRule(prefill_s_per_token, token_bytes=1000, link_bytes_per_s=1e9)
-    return PrefixFetch(wire.redis, wire.keys, MODEL, "taker", 60.0, wire.taker, rule)
+    args = (wire.redis, wire.keys, MODEL, "taker", 60.0, wire.taker, rule)
+    return PrefixFetch(*args, DEFAULT_BOUNDS, fleet)
 
 
 def _job(prompt: list[int]) -> PreparedJob:
     return PreparedJob("job", (prompt,), max_tokens=1, choices=(), stops=())
 
 
-def _lend(wire: Wire) -> Lender:
-    lender = Lender(wire.redis, wire.keys, "holder", wire.holder)
+def _lend(wire: Wire, fleet: FleetKey | None = None) -> Lender:
+    lender = Lender(wire.redis, wire.keys, "holder", wire.holder, DEFAULT_BOUNDS, fleet)
     lender.start(wire.stop)
     wait_until(lambda: wire.redis.exists(wire.keys.lends("holder")), 10, "the lender")
     return lender
@@ -143,8 +148,9 @@ def test_a_lend_whose_file_cannot_be_written_is_answered_with_nothing(wire: Wire
     assert reply == [Header(bytes=0).model_dump_json().encode(), b""]
 
 
-def test_an_answer_whose_length_is_not_its_headers_is_dropped(wire: Wire) -> None:
-    """As a piece lost or sent twice would leave it: the file is whole, the header says not."""
+def _answer_once(wire: Wire, pieces: Callable[[Ask, bytes], list[str | bytes]]) -> None:
+    """Answer the holder's next ask, in a thread, with `pieces(ask, file)`: the file the holder
+    would lend for ASKED, put on the wire by something other than its lending thread."""
     assert wire.holder.disk is not None
     wire.redis.set(wire.keys.lends("holder"), wire.holder.disk.identity)
     path = wire.holder.lend(ASKED, UNSCOPED)
@@ -154,11 +160,15 @@ def test_an_answer_whose_length_is_not_its_headers_is_dropped(wire: Wire) -> Non
     def answer() -> None:
         got = wire.redis.blpop([wire.keys.prefix_asks("holder")], timeout=10)
         assert got is not None
-        reply = wire.keys.prefix_reply(Ask.model_validate_json(got[1]).reply)
-        header = Header(bytes=len(data) + 1).model_dump_json()
-        wire.redis.rpush(reply, header, data, b"")
+        ask = Ask.model_validate_json(got[1])
+        wire.redis.rpush(wire.keys.prefix_reply(ask.reply), *pieces(ask, data))
 
     threading.Thread(target=answer, daemon=True).start()
+
+
+def test_an_answer_whose_length_is_not_its_headers_is_dropped(wire: Wire) -> None:
+    """As a piece lost or sent twice would leave it: the file is whole, the header says not."""
+    _answer_once(wire, lambda _, data: [Header(bytes=len(data) + 1).model_dump_json(), data, b""])
     assert _taker(wire)(_job(ASKED)) is True
     assert wire.taker.reuse(ASKED, shared=0, scope=UNSCOPED).hits == 0
 
@@ -213,3 +223,89 @@ def test_a_taker_reads_no_answer_whose_header_is_over_its_cap(wire: Wire) -> Non
     taker = PrefixFetch(wire.redis, wire.keys, MODEL, "taker", 60.0, wire.taker, rule, bounds)
     assert taker(_job(ASKED)) is True
     assert wire.taker.reuse(ASKED, shared=0, scope=UNSCOPED).hits == 0
+
+
+# With a fleet secret: only a file tagged under it, for the ask it answers, is kept
+# (worker/runtime/prefix/lend_tag.py).
+
+FLEET = FleetKey(b"the fleet's secret")
+
+
+def _refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "worker.runtime.prefix.prefix_fetch" and r.levelno == logging.WARNING
+    ]
+
+
+def test_a_taker_with_the_fleet_secret_keeps_what_a_lender_with_it_sent(wire: Wire) -> None:
+    _lend(wire, FLEET)
+    assert _taker(wire, fleet=FLEET)(_job(ASKED)) is True
+    assert wire.taker.reuse(ASKED, shared=0, scope=UNSCOPED).hits == len(LONG)
+
+
+def test_a_lender_with_the_fleet_secret_tags_its_file_for_the_ask_it_answers(wire: Wire) -> None:
+    assert wire.holder.disk is not None
+    lender = Lender(wire.redis, wire.keys, "holder", wire.holder, DEFAULT_BOUNDS, FLEET)
+    for ask in (_ask("ask_held", wire.holder.disk.identity, 1e12), _ask("ask_no", "other", 1e12)):
+        lender.answer(ask.model_dump_json().encode())
+        raw, *pieces = wire.redis.lrange(wire.keys.prefix_reply(ask.reply), 0, -1)
+        data = b"".join(pieces)
+        header = Header.model_validate_json(raw)
+        assert header.tag == (FLEET.tag(ask, data) if data else None)  # nothing sent: no tag
+        assert FLEET.verifies(ask, data, header.tag) == bool(data)
+
+
+@pytest.mark.parametrize("lender_key", [None, FleetKey(b"another fleet's secret")])
+def test_a_taker_with_the_fleet_secret_refuses_a_file_not_tagged_under_it_and_says_so_once(
+    wire: Wire, caplog: pytest.LogCaptureFixture, lender_key: FleetKey | None
+) -> None:
+    _lend(wire, lender_key)
+    taker = _taker(wire, fleet=FLEET)
+    with caplog.at_level(logging.WARNING):
+        assert taker(_job(ASKED)) is True
+        assert wire.taker.reuse(ASKED, shared=0, scope=UNSCOPED).hits == 0
+        assert wire.taker.disk is not None and not any(wire.taker.disk.folder.iterdir())
+        assert taker(_job(ASKED)) is False  # that holder is set aside, not asked again at once
+    why = "no tag" if lender_key is None else "a wrong tag"
+    # One line, naming the holder and why, and nothing of the prompt.
+    assert _refusals(caplog) == [
+        f"prefix fetch: refused a cache from holder: {why} (not sent under this MLXQ_FLEET_SECRET)"
+    ]
+
+
+def _one_byte_changed(data: bytes) -> bytes:
+    """`data` with its last byte changed: one of the arrays', the file still loads."""
+    return data[:-1] + bytes([data[-1] ^ 0x01])
+
+
+@pytest.mark.parametrize("forged", ["replayed", "tampered"])
+def test_a_tagged_file_moved_to_another_ask_or_changed_is_refused(wire: Wire, forged: str) -> None:
+    def pieces(ask: Ask, data: bytes) -> list[str | bytes]:
+        if forged == "replayed":  # a genuine answer, made for an earlier ask
+            tag = FLEET.tag(ask.model_copy(update={"reply": "ask_earlier"}), data)
+        else:
+            tag, data = FLEET.tag(ask, data), _one_byte_changed(data)
+        return [Header(bytes=len(data), tag=tag).model_dump_json(), data, b""]
+
+    _answer_once(wire, pieces)
+    assert _taker(wire, fleet=FLEET)(_job(ASKED)) is True
+    assert wire.taker.reuse(ASKED, shared=0, scope=UNSCOPED).hits == 0
+
+
+def test_a_changed_byte_alone_would_have_been_loaded(wire: Wire) -> None:
+    """What the tag keeps out: the same changed file, untagged, to a taker without a secret."""
+    _answer_once(
+        wire,
+        lambda _, data: [Header(bytes=len(data)).model_dump_json(), _one_byte_changed(data), b""],
+    )
+    assert _taker(wire)(_job(ASKED)) is True
+    assert wire.taker.reuse(ASKED, shared=0, scope=UNSCOPED).hits == len(LONG)
+
+
+def test_a_taker_without_a_secret_keeps_a_tagged_file_as_before(wire: Wire) -> None:
+    """A fleet being given its secret, one worker at a time, keeps fetching meanwhile."""
+    _lend(wire, FLEET)
+    assert _taker(wire)(_job(ASKED)) is True
+    assert wire.taker.reuse(ASKED, shared=0, scope=UNSCOPED).hits == len(LONG)
