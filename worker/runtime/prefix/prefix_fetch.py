@@ -11,11 +11,11 @@ need be (`PrefixCache.lend`). The taker keeps it in its own disk tier only if it
 cache (its identity names the weights by content: worker/engine/prefix_identity.py) and, where
 the fleet has a secret, its tag says a worker holding that secret sent it for this very ask
 (worker/runtime/prefix/lend_tag.py); the engine restores it from there as it would any file,
-checking its arrays again. A holder that
-answers late, with nothing or with junk, costs the job only the wait: the prompt is prefilled as
-before. Both sides need a disk tier. An ask names the job's cache scope
-(shared/queue/prefix/cache_scope.py), and the holder lends only what it holds for that scope; a job
-whose request said `store: false` fetches nothing, since what is fetched is kept on disk.
+checking its arrays again. A holder that answers late, with nothing or with junk, costs the job
+only the wait: the prompt is prefilled as before. Both sides need a disk tier. An ask names the
+job's cache scope (shared/queue/prefix/cache_scope.py), and the holder lends only what it holds
+for that scope; a job whose request said `store: false` fetches nothing, since what is fetched is
+kept on disk.
 
 Wire (shared/queue/keys.py; its models in worker/runtime/prefix/prefix_lend.py): a lending thread
 keeps `{ns}:lends:{worker}` set to the identity of its caches, so a taker asks only holders that
@@ -26,12 +26,12 @@ transaction: a header (`Header`: the file's length, 0: nothing to send; its tag)
 pieces of PIECE_BYTES, then an empty piece; the taker waits for the header, then reads the rest at
 once. A file whose length differs from its header's is dropped, and so is one whose tag is
 missing or wrong where this worker has a fleet secret (logged; that holder is set aside as a
-silent one is). Redis holds one file in flight per
-fetch, for at most REPLY_TTL_S; the ask's deadline is in Redis's clock, so machines' clocks need
-not agree, and a holder that finds it passed sends nothing. Redis holds every key's data, so
-what a lender puts there is bounded (`LendBounds`, MLXQ_PREFIX_FETCH_MAX_MB and _IN_FLIGHT_MB):
-a file over the cap, or one that would take the bytes it sent within REPLY_TTL_S past theirs, is
-answered with nothing, and a taker reads no header over the cap.
+silent one is). Redis holds one file in flight per fetch, for at most REPLY_TTL_S; the ask's
+deadline is in Redis's clock, so machines' clocks need not agree, and a holder that finds it
+passed sends nothing. Redis holds every key's data, so what a lender puts there is bounded
+(`LendBounds`, MLXQ_PREFIX_FETCH_MAX_MB and _IN_FLIGHT_MB): a file over the cap, or one that
+would take the bytes it sent within REPLY_TTL_S past theirs, is answered with nothing, and a
+taker reads no header over the cap.
 
 When it pays: the tokens the holder has beyond what this worker holds itself, times the prefill
 time of a token (`prefill_s_per_token`, the figure placement waits by), must be at least MARGIN

@@ -5,9 +5,9 @@ share.
 An ask (`Ask`, JSON) comes on this worker's `{ns}:prefix_asks:{worker}` list; the answer goes on
 `{ns}:prefix_reply:{ask id}`, in one transaction: a header (`Header`: the file's length, 0:
 nothing to send; and with a fleet secret, the file's tag: worker/runtime/prefix/lend_tag.py), the
-file in pieces of PIECE_BYTES, then an empty piece. The lender keeps
-`{ns}:lends:{worker}` set to the identity of its caches while it runs, and lends only what its
-cache holds for the ask's scope (`PrefixCache.lend`). What it puts into Redis is bounded
+file in pieces of PIECE_BYTES, then an empty piece. The lender keeps `{ns}:lends:{worker}` set to
+the identity of its caches while it runs, and lends only what its cache holds for the ask's scope
+(`PrefixCache.lend`). What it puts into Redis is bounded
 (`LendBounds`): a file over the cap, or one that would take the bytes sent within REPLY_TTL_S
 past theirs, is answered with nothing.
 """
@@ -143,11 +143,12 @@ class Lender:
                     data = memoryview(path.read_bytes())
             except Exception:  # a file removed by the cap meanwhile, a failed write
                 log.exception("prefix lending: could not lend a cache")
+        header = self._header(ask, data)
         if self._late(ask):  # the lend took too long: sending now only fills Redis
             return
         reply = self._keys.prefix_reply(ask.reply)
         pipe = self._redis.pipeline(transaction=True)
-        pipe.rpush(reply, self._header(ask, data).model_dump_json())
+        pipe.rpush(reply, header.model_dump_json())
         pipe.expire(reply, REPLY_TTL_S)
         for start in range(0, len(data), PIECE_BYTES):
             pipe.rpush(reply, data[start : start + PIECE_BYTES])
