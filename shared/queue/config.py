@@ -270,6 +270,11 @@ class WorkerSettings(BaseModel):
     # a reply's life (30 s): Redis holds every key's data, so a fetch never fills it.
     prefix_fetch_max_mb: int = Field(default=512, ge=1)
     prefix_fetch_in_flight_mb: int = Field(default=1024, ge=1)
+    # The secret a lent cache file is tagged with and checked under (HMAC-SHA256, bound to its
+    # ask: worker/runtime/prefix/lend_tag.py), so that only a worker holding it can feed another
+    # KV. From the environment only, never Redis: whoever writes to Redis is what it keeps out.
+    # None (or empty): files go untagged and any answer is taken, as before it existed.
+    fleet_secret: SecretStr | None = None
     drain_timeout_s: float = Field(default=30.0, ge=0)
     watchdog_s: float = Field(default=60.0, gt=0)
     fault_injection: bool = False

@@ -72,6 +72,7 @@ from worker.runtime.liveness.heartbeat import beat, born, keep_beating, retire
 from worker.runtime.liveness.reaper import Reaper
 from worker.runtime.liveness.watchdog import Watchdog
 from worker.runtime.loop import DrivenLoop
+from worker.runtime.prefix.lend_tag import FleetKey
 from worker.runtime.prefix.prefix_fetch import POP_S, FetchRule, PrefixFetch
 from worker.runtime.prefix.prefix_lend import LendBounds, Lender
 from worker.runtime.prefix.prefix_report import HeldPrefixes, PrefixFigures, PrefixReport
@@ -360,9 +361,9 @@ def prefix_fetch(
     )
     # Its pops wait up to POP_S, longer than a call's timeout.
     blocking = connect_blocking(settings, read_timeout_s=POP_S + settings.redis_timeout_s)
-    bounds = _lend_bounds(settings)
+    bounds, fleet = _lend_bounds(settings), FleetKey.configured(settings.fleet_secret)
     return PrefixFetch(
-        blocking, keys, name, worker_id, settings.heartbeat_s, prefixes, rule, bounds
+        blocking, keys, name, worker_id, settings.heartbeat_s, prefixes, rule, bounds, fleet
     )
 
 
@@ -379,7 +380,10 @@ def start_lending(
         return None
     if not settings.prefix_fetch:
         return None
-    lender = Lender(connect_blocking(settings), keys, worker_id, prefixes, _lend_bounds(settings))
+    fleet = FleetKey.configured(settings.fleet_secret)
+    lender = Lender(
+        connect_blocking(settings), keys, worker_id, prefixes, _lend_bounds(settings), fleet
+    )
     lender.start(stop)
     return lender
 

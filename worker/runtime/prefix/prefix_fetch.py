@@ -8,26 +8,30 @@ is clearly faster than the prefill it saves (`FetchRule`). The holder's lending 
 (`Lender`, worker/runtime/prefix/prefix_lend.py) answers with the cache's file, in the disk tier's
 format (worker/engine/prefix_disk.py), cut to what the prompt shares and written first where
 need be (`PrefixCache.lend`). The taker keeps it in its own disk tier only if it is this model's
-cache (its identity names the weights by content: worker/engine/prefix_identity.py), and the
-engine restores it from there as it would any file, checking its arrays again. A holder that
-answers late, with nothing or with junk, costs the job only the wait: the prompt is prefilled as
-before. Both sides need a disk tier. An ask names the job's cache scope
-(shared/queue/prefix/cache_scope.py), and the holder lends only what it holds for that scope; a job
-whose request said `store: false` fetches nothing, since what is fetched is kept on disk.
+cache (its identity names the weights by content: worker/engine/prefix_identity.py) and, where
+the fleet has a secret, its tag says a worker holding that secret sent it for this very ask
+(worker/runtime/prefix/lend_tag.py); the engine restores it from there as it would any file,
+checking its arrays again. A holder that answers late, with nothing or with junk, costs the job
+only the wait: the prompt is prefilled as before. Both sides need a disk tier. An ask names the
+job's cache scope (shared/queue/prefix/cache_scope.py), and the holder lends only what it holds
+for that scope; a job whose request said `store: false` fetches nothing, since what is fetched is
+kept on disk.
 
 Wire (shared/queue/keys.py; its models in worker/runtime/prefix/prefix_lend.py): a lending thread
 keeps `{ns}:lends:{worker}` set to the identity of its caches, so a taker asks only holders that
 lend caches it can use (not a worker with no disk tier, lending off, an older version, or other
 weights or KV form under the same name). An ask (`Ask`, JSON) goes on the holder's
 `{ns}:prefix_asks:{worker}` list; the answer on `{ns}:prefix_reply:{ask id}`, in one
-transaction: a header (`Header`: the file's length; 0: nothing to send), the file in pieces of
-PIECE_BYTES, then an empty piece; the taker waits for the header, then reads the rest at once. A
-file whose length differs from its header's is dropped. Redis holds one file in flight per
-fetch, for at most REPLY_TTL_S; the ask's deadline is in Redis's clock, so machines' clocks need
-not agree, and a holder that finds it passed sends nothing. Redis holds every key's data, so
-what a lender puts there is bounded (`LendBounds`, MLXQ_PREFIX_FETCH_MAX_MB and _IN_FLIGHT_MB):
-a file over the cap, or one that would take the bytes it sent within REPLY_TTL_S past theirs, is
-answered with nothing, and a taker reads no header over the cap.
+transaction: a header (`Header`: the file's length, 0: nothing to send; its tag), the file in
+pieces of PIECE_BYTES, then an empty piece; the taker waits for the header, then reads the rest at
+once. A file whose length differs from its header's is dropped, and so is one whose tag is
+missing or wrong where this worker has a fleet secret (logged; that holder is set aside as a
+silent one is). Redis holds one file in flight per fetch, for at most REPLY_TTL_S; the ask's
+deadline is in Redis's clock, so machines' clocks need not agree, and a holder that finds it
+passed sends nothing. Redis holds every key's data, so what a lender puts there is bounded
+(`LendBounds`, MLXQ_PREFIX_FETCH_MAX_MB and _IN_FLIGHT_MB): a file over the cap, or one that
+would take the bytes it sent within REPLY_TTL_S past theirs, is answered with nothing, and a
+taker reads no header over the cap.
 
 When it pays: the tokens the holder has beyond what this worker holds itself, times the prefill
 time of a token (`prefill_s_per_token`, the figure placement waits by), must be at least MARGIN
@@ -58,6 +62,7 @@ from worker.engine.prefix_cache import PrefixCache
 from worker.engine.prefix_disk import DiskTier
 from worker.engine.prefix_file import common_start
 from worker.engine.prepare import PreparedJob
+from worker.runtime.prefix.lend_tag import FleetKey
 from worker.runtime.prefix.prefix_lend import DEFAULT_BOUNDS, Ask, Header, LendBounds
 
 log = logging.getLogger(__name__)
@@ -130,10 +135,11 @@ class PrefixFetch:
         cache: PrefixCache,
         rule: FetchRule,
         bounds: LendBounds = DEFAULT_BOUNDS,
+        fleet: FleetKey | None = None,
     ) -> None:
         """`redis`: a client for blocking reads; `cache`: this worker's, with its disk tier,
         which keeps what is fetched; `bounds`: a header over its file cap is read as
-        nothing."""
+        nothing; `fleet`: the key a file's tag must verify under (None: files are untagged)."""
         assert cache.disk is not None
         self._redis = redis
         self._keys = keys
@@ -147,6 +153,7 @@ class PrefixFetch:
         self._lenders: tuple[float, list[str]] = (0.0, [])
         self._aside: dict[str, float] = {}  # holder -> until when it is not asked (monotonic s)
         self._max_bytes = bounds.file_bytes
+        self._fleet = fleet
 
     def __call__(self, prepared: PreparedJob) -> bool:
         """Fetch what another worker holds of the job's prompt, if it pays; whether it asked
@@ -240,28 +247,35 @@ class PrefixFetch:
 
     def _ask(self, holder: str, prompt: HeldPrompt, until: float, wait_s: float) -> bytes | None:
         """The holder's file; b"" if it sent nothing usable, None if no answer came in time."""
-        identity = self._disk.identity
         ask = Ask(
             reply=new_id("ask_"),
-            identity=identity,
+            identity=self._disk.identity,
             scope=prompt.scope,
             tokens=prompt.tokens,
             until=until,
         )
-        reply = self._keys.prefix_reply(ask.reply)
         asks = self._keys.prefix_asks(holder)
         pipe = self._redis.pipeline(transaction=False)
         pipe.rpush(asks, ask.model_dump_json())
         pipe.expire(asks, ASKS_TTL_S)
         pipe.execute()
-        deadline = time.monotonic() + wait_s
+        answer = self._answer(ask, time.monotonic() + wait_s)
+        if answer is None:
+            return None
+        header, data = answer
+        return data if self._authentic(holder, ask, header, data) else b""
+
+    def _answer(self, ask: Ask, deadline: float) -> tuple[Header, bytes] | None:
+        """The answer to `ask`: its header and a file as long as the header says (b"": none
+        usable); None if no header came by `deadline` (monotonic s)."""
+        reply = self._keys.prefix_reply(ask.reply)
         try:
-            header = self._pop(reply, deadline)
-            if header is None:
+            raw = self._pop(reply, deadline)
+            if raw is None:
                 return None
-            expected = Header.model_validate_json(header).bytes
-            if expected > self._max_bytes:
-                return b""
+            header = Header.model_validate_json(raw)
+            if header.bytes > self._max_bytes:
+                return header, b""
             # The rest came in the header's transaction: all of it is there already.
             pipe = self._redis.pipeline(transaction=True)
             pipe.lrange(reply, 0, -1)
@@ -270,9 +284,24 @@ class PrefixFetch:
         finally:
             self._redis.delete(reply)
         if not rest or rest[-1] != b"":
-            return b""
+            return header, b""
         data = b"".join(rest[:-1])
-        return data if len(data) == expected else b""
+        return header, data if len(data) == header.bytes else b""
+
+    def _authentic(self, holder: str, ask: Ask, header: Header, data: bytes) -> bool:
+        """Whether `data` may be kept: no fleet secret here, or its tag verifies. A refusal is
+        logged (without the prompt) and sets the holder aside: its secret is not this one's."""
+        if self._fleet is None or not data or self._fleet.verifies(ask, data, header.tag):
+            return True
+        why = "no tag" if header.tag is None else "a wrong tag"
+        log.warning(
+            "prefix fetch: refused a cache from %s: %s (not sent under this MLXQ_FLEET_SECRET)",
+            holder,
+            why,
+        )
+        with self._lock:
+            self._aside[holder] = time.monotonic() + SET_ASIDE_S
+        return False
 
     def _pop(self, key: str, deadline: float) -> bytes | None:
         """The next piece of `key`, or None once `deadline` (monotonic s) has passed."""

@@ -3,10 +3,11 @@ answers other workers' asks for what this worker's prefix cache holds, and the w
 share.
 
 An ask (`Ask`, JSON) comes on this worker's `{ns}:prefix_asks:{worker}` list; the answer goes on
-`{ns}:prefix_reply:{ask id}`, in one transaction: a header (`Header`: the file's length; 0:
-nothing to send), the file in pieces of PIECE_BYTES, then an empty piece. The lender keeps
-`{ns}:lends:{worker}` set to the identity of its caches while it runs, and lends only what its
-cache holds for the ask's scope (`PrefixCache.lend`). What it puts into Redis is bounded
+`{ns}:prefix_reply:{ask id}`, in one transaction: a header (`Header`: the file's length, 0:
+nothing to send; and with a fleet secret, the file's tag: worker/runtime/prefix/lend_tag.py), the
+file in pieces of PIECE_BYTES, then an empty piece. The lender keeps `{ns}:lends:{worker}` set to
+the identity of its caches while it runs, and lends only what its cache holds for the ask's scope
+(`PrefixCache.lend`). What it puts into Redis is bounded
 (`LendBounds`): a file over the cap, or one that would take the bytes sent within REPLY_TTL_S
 past theirs, is answered with nothing.
 """
@@ -29,6 +30,7 @@ from shared.queue.keys import Keys
 from shared.queue.prefix.cache_scope import SCOPE_PATTERN
 from shared.wire.ids import ID_PATTERN
 from worker.engine.prefix_cache import PrefixCache
+from worker.runtime.prefix.lend_tag import FleetKey
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,9 @@ class Header(BaseModel):
     """The first piece of an answer."""
 
     bytes: int  # the file's length; 0: nothing to send
+    # The file's tag under the fleet secret, bound to the ask (lend_tag.py); None: no secret
+    # here, or nothing sent.
+    tag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,9 +81,11 @@ class Lender:
         worker_id: str,
         cache: PrefixCache,
         bounds: LendBounds = DEFAULT_BOUNDS,
+        fleet: FleetKey | None = None,
     ) -> None:
         """`redis`: a client for blocking reads (its socket waits out the pops); `cache`:
-        this worker's, with its disk tier; `bounds`: what it may put into Redis."""
+        this worker's, with its disk tier; `bounds`: what it may put into Redis; `fleet`: the
+        key each lent file is tagged with (None: sent untagged)."""
         assert cache.disk is not None
         self._redis = redis
         self._asks = keys.prefix_asks(worker_id)
@@ -89,6 +96,7 @@ class Lender:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self.bounds = bounds
+        self._fleet = fleet
         self._sent: deque[tuple[float, int]] = deque()  # (monotonic s, bytes) of recent answers
 
     def start(self, stop: threading.Event) -> None:
@@ -135,16 +143,23 @@ class Lender:
                     data = memoryview(path.read_bytes())
             except Exception:  # a file removed by the cap meanwhile, a failed write
                 log.exception("prefix lending: could not lend a cache")
+        header = self._header(ask, data)
         if self._late(ask):  # the lend took too long: sending now only fills Redis
             return
         reply = self._keys.prefix_reply(ask.reply)
         pipe = self._redis.pipeline(transaction=True)
-        pipe.rpush(reply, Header(bytes=len(data)).model_dump_json())
+        pipe.rpush(reply, header.model_dump_json())
         pipe.expire(reply, REPLY_TTL_S)
         for start in range(0, len(data), PIECE_BYTES):
             pipe.rpush(reply, data[start : start + PIECE_BYTES])
         pipe.rpush(reply, b"")
         pipe.execute()
+
+    def _header(self, ask: Ask, data: memoryview) -> Header:
+        """The answer's header: its length, and its tag where there is a file and a secret
+        (a second read of the file, on this thread: the engine steps on its own)."""
+        tag = self._fleet.tag(ask, data) if self._fleet is not None and data else None
+        return Header(bytes=len(data), tag=tag)
 
     def _room(self, nbytes: int) -> bool:
         """Whether a file of `nbytes` may go into Redis now (`LendBounds`); if so, it is
