@@ -25,7 +25,6 @@ by the next reader once that time has passed.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -165,7 +164,8 @@ class Feed:
         batch's requests as the Batch API's JSONL lines."""
         redis, keys = self._broker.redis, self._keys
         if self._order.file_id:
-            files = FileStore(redis, keys, 0, Quotas(redis, keys, self._order.settings))
+            settings = self._order.settings
+            files = FileStore.of(redis, keys, settings, Quotas(redis, keys, settings))
             size = files.get(self._order.owner, self._order.file_id).bytes
             if size > MAX_INPUT_BYTES:
                 intake.fail(
@@ -174,8 +174,8 @@ class Feed:
                     f"The input file has {size} bytes; a batch's holds at most {MAX_INPUT_BYTES}.",
                 )
                 return
-            content = io.BytesIO(files.content(self._order.owner, self._order.file_id))
-            yield from enumerate(content, start=1)
+            lines = files.lines(self._order.owner, self._order.file_id)
+            yield from enumerate(lines, start=1)
             return
         assert self._requests is not None  # parsed first (`parse_requests`)
         for number, line in enumerate(self._requests.lines(), start=1):

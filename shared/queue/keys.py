@@ -84,7 +84,8 @@ Layout under the namespace `ns` (default "mlxq"):
     {ns}:response:{id}          hash  a stored response: owner, record
                                 (shared/wire/responses/responses.py), cancelled;
                                 TTL MLXQ_RESPONSE_TTL_S. Its events are the job's replay.
-    {ns}:file:{id}              hash  a file: owner, object (shared/wire/batch/files.py), content
+    {ns}:file:{id}              hash  a file: owner, object (shared/wire/batch/files.py), chunks,
+                                chunk:0, chunk:1... (api/stores/files.py; `content` before chunks)
     {ns}:files:{owner}          zset  the owner's file ids -> created_at
     {ns}:batch:{id}             hash  a batch: owner, record, status, *_at times, counters, file ids
     {ns}:batch:{id}:lines       list  the custom_id of every input line, in input order
