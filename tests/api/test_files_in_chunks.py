@@ -6,28 +6,12 @@ downloads."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from flask.testing import FlaskClient
 from redis import Redis
 
-from api import create_app
-from shared.queue.config import Settings
 from shared.queue.keys import Keys
+from tests.support import SMALL_CHUNK as CHUNK
 from tests.support import post_file
-
-# Small chunks, so that every file here is kept in several.
-CHUNK = 4096
-
-
-@pytest.fixture
-def chunked(app_settings: Settings) -> Iterator[FlaskClient]:
-    """A client of the app whose files are kept in chunks of CHUNK bytes; its Redis connections
-    closed after the test (a streamed response's ties to the app leave them to the collector)."""
-    app = create_app(app_settings.model_copy(update={"file_chunk_bytes": CHUNK}))
-    yield app.test_client()
-    app.extensions["mlxq.backend"].redis.close()
 
 
 def download(http: FlaskClient, file_id: str) -> bytes:
@@ -48,12 +32,11 @@ def chunks_kept(redis: Redis, keys: Keys, file_id: str) -> list[bytes]:
 def test_an_upload_is_kept_in_chunks_and_downloads_streamed_byte_for_byte(
     chunked: FlaskClient, redis: Redis, keys: Keys
 ) -> None:
-    http = chunked
     data = bytes(range(256)) * 50 + b"\n{}\n"  # 12,804 bytes: four chunks, the last short
-    file_id = post_file(http, data).get_json()["id"]
+    file_id = post_file(chunked, data).get_json()["id"]
     kept = chunks_kept(redis, keys, file_id)
     assert [len(chunk) for chunk in kept] == [CHUNK, CHUNK, CHUNK, len(data) - 3 * CHUNK]
-    with http.get(f"/v1/files/{file_id}/content") as reply:
+    with chunked.get(f"/v1/files/{file_id}/content") as reply:
         assert reply.content_length == len(data)  # told before the first chunk is read
         pieces = list(reply.response)  # what the route yields: one Redis chunk at a time
     assert pieces == kept
@@ -63,22 +46,20 @@ def test_an_upload_is_kept_in_chunks_and_downloads_streamed_byte_for_byte(
 def test_a_file_kept_whole_before_chunks_still_downloads(
     chunked: FlaskClient, redis: Redis, keys: Keys
 ) -> None:
-    http = chunked
     data = b'{"kept": "whole"}\n' * 500
-    file_id = post_file(http, data).get_json()["id"]
+    file_id = post_file(chunked, data).get_json()["id"]
     key = keys.file(file_id)
     redis.hdel(key, "chunks", *(f"chunk:{i}" for i in range(-(-len(data) // CHUNK))))
     redis.hset(key, "content", data)  # as a file was written before chunks
-    assert download(http, file_id) == data
+    assert download(chunked, file_id) == data
 
 
 def test_a_file_of_another_owner_or_none_is_a_404_before_any_byte(
     chunked: FlaskClient, redis: Redis, keys: Keys
 ) -> None:
-    http = chunked
-    file_id = post_file(http, b"{}\n").get_json()["id"]
+    file_id = post_file(chunked, b"{}\n").get_json()["id"]
     redis.hset(keys.file(file_id), "owner", "someone-else")
     for missing in (file_id, "file-nope"):
-        reply = http.get(f"/v1/files/{missing}/content")
+        reply = chunked.get(f"/v1/files/{missing}/content")
         assert reply.status_code == 404
         assert reply.get_json()["error"]["param"] == "file_id"
