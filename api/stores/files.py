@@ -45,14 +45,18 @@ def _chunk(index: int) -> str:
 
 def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
     """The lines of content that comes in `chunks`, each with its `\n` (the last maybe without),
-    as a binary file's lines are."""
-    tail = b""
+    as a binary file's lines are; a line across chunks is joined once (linear, however long)."""
+    pending: list[bytes] = []
     for chunk in chunks:
-        *lines, tail = (tail + chunk).split(b"\n")
-        for line in lines:
-            yield line + b"\n"
-    if tail:
-        yield tail
+        *ends, rest = chunk.split(b"\n")
+        for end in ends:
+            pending.append(end)
+            yield b"".join(pending) + b"\n"
+            pending.clear()
+        if rest:
+            pending.append(rest)
+    if pending:
+        yield b"".join(pending)
 
 
 class FileStore:
@@ -113,6 +117,7 @@ class FileStore:
         )
 
     def pipeline(self) -> Pipeline:
+        """A pipeline to write chunks on (`put_chunk`, `publish`)."""
         return self._redis.pipeline()
 
     @property

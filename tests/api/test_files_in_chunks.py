@@ -2,13 +2,18 @@
 in-process app and a real Redis, with chunks of a few KiB (MLXQ_FILE_CHUNK_BYTES) so that a small
 file is kept in several: no file needs one Redis value as large as itself, and a download yields
 one chunk at a time, byte for byte what was written. A file kept whole, as before chunks, still
-downloads."""
+downloads. A file's lines read across chunks are its lines, however it is cut."""
 
 from __future__ import annotations
 
+import io
+
 from flask.testing import FlaskClient
+from hypothesis import given
+from hypothesis import strategies as st
 from redis import Redis
 
+from api.stores.files import split_lines
 from shared.queue.keys import Keys
 from tests.support import SMALL_CHUNK as CHUNK
 from tests.support import post_file
@@ -63,3 +68,13 @@ def test_a_file_of_another_owner_or_none_is_a_404_before_any_byte(
         reply = chunked.get(f"/v1/files/{missing}/content")
         assert reply.status_code == 404
         assert reply.get_json()["error"]["param"] == "file_id"
+
+
+@given(st.binary(max_size=80).map(lambda b: b.replace(b"\x00", b"\n")), st.data())
+def test_a_files_lines_read_across_chunks_are_the_lines_of_its_content(
+    content: bytes, data: st.DataObject
+) -> None:
+    """However the content is cut into chunks, its lines are what a binary file's would be."""
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(content)), max_size=6)))
+    chunks = [content[a:b] for a, b in zip([0, *cuts], [*cuts, len(content)], strict=True)]
+    assert list(split_lines(chunks)) == list(io.BytesIO(content))
