@@ -212,6 +212,47 @@ def taken_in(redis: Redis, keys: Keys, batch_id: str, timeout_s: float = 60) -> 
     wait_until(lambda: not redis.hexists(batch, "intake_until"), timeout_s, "the batch's intake")
 
 
+# A file chunk's size (MLXQ_FILE_CHUNK_BYTES) under which a small file is kept in several.
+SMALL_CHUNK = 4096
+# What a batch reads while its finalizer process writes its files (api/stores/batch_finalize.py).
+SETTLING = ("finalizing", "cancelling")
+
+
+def read_until(
+    http: FlaskClient,
+    path: str,
+    done: Callable[[dict[str, Any]], bool],
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 60,
+) -> dict[str, Any]:
+    """GET `path` (a batch, of the in-process app) until `done` holds of what it answers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reply = http.get(path, headers=headers)
+        assert reply.status_code == 200, reply.get_data(as_text=True)
+        found: dict[str, Any] = reply.get_json()
+        if done(found):
+            return found
+        assert time.monotonic() < deadline, f"{path} still answers {found}"
+        time.sleep(0.1)
+
+
+def settled(
+    http: FlaskClient, batch_id: str, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The batch once it no longer reads `finalizing` or `cancelling`: a read that finds it
+    due starts its finalization, which then ends in a process of its own."""
+    return read_until(
+        http, f"/v1/batches/{batch_id}", lambda b: b["status"] not in SETTLING, headers
+    )
+
+
+def ended_message_batch(http: FlaskClient, batch_id: str) -> dict[str, Any]:
+    """The message batch once it has ended (its finalization too)."""
+    path = f"/v1/messages/batches/{batch_id}"
+    return read_until(http, path, lambda b: b["processing_status"] == "ended")
+
+
 def wait_batch(client: openai.OpenAI, batch_id: str, timeout_s: float = 120) -> Batch:
     deadline = time.monotonic() + timeout_s
     while True:

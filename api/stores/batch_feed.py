@@ -13,26 +13,22 @@ its first error, reads on to name each problem (at most MAX_ERRORS), and is then
 queued lines dropped, its running ones stopped. A batch cancelled meanwhile stops its intake at the
 next chunk.
 
-Why a process: pure-Python parsing and pydantic validation hold the GIL, so intake work in a
-thread of the API process delays each wake-up of the hub (measured: 250-300 ms at p99, seconds
-at worst, against 20-57 ms p99 from a subprocess; docs/benchmarks.md, "Batch intake"). A process
-of its own leaves the API process's core to its streams (at nice NICE, it yields the CPU to
-them), costs one interpreter start (about 1.5 s on a loaded 2-core machine) per batch, and needs
-no other process to be deployed. While it runs it renews the
-batch's `intake_until` each chunk; a batch whose intake died (its API host went away) is failed
-by the next reader once that time has passed.
+Why a process (started as api/stores/batch_process.py starts one): pure-Python parsing and
+pydantic validation hold the GIL, so intake work in a thread of the API process delays each
+wake-up of the hub (measured: 250-300 ms at p99, seconds at worst, against 20-57 ms p99 from a
+subprocess; docs/benchmarks.md, "Batch intake"). A process of its own leaves the API process's
+core to its streams (at a lower priority, it yields the CPU to them), costs one interpreter start
+(about 1.5 s on a loaded 2-core machine) per batch, and needs no other process to be deployed.
+While it runs it renews the batch's `intake_until` each chunk; a batch whose intake died (its API
+host went away) is failed by the next reader once that time has passed.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-import os
-import pickle
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,6 +41,8 @@ from api.limits.quotas import Quotas
 from api.limits.rates import BatchEntry, BatchHold, RateLimiter
 from api.queue.broker import standalone
 from api.stores.batch_intake import MAX_ERRORS, Intake, LineModels
+from api.stores.batch_process import launch as launch_process
+from api.stores.batch_process import read_order
 from api.stores.batch_queue import BatchQueue
 from api.stores.files import FileStore
 from shared.observe.logs import configure
@@ -67,8 +65,6 @@ CHUNK_LINES = 500
 LEASE_S = 60
 # What the intake process says once a message batch's body is parsed.
 _PARSED = b"parsed"
-# The intake's niceness: on a machine it shares, the API's streams and the workers come first.
-NICE = 10
 
 
 @dataclass(frozen=True)
@@ -87,18 +83,8 @@ class IntakeOrder:
 
 
 def launch(order: IntakeOrder) -> subprocess.Popen[bytes]:
-    """Start the batch's intake process, and reap it when it exits (a greenlet under gevent)."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from api.stores.batch_feed import main; main()"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE if order.requests is not None else None,
-        close_fds=True,
-    )
-    assert process.stdin is not None
-    with process.stdin:
-        process.stdin.write(pickle.dumps(order))
-    threading.Thread(target=process.wait, daemon=True).start()
-    return process
+    """Start the batch's intake process (a message batch's answers `verdict` on its stdout)."""
+    return launch_process(__name__, order, answers=order.requests is not None)
 
 
 def verdict(process: subprocess.Popen[bytes]) -> None:
@@ -165,7 +151,8 @@ class Feed:
         batch's requests as the Batch API's JSONL lines."""
         redis, keys = self._broker.redis, self._keys
         if self._order.file_id:
-            files = FileStore(redis, keys, 0, Quotas(redis, keys, self._order.settings))
+            settings = self._order.settings
+            files = FileStore.of(redis, keys, settings, Quotas(redis, keys, settings))
             size = files.get(self._order.owner, self._order.file_id).bytes
             if size > MAX_INPUT_BYTES:
                 intake.fail(
@@ -174,8 +161,8 @@ class Feed:
                     f"The input file has {size} bytes; a batch's holds at most {MAX_INPUT_BYTES}.",
                 )
                 return
-            content = io.BytesIO(files.content(self._order.owner, self._order.file_id))
-            yield from enumerate(content, start=1)
+            lines = files.lines(self._order.owner, self._order.file_id)
+            yield from enumerate(lines, start=1)
             return
         assert self._requests is not None  # parsed first (`parse_requests`)
         for number, line in enumerate(self._requests.lines(), start=1):
@@ -241,8 +228,7 @@ class Feed:
 
 
 def main() -> None:
-    os.nice(NICE)
-    order: IntakeOrder = pickle.load(sys.stdin.buffer)
+    order = read_order(IntakeOrder)
     configure(order.settings)
     feed = Feed(order)
     if order.requests is None or feed.parse_requests(order.requests):

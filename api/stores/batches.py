@@ -1,5 +1,5 @@
 """Batches: created here, taken in by a process of their own, run line by line on the workers,
-finalized lazily by whoever reads them.
+finalized by a process of their own that whoever reads them once they are due starts.
 
 No coordinator process. Creation writes the batch hash `validating` (layout in
 shared/wire/batch/batches.py) and starts its intake process (api/stores/batch_feed.py), then
@@ -11,13 +11,15 @@ worker records its line's answer in the batch's results hash, first write wins, 
 counters (worker/runtime/kinds/batch_lines.py), only while the batch is `in_progress`.
 
 Reading a batch settles it: once its intake has ended and every line is recorded (or its
-completion window has passed) the reader moves it to `finalizing` with a compare-and-set, takes
-the finalizing lock, writes the output and error files from the results (lines never answered
-get a `batch_cancelled` or `batch_expired` error line) and sets the final status. A reader that
-dies mid-way leaves the lock to expire, and the next read finishes the job; a batch whose intake
-process stopped renewing it is failed by the next read. Cancelling moves a `validating` or
-`in_progress` batch to `cancelling`, stops its running lines and drops its queued ones from the
-lanes in one step; once its intake has stopped (at its next chunk), the next read finalizes it as
+completion window has passed) the reader moves it to `finalizing` with a compare-and-set and
+starts its finalizer (api/stores/batch_finalize.py: the finalizing lock held, a process of its
+own writes the output and error files from the results, lines never answered getting a
+`batch_cancelled` or `batch_expired` error line, and sets the final status), then answers
+`finalizing` without waiting for it. A finalizer that dies leaves the lock to expire, and the
+next read starts another; a batch whose intake process stopped renewing it is failed by the next
+read. Cancelling moves a `validating` or `in_progress` batch to `cancelling`, stops its running
+lines and drops its queued ones from the lanes in one step; once its intake has stopped (at its
+next chunk), the next read starts its finalization, and it reads `cancelling` until it has ended
 `cancelled`.
 
 Choices: request_counts.failed counts every line in the error file, cancelled and expired lines
@@ -36,11 +38,11 @@ from api.http.auth import cache_scope, is_owner, key_limits
 from api.limits.quotas import Usage, quotas
 from api.limits.shares import release_hold
 from api.queue.broker import Broker
+from api.stores import batch_finalize as finalization
 from api.stores.batch_feed import LEASE_S, IntakeOrder, launch, verdict
 from api.stores.batch_queue import BatchQueue
 from api.stores.files import FileStore
 from api.stores.listing import page
-from shared.queue import queued_tokens
 from shared.wire.anthropic.messages import MESSAGES_PATH
 from shared.wire.batch.batches import (
     COMPLETION_WINDOW_S,
@@ -50,7 +52,6 @@ from shared.wire.batch.batches import (
     BatchError,
     BatchList,
     BatchListQuery,
-    BatchOutputLine,
     LineResult,
     StoredBatch,
 )
@@ -63,16 +64,7 @@ if redis.call('HGET', KEYS[1], 'status') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'ending', ARGV[3], ARGV[2] .. '_at', ARGV[4])
 return 1
 """
-FINALIZE_LOCK_S = 60
 FINAL = FINAL_STATUSES
-UNANSWERED = {
-    "cancelled": ("batch_cancelled", "The batch was cancelled before this request finished."),
-    "expired": (
-        "batch_expired",
-        "This request could not be executed before the completion window expired.",
-    ),
-    "completed": ("batch_failed", "This request was not answered."),
-}
 
 
 _INTAKE_LOST = BatchError(
@@ -282,54 +274,6 @@ class BatchStore:
                 return False
             status = "finalizing"
         if status in ("finalizing", "cancelling"):
-            self._finalize(owner, stored)
+            finalization.start(self._broker, owner, stored)  # unless one holds the lock
             return True
         return False
-
-    def _finalize(self, owner: str, stored: StoredBatch) -> None:
-        lock = self._keys.batch_finalizing(stored.id)
-        if not self._redis.set(lock, 1, nx=True, ex=FINALIZE_LOCK_S):
-            return
-        try:
-            found: Any = self._redis.hmget(self._keys.batch(stored.id), ["status", "ending"])
-            status, ending = found
-            if status in (b"finalizing", b"cancelling"):
-                self._write_files(owner, stored, bytes(ending or b"completed").decode())
-        finally:
-            self._redis.delete(lock)
-
-    def _write_files(self, owner: str, stored: StoredBatch, ending: str) -> None:
-        raw: Any = self._redis.hgetall(self._keys.batch_results(stored.id))
-        results = {int(i): LineResult.model_validate_json(r) for i, r in raw.items()}
-        custom_ids: Any = self._redis.lrange(self._keys.batch_lines(stored.id), 0, -1)
-        code, message = UNANSWERED[ending]
-        parts: dict[str, list[str]] = {"output": [], "error": []}
-        tokens = [0, 0]
-        for index, custom_id in enumerate(custom_ids):
-            result = results.get(index) or LineResult(
-                part="error",
-                line=BatchOutputLine.unanswered(bytes(custom_id).decode(), code, message),
-            )
-            parts[result.part].append(result.line.model_dump_json())
-            tokens[0] += result.input_tokens
-            tokens[1] += result.output_tokens
-        ttl = stored.output_expires_after.seconds if stored.output_expires_after else None
-        fields: dict[FieldT, EncodableT] = {
-            "status": ending,
-            f"{ending}_at": int(time.time()),
-            "completed": len(parts["output"]),
-            "failed": len(parts["error"]),
-            "input_tokens": tokens[0],
-            "output_tokens": tokens[1],
-        }
-        for part, field in (("output", "output_file_id"), ("error", "error_file_id")):
-            if parts[part]:
-                content = ("\n".join(parts[part]) + "\n").encode()
-                name = f"{stored.id}_{part}.jsonl"
-                fields[field] = self._files.create(owner, name, "batch_output", content, ttl).id
-        pipe = self._redis.pipeline()
-        pipe.hset(self._keys.batch(stored.id), mapping=fields)
-        pipe.expire(self._keys.batch(stored.id), self._settings.batch_ttl_s)
-        pipe.delete(self._keys.batch_results(stored.id), self._keys.batch_lines(stored.id))
-        queued_tokens.release(pipe, self._keys, owner, stored.id)  # what lines did not give back
-        pipe.execute()

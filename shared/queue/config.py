@@ -124,6 +124,9 @@ class QueueSettings(BaseModel):
     # Stored responses (and their event logs), batches and files.
     response_ttl_s: int = Field(default=24 * 3600, ge=60)
     batch_ttl_s: int = Field(default=7 * 24 * 3600, ge=3600)
+    # A file's content is kept in chunks of at most this (api/stores/files.py): no file needs
+    # one Redis value (capped at 512 MB) as large as itself, and none is read or written whole.
+    file_chunk_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
 
     @property
     def replay_ttl_s(self) -> int:

@@ -84,12 +84,14 @@ Layout under the namespace `ns` (default "mlxq"):
     {ns}:response:{id}          hash  a stored response: owner, record
                                 (shared/wire/responses/responses.py), cancelled;
                                 TTL MLXQ_RESPONSE_TTL_S. Its events are the job's replay.
-    {ns}:file:{id}              hash  a file: owner, object (shared/wire/batch/files.py), content
+    {ns}:file:{id}              hash  a file: owner, object (shared/wire/batch/files.py), chunks,
+                                chunk:0, chunk:1... (api/stores/files.py; `content` before chunks)
     {ns}:files:{owner}          zset  the owner's file ids -> created_at
     {ns}:batch:{id}             hash  a batch: owner, record, status, *_at times, counters, file ids
     {ns}:batch:{id}:lines       list  the custom_id of every input line, in input order
     {ns}:batch:{id}:results     hash  line index -> its output or error line; the first write wins
-    {ns}:batch:{id}:finalizing  string  held by the API process that writes the output files
+    {ns}:batch:{id}:finalizing  string  held by the batch's finalizer process, which writes its
+                                output files (api/stores/batch_finalize.py); TTL 60 s, renewed
     {ns}:batches:{owner}        zset  the owner's batch ids -> created_at
     {ns}:ratelimit:{owner}      hash  an API key's rate-limit buckets (api/limits/rates.py):
                                 requests and tokens left, and when (Redis ms); TTL 60 s

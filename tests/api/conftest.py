@@ -1,6 +1,6 @@
 """Fixtures of the API's plumbing tests: the keys of the test's own namespace, a stand-in worker
-(tests/support.py) for it, and an app whose requests give up soon, for tests that read the queue
-meanwhile."""
+(tests/support.py) for it, an app whose requests give up soon, for tests that read the queue
+meanwhile, and one whose files are kept in small chunks."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from redis.client import PubSub
 from api import create_app
 from shared.queue.config import Settings
 from shared.queue.keys import Keys
-from tests.support import stand_in_worker
+from tests.support import SMALL_CHUNK, stand_in_worker
 
 
 @pytest.fixture
@@ -30,6 +30,16 @@ def stand_in(redis: Redis, keys: Keys) -> Iterator[tuple[Keys, PubSub]]:
     connection is the worker dying."""
     with stand_in_worker(redis, keys) as presence:
         yield keys, presence
+
+
+@pytest.fixture
+def chunked(app_settings: Settings) -> Iterator[FlaskClient]:
+    """A client of an app whose files are kept in chunks of SMALL_CHUNK bytes, so that a small
+    file is kept in several; its Redis connections are closed after the test (a streamed
+    response's ties to the app would leave them to the collector, which warns)."""
+    app = create_app(app_settings.model_copy(update={"file_chunk_bytes": SMALL_CHUNK}))
+    yield app.test_client()
+    app.extensions["mlxq.backend"].redis.close()
 
 
 @pytest.fixture

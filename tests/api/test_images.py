@@ -34,7 +34,15 @@ from shared.wire.chat.completions import ChatCompletionRequest
 from shared.wire.errors import InvalidRequestError
 from shared.wire.images import ImageLimits, check_images
 from tests.api.test_model_kinds import create_batch
-from tests.support import MODEL, STAND_IN, post, stand_in_worker, taken_in, waiting_in
+from tests.support import (
+    MODEL,
+    STAND_IN,
+    ended_message_batch,
+    post,
+    stand_in_worker,
+    taken_in,
+    waiting_in,
+)
 from worker.runtime.liveness.heartbeat import born
 
 LIMITS = ImageLimits(max_bytes=1 << 20, max_images=4, max_pixels=4096 * 4096)
@@ -460,6 +468,7 @@ def test_a_message_batch_request_with_an_image_ends_errored_naming_the_model(
     )
     assert created.status_code == 200, created.get_data(as_text=True)
     taken_in(redis, fleet, created.get_json()["id"])
+    ended_message_batch(http, created.get_json()["id"])  # finalized in a process of its own
     results = http.get(f"/v1/messages/batches/{created.get_json()['id']}/results")
     (result,) = [json.loads(line) for line in results.get_data(as_text=True).splitlines()]
     assert result["result"]["type"] == "errored"

@@ -27,6 +27,8 @@ from tests.support import (
     MODEL,
     STAND_IN,
     assert_openai_error,
+    ended_message_batch,
+    settled,
     stand_in_worker,
     taken_in,
     waiting_in,
@@ -128,8 +130,7 @@ def create_batch(
     reply = http.post("/v1/batches", json=body)
     assert reply.status_code == 200, reply.get_data(as_text=True)
     taken_in(redis, keys, reply.get_json()["id"])
-    batch: dict[str, Any] = http.get(f"/v1/batches/{reply.get_json()['id']}").get_json()
-    return batch
+    return settled(http, reply.get_json()["id"])
 
 
 def test_a_batch_line_naming_an_embedding_model_ends_at_once_as_an_error_line(
@@ -148,7 +149,7 @@ def test_a_batch_whose_every_line_names_an_embedding_model_ends_with_its_error_f
     http: FlaskClient, redis: Redis, fleet: Keys
 ) -> None:
     lines = [chat_line("a", EMBEDDER), chat_line("b", EMBEDDER)]
-    batch = create_batch(http, redis, fleet, lines)  # reading it settles it
+    batch = create_batch(http, redis, fleet, lines)  # reading it settles it, finalized elsewhere
     assert batch["status"] == "completed"
     assert batch["request_counts"] == {"total": 2, "completed": 0, "failed": 2}
     content = http.get(f"/v1/files/{batch['error_file_id']}/content").get_data(as_text=True)
@@ -171,8 +172,7 @@ def test_a_message_batch_request_naming_an_embedding_model_ends_errored(
     assert created.status_code == 200, created.get_data(as_text=True)
     batch_id = created.get_json()["id"]
     taken_in(redis, fleet, batch_id)
-    batch = http.get(f"/v1/messages/batches/{batch_id}").get_json()
-    assert batch["processing_status"] == "ended"
+    batch = ended_message_batch(http, batch_id)
     assert batch["request_counts"]["errored"] == 1
     results = http.get(f"/v1/messages/batches/{batch_id}/results").get_data(as_text=True)
     (result,) = [json.loads(line) for line in results.splitlines()]

@@ -26,7 +26,14 @@ from shared.queue.config import Settings
 from shared.queue.keys import Keys
 from shared.wire.errors import RateLimitError
 from tests.api.test_messages import assert_anthropic_error
-from tests.support import MODEL, assert_openai_error, batch_body, post_file, taken_in
+from tests.support import (
+    MODEL,
+    assert_openai_error,
+    batch_body,
+    post_file,
+    settled,
+    taken_in,
+)
 
 ALICE = {"Authorization": "Bearer sk-alice"}
 BOB = {"Authorization": "Bearer sk-bob"}
@@ -194,7 +201,7 @@ def test_open_batches_are_capped_per_key_until_one_ends(
     )
     http.post(f"/v1/batches/{first['id']}/cancel", headers=ALICE)
     taken_in(redis, stand_in[0], first["id"])  # it ends once its intake has stopped
-    assert http.get(f"/v1/batches/{first['id']}", headers=ALICE).get_json()["status"] == "cancelled"
+    assert settled(http, first["id"], headers=ALICE)["status"] == "cancelled"
     assert http.post("/v1/batches", json=batch_body(file_id), headers=ALICE).status_code == 200
 
 

@@ -1,13 +1,16 @@
 """/v1/messages/batches: Anthropic's Message Batches API (create, retrieve, list, cancel, delete,
-results as JSONL), on the Batch API's store and queues (shared/wire/anthropic/message_batches.py
-says how one maps onto the other). Errors take Anthropic's shape, as on every /v1/messages route.
+results as JSONL, streamed a chunk of the batch's files at a time), on the Batch API's store and
+queues (shared/wire/anthropic/message_batches.py says how one maps onto the other). Errors take
+Anthropic's shape, as on every /v1/messages route.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Iterator
 
-from flask import Blueprint, Response, url_for
+from flask import Blueprint, Response, stream_with_context, url_for
 
 from api.http.auth import owner_id
 from api.http.json_response import json_response
@@ -56,20 +59,18 @@ def _batch(batches: BatchStore, batch_id: str) -> Batch:
     return batch
 
 
-def _results(batch: Batch) -> list[IndividualResponse] | None:
-    """Every request's result in input order of the files, once the batch has ended."""
+def _results(batch: Batch) -> Iterator[IndividualResponse] | None:
+    """Every request's result in input order of the files, once the batch has ended: read a
+    chunk of its files at a time as the iterator is (the files are found, or a 404, now)."""
     if batch.status not in FINAL:
         return None
     if batch.status == "failed" and batch.errors is not None and batch.errors.data:
         error = batch.errors.data[0]
-        return [failed_result(c, error) for c in store().line_ids(batch.id)]
+        return (failed_result(c, error) for c in store().line_ids(batch.id))
     files = file_store()
-    found: list[IndividualResponse] = []
-    for file_id in (batch.output_file_id, batch.error_file_id):
-        if file_id is not None:
-            for line in files.content(owner_id(), file_id).decode().splitlines():
-                found.append(result_of(BatchOutputLine.model_validate_json(line)))
-    return found
+    found = [files.lines(owner_id(), f) for f in (batch.output_file_id, batch.error_file_id) if f]
+    lines = itertools.chain.from_iterable(found)
+    return (result_of(BatchOutputLine.model_validate_json(line)) for line in lines)
 
 
 def _view(batch: Batch) -> MessageBatch:
@@ -139,5 +140,5 @@ def batch_results(batch_id: str) -> Response:
             f"Message batch {batch_id} has not ended yet: its results come when it has.",
             param=None,
         )
-    lines = "".join(r.model_dump_json() + "\n" for r in results)
-    return Response(lines, mimetype="application/x-jsonl")
+    lines = (r.model_dump_json() + "\n" for r in results)
+    return Response(stream_with_context(lines), mimetype="application/x-jsonl")

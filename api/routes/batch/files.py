@@ -1,8 +1,8 @@
-"""/v1/files: upload (multipart, purpose=batch), retrieve, content, delete, list."""
+"""/v1/files: upload (multipart, purpose=batch), retrieve, content (streamed), delete, list."""
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response, request, stream_with_context
 from pydantic import ValidationError
 
 from api.backend import backend
@@ -27,7 +27,7 @@ MAX_FILENAME_CHARS = 255
 
 def store() -> FileStore:
     b = backend()
-    return FileStore(b.redis, b.keys, b.settings.batch_ttl_s, quotas())
+    return FileStore.of(b.redis, b.keys, b.settings, quotas())
 
 
 @bp.before_request
@@ -99,7 +99,11 @@ def retrieve_file(file_id: str) -> Response:
 
 @bp.get("/v1/files/<file_id>/content")
 def file_content(file_id: str) -> Response:
-    return Response(store().content(owner_id(), file_id), mimetype="application/octet-stream")
+    """The content, streamed a chunk at a time as Redis keeps it (a 404 before the first)."""
+    obj, chunks = store().read(owner_id(), file_id)
+    response = Response(stream_with_context(chunks), mimetype="application/octet-stream")
+    response.content_length = obj.bytes
+    return response
 
 
 @bp.delete("/v1/files/<file_id>")

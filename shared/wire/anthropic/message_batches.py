@@ -15,7 +15,8 @@ A request naming a model nobody serves ends `errored` alone, as Anthropic's does
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -173,9 +174,10 @@ def _when(seconds: int | None) -> datetime | None:
 
 
 def message_batch(
-    batch: Batch, results: list[IndividualResponse] | None, results_url: str
+    batch: Batch, results: Iterable[IndividualResponse] | None, results_url: str
 ) -> MessageBatch:
-    """The batch in Anthropic's terms; `results` (all of them) once it has ended."""
+    """The batch in Anthropic's terms; `results` (all of them, counted as they come) once it
+    has ended."""
     counts = RequestCounts(
         processing=batch.request_counts.total
         - batch.request_counts.completed
@@ -185,12 +187,12 @@ def message_batch(
     )
     ended = results is not None
     if results is not None:
-        kinds = [r.result.type for r in results]
+        kinds = Counter(r.result.type for r in results)
         counts = RequestCounts(
-            succeeded=kinds.count("succeeded"),
-            errored=kinds.count("errored"),
-            canceled=kinds.count("canceled"),
-            expired=kinds.count("expired"),
+            succeeded=kinds["succeeded"],
+            errored=kinds["errored"],
+            canceled=kinds["canceled"],
+            expired=kinds["expired"],
         )
     ended_at = batch.completed_at or batch.cancelled_at or batch.expired_at or batch.failed_at
     return MessageBatch(
