@@ -1,54 +1,21 @@
-"""The mlxq HTTP API: a Flask app factory that gunicorn calls (`api:create_app()`)."""
+"""The mlxq HTTP API: a Flask app factory that gunicorn calls (`api:create_app()`).
+
+The factory lives in api/app.py and is imported when it is called: a batch's own processes
+(api/stores/batch_process.py) import a few of the API's modules, and importing this package
+must not import every route with them (a second of each such process's start).
+"""
 
 from __future__ import annotations
 
-from flask import Flask
+from typing import TYPE_CHECKING
 
-from api.backend import Backend
-from api.http import auth, errors, exposure
-from api.limits import open_requests, quotas, shares
-from api.queue.broker import Broker
-from api.queue.roster import Roster
-from api.routes import (
-    chat,
-    completions,
-    embeddings,
-    fleet,
-    health,
-    metrics,
-    models,
-    openapi,
-    page,
-    responses,
-)
-from api.routes.anthropic import message_batches, messages
-from api.routes.batch import batches, files
-from api.stores import replicas
-from shared.queue.config import Settings
+if TYPE_CHECKING:
+    from flask import Flask
+
+    from shared.queue.config import Settings
 
 
 def create_app(settings: Settings | None = None) -> Flask:
-    settings = settings or Settings()
-    app = Flask(__name__)  # static files: the page's (api/routes/page.py, api/static/)
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    b = Backend(settings)
-    b.init_app(app)
-    served = Roster(b)
-    served.init_app(app)
-    Broker(b, served).init_app(app)
-    errors.init_app(app)
-    exposure.init_app(app, settings)  # before the key check
-    auth.init_app(app, settings, b.redis)
-    shares.init_app(app, b)
-    open_requests.init_app(app, b)
-    replicas.init_app(app, b)
-    quotas.init_app(app, b)
-    for blueprint in (chat.bp, completions.bp, models.bp, health.bp, openapi.bp):
-        app.register_blueprint(blueprint)
-    for blueprint in (responses.bp, files.bp, batches.bp, fleet.bp, embeddings.bp):
-        app.register_blueprint(blueprint)
-    for blueprint in (messages.bp, message_batches.bp):
-        app.register_blueprint(blueprint)
-    metrics.init_app(app, b)
-    page.init_app(app)
-    return app
+    from api.app import create_app as create
+
+    return create(settings)
