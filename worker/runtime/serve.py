@@ -159,6 +159,8 @@ def engine_settings(settings: Settings, kv: KVQuantization | None = None) -> Eng
         prefill_burst=settings.prefill_burst,
         kv_quantization=kv,
         speculation=speculation,
+        # The rows a slot may give a bulk job (worker/runtime/intake/slots.py `make_slots`).
+        job_rows=settings.batch_size - min(settings.interactive_slots, settings.batch_size - 1),
     )
 
 

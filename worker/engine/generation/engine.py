@@ -28,6 +28,7 @@ from shared.wire.generation.logprobs import TokenLogprob
 from worker.engine.batch.quantized_kv import KVQuantization
 from worker.engine.batch.token_batch import kv_form, open_batch, plain_kv
 from worker.engine.batch.types import Entry, PrefillBudget
+from worker.engine.generation.held_choices import HeldChoices
 from worker.engine.generation.step_output import (
     JobInBatch,
     Sequence,
@@ -74,7 +75,8 @@ class EngineSettings:
     more interactive sequences wait for a first token than decode
     (worker/engine/prefill_policy.py); `kv_quantization`: the slot batch keeps KV quantized
     (MLXQ_KV_BITS; None: in the model's dtype); `speculation`: each sequence drafts by prompt
-    lookup and the slot batch verifies the drafts (None: off).
+    lookup and the slot batch verifies the drafts (None: off); `job_rows`: the most rows one job's
+    choices hold at once (worker/engine/generation/held_choices.py; None: `rows`).
     """
 
     rows: int
@@ -87,6 +89,7 @@ class EngineSettings:
     prefill_burst: bool = True
     kv_quantization: KVQuantization | None = None
     speculation: Speculation | None = None
+    job_rows: int | None = None
 
 
 class Engine:
@@ -133,6 +136,7 @@ class Engine:
         self._jobs: dict[str, JobInBatch] = {}
         self._ready: list[StepOutput] = []  # outputs made at admission (prompts only scored)
         self._rows = s.rows
+        self._held = HeldChoices(s.job_rows or s.rows)
         self._staging: deque[StagedPrompt] = deque()  # oldest first
         self._scores: dict[tuple[str, int], list[TokenLogprob] | None] = {}  # scored-only jobs'
         self._interactive: set[int] = set()  # uids of interactive sequences, waiting or running
@@ -242,6 +246,20 @@ class Engine:
         start_of: dict[tuple[str, int], Reuse],
         scored: dict[tuple[str, int], list[TokenLogprob] | None],
     ) -> None:
+        running = {job_id: len(job.uids) for job_id, job in self._jobs.items()}
+        rows, held = self._held.admit(rows, running, start_of, scored)
+        for p, _ in held:  # a held choice keeps its job open, as a staged one does
+            self._jobs[p.job_id].staged += 1
+        if rows:
+            self._enter(rows, start_of, scored)
+
+    def _enter(
+        self,
+        rows: list[tuple[PreparedJob, int]],
+        start_of: dict[tuple[str, int], Reuse],
+        scored: dict[tuple[str, int], list[TokenLogprob] | None],
+    ) -> None:
+        """The rows into the batch, each a sequence of its own."""
         keys = [(p.job_id, p.choices[i].prompt) for p, i in rows]
         # Each choice gets a cache of its own, copied before the batch takes any of them.
         caches = [
@@ -315,12 +333,29 @@ class Engine:
                 self.remove([out.job_id])
             elif out.finish_reason is not None:
                 self._drop([r.uid])
-        self._stage(self._staging_tokens(budget))  # after the ends above: rows they freed
+        self._release_held()  # after the ends above: rows they freed
+        self._stage(self._staging_tokens(budget))
         outputs, self._ready = self._ready + outputs, []
         if self._prefixes is not None:
             for tokens, cache, sequence in finished:
                 self._prefixes.store(tokens, cache, sequence.scope, sequence.keep_on_disk)
         return outputs
+
+    def _release_held(self) -> None:
+        """Held choices enter for the rows their jobs' ended choices left; they start
+        prefilling in the next step."""
+        if not self._held:
+            return
+        for job_id in self._held.jobs():
+            job = self._jobs.get(job_id)
+            if job is None:
+                continue
+            room = self._held.share - len(job.uids)
+            if room <= 0:
+                continue
+            entering = self._held.release(job_id, room)
+            job.staged -= len(entering.rows)
+            self._enter(entering.rows, entering.starts, entering.scored)
 
     def _budget(self) -> PrefillBudget:
         """What this step may prefill (worker/engine/prefill_policy.py). Bulk work alone is
@@ -362,6 +397,7 @@ class Engine:
         self._pending = [p for p in self._pending if p.job_id not in job_ids]
         self._staging = deque(s for s in self._staging if s.job.job_id not in job_ids)
         self._scores = {k: v for k, v in self._scores.items() if k[0] not in job_ids}
+        self._held.drop(job_ids)
         for job_id in job_ids:
             job = self._jobs.pop(job_id, None)
             if job is not None:
