@@ -274,6 +274,7 @@ class BatchStore:
                 return False
             status = "finalizing"
         if status in ("finalizing", "cancelling"):
-            finalization.start(self._broker, owner, stored)  # unless one holds the lock
+            lines = int(fields.get("total", 0))
+            finalization.start(self._broker, owner, stored, lines)  # unless one holds the lock
             return True
         return False
