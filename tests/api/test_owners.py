@@ -54,7 +54,7 @@ def test_another_owners_response_is_a_404(
         assert isinstance(app.extensions["mlxq.broker"], Broker)
         request = ResponsesRequest(model="m", input="hi", background=True)
         stored = StoredResponse(id="resp_owned", created_at=1, background=True, request=request)
-        store.create("alice", stored)
+        store.create("alice", stored.id, store.record(stored))
     act_as(monkeypatch, "alice")
     assert http.get("/v1/responses/resp_owned").get_json()["id"] == "resp_owned"
     act_as(monkeypatch, "bob")

@@ -31,8 +31,9 @@ SCHEMA_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 _JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 GRAMMAR_CACHE_BYTES = 32 << 20
-# By the schema's digest and the parameter named in its 400, the grammar's text.
-_COMPILED: LRUCache[tuple[bytes, str], str] = LRUCache(GRAMMAR_CACHE_BYTES, getsizeof=len)
+# By the schema's digest, the grammar's text (which names no parameter: only a refusal does, and
+# refusals are not kept), so a schema a request carries under two names is compiled once.
+_COMPILED: LRUCache[bytes, str] = LRUCache(GRAMMAR_CACHE_BYTES, getsizeof=len)
 _COMPILED_LOCK = threading.Lock()
 
 
@@ -92,7 +93,7 @@ ResponseFormat = Annotated[
 def grammar_for_schema(schema: dict[str, Any], param: str) -> str:
     """The llguidance grammar for a JSON schema; a 400 naming `param` if it cannot be used."""
     text = json.dumps(schema, sort_keys=True)
-    key = (hashlib.blake2b(text.encode(), digest_size=16).digest(), param)
+    key = hashlib.blake2b(text.encode(), digest_size=16).digest()
     with _COMPILED_LOCK:
         found = _COMPILED.get(key)
     if found is None:
