@@ -15,14 +15,18 @@ step, and drops the lines and their results.
 A batch of at most INLINE_LINES lines is finalized by the read itself, before it answers: its
 files take milliseconds to write, where a process takes most of a second of a core to start.
 
-The lock is renewed with each page; a process that dies leaves it to expire (FINALIZE_LOCK_S),
-its half-written files unseen (their chunks expire with their TTL), and the next read starts
-finalization again.
+The lock holds a token of its finalizer's own and is renewed with each page; a process that dies
+leaves it to expire (FINALIZE_LOCK_S), its half-written files unseen (their chunks expire with
+their TTL), and the next read starts finalization again. A finalizer that finds its lock gone
+or another's (a page took longer than the lock lasts, and a later read started another) stops
+where it is, its files unwritten, rather than write the batch's files a second time; it never
+deletes or renews another's lock.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,6 +62,16 @@ UNANSWERED = {
 }
 # The statuses of a batch whose finalization is due or under way.
 ENDING = (b"finalizing", b"cancelling")
+# The lock renewed, or deleted (ARGV[2] empty), only while it holds this finalizer's token.
+_IF_MINE = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then return redis.call('del', KEYS[1]) end
+return redis.call('expire', KEYS[1], ARGV[2])
+"""
+
+
+class LockLost(Exception):
+    """The batch's finalizing lock expired under this finalizer, or another holds it now."""
 
 
 @dataclass(frozen=True)
@@ -67,15 +81,16 @@ class FinalizeOrder:
     settings: Settings
     owner: str
     stored: StoredBatch
+    lock_token: str  # what the batch's finalizing lock holds while this finalization has it
 
 
 def start(broker: Broker, owner: str, stored: StoredBatch, lines: int) -> bool:
     """Take the batch's finalizing lock and finalize it (of `lines` lines), here if it is small,
     else in its finalizer process; False where one holds the lock already."""
-    lock = broker.keys.batch_finalizing(stored.id)
-    if not broker.redis.set(lock, 1, nx=True, ex=FINALIZE_LOCK_S):
+    lock, token = broker.keys.batch_finalizing(stored.id), secrets.token_hex(16)
+    if not broker.redis.set(lock, token, nx=True, ex=FINALIZE_LOCK_S):
         return False
-    order = FinalizeOrder(settings=broker.settings, owner=owner, stored=stored)
+    order = FinalizeOrder(settings=broker.settings, owner=owner, stored=stored, lock_token=token)
     if lines <= INLINE_LINES:
         try:
             Finalizer(order, broker).run()
@@ -116,16 +131,25 @@ class Finalizer:
         self._redis, self._keys = broker.redis, broker.keys
         quotas = Quotas(broker.redis, broker.keys, order.settings)
         self._files = FileStore.of(broker.redis, broker.keys, order.settings, quotas)
+        self._lock_script = broker.redis.register_script(_IF_MINE)
 
     def run(self) -> None:
         """Finalize the batch if it is still due; the lock goes once it has ended (a failure
         leaves it to expire: the next read tries again then)."""
-        lock = self._keys.batch_finalizing(self._stored.id)
         found: Any = self._redis.hmget(self._keys.batch(self._stored.id), ["status", "ending"])
         status, ending = found
         if status in ENDING:
             self._finalize(bytes(ending or b"completed").decode())
-        self._redis.delete(lock)
+        self._if_mine("")  # another's lock, taken over since, stays
+
+    def _renew(self) -> None:
+        if not self._if_mine(FINALIZE_LOCK_S):
+            raise LockLost(f"batch {self._stored.id}'s finalizing lock is no longer this one's")
+
+    def _if_mine(self, expire_s: int | str) -> bool:
+        """Renew the lock for `expire_s` ("": delete it) if it is still this finalizer's."""
+        lock = self._keys.batch_finalizing(self._stored.id)
+        return bool(self._lock_script(keys=[lock], args=[self._order.lock_token, expire_s]))
 
     def _finalize(self, ending: str) -> None:
         owner, stored = self._order.owner, self._stored
@@ -171,7 +195,6 @@ class Finalizer:
         code, message = UNANSWERED[ending]
         lines_key = self._keys.batch_lines(self._stored.id)
         results_key = self._keys.batch_results(self._stored.id)
-        lock = self._keys.batch_finalizing(self._stored.id)
         start = 0
         while True:
             custom_ids: Any = self._redis.lrange(lines_key, start, start + PAGE_LINES - 1)
@@ -185,7 +208,7 @@ class Finalizer:
                 else:
                     line = BatchOutputLine.unanswered(bytes(custom_id).decode(), code, message)
                     yield LineResult(part="error", line=line)
-            self._redis.expire(lock, FINALIZE_LOCK_S)
+            self._renew()
             start += len(custom_ids)
 
 

@@ -14,14 +14,17 @@ import json
 import time
 from typing import Any
 
+import pytest
+from flask import Flask
 from flask.testing import FlaskClient
 from redis import Redis
 from redis.client import PubSub
 
-from api.stores.batch_finalize import PAGE_LINES
+from api.http.auth import ANONYMOUS
+from api.stores.batch_finalize import PAGE_LINES, FinalizeOrder, Finalizer, LockLost
 from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
-from shared.wire.batch.batches import BatchOutputLine, LineResult
+from shared.wire.batch.batches import BatchOutputLine, LineResult, StoredBatch
 from tests.api.test_files_in_chunks import chunks_kept, download
 from tests.support import (
     CHAT,
@@ -124,19 +127,47 @@ def test_a_message_batchs_results_are_streamed_once_it_has_ended(
     assert {r["result"]["type"] for r in results} == {"succeeded"}
 
 
-def test_a_read_starts_no_finalizer_while_one_holds_the_lock_and_one_once_it_has_expired(
-    http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
-) -> None:
-    """A finalizer that died leaves its lock to expire; until then no read starts another."""
-    keys, _ = stand_in
+def _three_answered_lines(http: FlaskClient, redis: Redis, keys: Keys) -> tuple[str, str]:
+    """A batch of three lines, each answered and recorded, not yet read since: its input
+    file's id and its own."""
     data = "\n".join(json.dumps(chat_line(f"r{i}", "Hi", max_tokens=1)) for i in range(3))
     file_id = post_file(http, data.encode()).get_json()["id"]
     body = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"}
     batch_id = http.post("/v1/batches", json=body).get_json()["id"]
     taken_in(redis, keys, batch_id)
     assert len(_answer_every_queued_line(redis, keys)) == 3, redis.hgetall(keys.batch(batch_id))
+    return file_id, batch_id
+
+
+def test_a_read_starts_no_finalizer_while_one_holds_the_lock_and_one_once_it_has_expired(
+    http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
+) -> None:
+    """A finalizer that died leaves its lock to expire; until then no read starts another."""
+    keys, _ = stand_in
+    _, batch_id = _three_answered_lines(http, redis, keys)
     redis.set(keys.batch_finalizing(batch_id), 1, px=int(HELD_S * 1000))  # a finalizer that died
     for _ in range(3):
         assert http.get(f"/v1/batches/{batch_id}").get_json()["status"] == "finalizing"
         time.sleep(HELD_S / 3)  # time enough for a finalizer started meanwhile to end
     assert settled(http, batch_id)["status"] == "completed"
+
+
+def test_a_finalizer_whose_lock_another_holds_now_stops_and_writes_no_file(
+    app: Flask, http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub]
+) -> None:
+    """A finalizer whose lock expired under it (a page outlasted the lock) and was taken by
+    another stops at its next page: no second set of files, and the other's lock stays."""
+    keys, _ = stand_in
+    file_id, batch_id = _three_answered_lines(http, redis, keys)
+    lock = keys.batch_finalizing(batch_id)
+    redis.set(lock, "the other finalizer's", ex=60)
+    assert http.get(f"/v1/batches/{batch_id}").get_json()["status"] == "finalizing"
+    stored = StoredBatch.model_validate_json(redis.hget(keys.batch(batch_id), "record"))  # type: ignore[arg-type]
+    with app.app_context():
+        broker = app.extensions["mlxq.broker"]
+        order = FinalizeOrder(broker.settings, ANONYMOUS, stored, lock_token="this one's")
+        with pytest.raises(LockLost):
+            Finalizer(order, broker).run()
+    assert redis.get(lock) == b"the other finalizer's"
+    assert http.get(f"/v1/batches/{batch_id}").get_json()["output_file_id"] is None
+    assert [f["id"] for f in http.get("/v1/files").get_json()["data"]] == [file_id]
