@@ -204,3 +204,23 @@ def test_the_link_rate_follows_what_fetches_measure_until_it_is_old() -> None:
     rule.measured_at -= RECOVER_S  # a slow link is tried again, at the configured rate
     assert rule.rate() == 100e6
     assert rule.wait_s(gain=2000, tokens=2000) is not None
+
+
+def test_a_file_being_lent_is_not_removed_by_a_longer_write_of_its_chain_meanwhile(
+    model: Any, tmp_path: Path
+) -> None:
+    holder = _cache(tmp_path, model)
+    tier = holder.disk
+    assert tier is not None
+    longer = HeldPrompt(UNSCOPED, [*HISTORY, *range(60, 90)])
+    write = tier._write
+
+    def then_the_writer_writes_the_longer(held: HeldPrompt, cache: Any, chained: bool) -> int:
+        written = write(held, cache, chained)
+        if held.tokens == HISTORY:  # the lend's file is indexed: the writer's thread goes now
+            write(longer, _finished(model, longer.tokens), chained=True)
+        return written
+
+    tier._write = then_the_writer_writes_the_longer  # type: ignore[method-assign]
+    path = tier.write_now(HeldPrompt(UNSCOPED, HISTORY), _finished(model, HISTORY))
+    assert path is not None and path.exists()

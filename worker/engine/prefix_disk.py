@@ -205,11 +205,13 @@ class DiskTier:
     def write_now(self, held: HeldPrompt, cache: list[Any]) -> Path | None:
         """Write `held`'s cache on this thread (a copy already on disk is only touched), for
         a thread that needs the file at once: the file, or None if it could not be written."""
+        # Marked lent before it is indexed: the writer's thread, writing a longer cache of the
+        # same chain meanwhile, would otherwise remove it as replaced before it is sent.
+        with self._lock:
+            self._lent[file_name(held)] = time.monotonic()
         try:
             mx.eval([c.state for c in cache])
             self._write(held, cache, chained=False)
-            with self._lock:
-                self._lent[file_name(held)] = time.monotonic()
         except Exception as err:  # a full disk (MLX's save raises RuntimeError), a gone folder
             log.warning("prefix cache: could not write a cache to %s: %s", self._dir, err)
             return None
