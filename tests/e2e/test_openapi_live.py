@@ -4,8 +4,11 @@ valid requests that do generate get no 5xx and a response that matches /openapi.
 To keep the worker's time bounded (prefill on two CPU cores is slow), each generated generation
 request is pinned to the served model, to at most `MAX_TOKENS` tokens and 2 choices, and to a
 short prompt (the first few messages, each text cut to `MAX_CHARS`); parameters whose validity
-spans fields are dropped; everything else in it is as generated. The
-broad fuzzing (hundreds of requests per route, invalid ones included) is tests/api/test_openapi.py.
+spans fields are dropped; everything else in it is as generated. The requests are the
+document's examples and schemathesis's coverage phase (each field's boundary values, the odd
+valid requests a worker must survive); its random fuzzing phase, which took most of this module's
+time for a tenth of its generations, runs in-process in tests/api/test_openapi.py, with the broad
+fuzzing (hundreds of requests per route, invalid ones included).
 """
 
 from __future__ import annotations
@@ -27,8 +30,6 @@ from schemathesis.specs.openapi.checks import (
 from api.routes.openapi import document
 from tests.support import MODEL
 
-# Per operation; the same every run (the test profile derandomizes: tests/conftest.py).
-EXAMPLES = 10
 MAX_TOKENS = 3
 MAX_MESSAGES = 3
 MAX_CHARS = 120
@@ -42,6 +43,7 @@ statuses: dict[str, collections.Counter[int]] = collections.defaultdict(collecti
 
 schema = schemathesis.openapi.from_dict(document()).exclude(path="/openapi.json")
 schema.config.generation.update(modes=[GenerationMode.POSITIVE])
+schema.config.phases.update(phases=["examples", "coverage"])  # the same requests every run
 
 
 def shorten(message: Any) -> Any:
@@ -99,7 +101,7 @@ def pin(body: dict[str, Any], path: str) -> None:
 
 
 @schema.parametrize()
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(deadline=None, suppress_health_check=list(HealthCheck))
 def test_generated_requests_to_the_live_stack(
     case: Any, api_url: str, client: openai.OpenAI
 ) -> None:

@@ -197,7 +197,10 @@ def test_when_its_link_goes_down_it_drops_out_and_loses_nothing(
     events = [decode_event(e) for e in redis.lrange(cluster.keys.replay(background["id"]), 0, -1)]
     assert events[0] == RequeuedEvent(attempt=2)
     assert sum(isinstance(e, DoneEvent) for e in events) == 1
-    assert len(rq_job(redis, background["id"]).results()) == 1
+    # RQ saves the job's result a moment after the answer is published and stored.
+    job = rq_job(redis, background["id"])
+    wait_until(lambda: len(job.results()) > 0, 30, "the bulk job's result")
+    assert len(job.results()) == 1
     assert fleet_workers(cluster) == {local.worker_id: fleet_workers(cluster)[local.worker_id]}
 
     link.ip("link", "set", link.host_side, "up")
