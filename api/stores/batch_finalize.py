@@ -12,8 +12,10 @@ chunk to Redis at a time, so it never holds a whole file, and no file needs one 
 large as itself); then it sets the final status, the counts, the tokens and the file ids in one
 step, and drops the lines and their results.
 
-A batch of at most INLINE_LINES lines is finalized by the read itself, before it answers: its
-files take milliseconds to write, where a process takes most of a second of a core to start.
+A batch of at most INLINE_LINES lines whose lines and answers hold at most INLINE_BYTES in Redis
+is finalized by the read itself, before it answers: its files take milliseconds to write, where a
+process takes most of a second of a core to start. A few lines of long answers are not small:
+their bytes, not their count, are the work.
 
 The lock holds a token of its finalizer's own and is renewed with each page; a process that dies
 leaves it to expire (FINALIZE_LOCK_S), its half-written files unseen (their chunks expire with
@@ -51,6 +53,9 @@ FINALIZE_LOCK_S = 60
 PAGE_LINES = 1000
 # A batch this small is finalized on the read's own hub: about 10 ms of work (50 us a line).
 INLINE_LINES = 200
+# ... and whose lines and answers hold at most this in Redis (200 lines of eight-word answers
+# hold 87 KB).
+INLINE_BYTES = 1 << 20
 # The error line of a line never answered, by the batch's final status.
 UNANSWERED = {
     "cancelled": ("batch_cancelled", "The batch was cancelled before this request finished."),
@@ -68,6 +73,15 @@ if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
 if ARGV[2] == '' then return redis.call('del', KEYS[1]) end
 return redis.call('expire', KEYS[1], ARGV[2])
 """
+
+
+def _small(broker: Broker, batch_id: str, lines: int) -> bool:
+    """Whether the batch is small enough to finalize on the read's hub (module docstring)."""
+    if lines > INLINE_LINES:
+        return False
+    keys = (broker.keys.batch_lines(batch_id), broker.keys.batch_results(batch_id))
+    held = sum(int(broker.redis.memory_usage(key, samples=0) or 0) for key in keys)
+    return held <= INLINE_BYTES
 
 
 class LockLost(Exception):
@@ -91,7 +105,7 @@ def start(broker: Broker, owner: str, stored: StoredBatch, lines: int) -> bool:
     if not broker.redis.set(lock, token, nx=True, ex=FINALIZE_LOCK_S):
         return False
     order = FinalizeOrder(settings=broker.settings, owner=owner, stored=stored, lock_token=token)
-    if lines <= INLINE_LINES:
+    if _small(broker, stored.id, lines):
         try:
             Finalizer(order, broker).run()
         except Exception:  # as a process's failure: its lock expires, a later read tries again

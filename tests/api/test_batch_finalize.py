@@ -21,7 +21,13 @@ from redis import Redis
 from redis.client import PubSub
 
 from api.http.auth import ANONYMOUS
-from api.stores.batch_finalize import PAGE_LINES, FinalizeOrder, Finalizer, LockLost
+from api.stores.batch_finalize import (
+    INLINE_BYTES,
+    PAGE_LINES,
+    FinalizeOrder,
+    Finalizer,
+    LockLost,
+)
 from shared.queue.jobs import GenerationJob
 from shared.queue.keys import Keys
 from shared.wire.batch.batches import BatchOutputLine, LineResult, StoredBatch
@@ -48,20 +54,22 @@ ANSWER_S = 1.0
 HELD_S = 4.5
 
 
-def _answer(custom_id: str) -> LineResult:
-    body = {"object": "chat.completion", "choices": [{"message": {"content": f"{custom_id} " * 8}}]}
+def _answer(custom_id: str, content: str = "") -> LineResult:
+    content = content or f"{custom_id} " * 8
+    body = {"object": "chat.completion", "choices": [{"message": {"content": content}}]}
     line = BatchOutputLine.answered(custom_id, 200, body)
     return LineResult(part="output", line=line, input_tokens=3, output_tokens=5)
 
 
-def _answer_every_queued_line(redis: Redis, keys: Keys) -> dict[int, LineResult]:
-    """Record an answer to every queued line as its worker would; the answers by line index."""
+def _answer_every_queued_line(redis: Redis, keys: Keys, content: str = "") -> dict[int, LineResult]:
+    """Record an answer to every queued line as its worker would (`content`: each answer's
+    text, else a short one naming its line); the answers by line index."""
     lines = BatchLines(redis, keys)
     answers: dict[int, LineResult] = {}
     for job_id in queued_ids(redis, keys, MODEL, "batch"):
         job = GenerationJob.model_validate(rq_job(redis, job_id).args[0])
         assert job.batch_line is not None
-        answers[job.batch_line.index] = _answer(job.batch_line.custom_id)
+        answers[job.batch_line.index] = _answer(job.batch_line.custom_id, content)
         assert lines.record(job, answers[job.batch_line.index])
     return answers
 
@@ -127,16 +135,31 @@ def test_a_message_batchs_results_are_streamed_once_it_has_ended(
     assert {r["result"]["type"] for r in results} == {"succeeded"}
 
 
-def _three_answered_lines(http: FlaskClient, redis: Redis, keys: Keys) -> tuple[str, str]:
-    """A batch of three lines, each answered and recorded, not yet read since: its input
-    file's id and its own."""
+def _three_answered_lines(
+    http: FlaskClient, redis: Redis, keys: Keys, content: str = ""
+) -> tuple[str, str]:
+    """A batch of three lines, each answered (with `content`) and recorded, not yet read since:
+    its input file's id and its own."""
     data = "\n".join(json.dumps(chat_line(f"r{i}", "Hi", max_tokens=1)) for i in range(3))
     file_id = post_file(http, data.encode()).get_json()["id"]
     body = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"}
     batch_id = http.post("/v1/batches", json=body).get_json()["id"]
     taken_in(redis, keys, batch_id)
-    assert len(_answer_every_queued_line(redis, keys)) == 3, redis.hgetall(keys.batch(batch_id))
+    answered = _answer_every_queued_line(redis, keys, content)
+    assert len(answered) == 3, redis.hgetall(keys.batch(batch_id))
     return file_id, batch_id
+
+
+@pytest.mark.parametrize("long_answers", [False, True])
+def test_a_small_batch_is_finalized_by_its_read_unless_its_answers_hold_many_bytes(
+    http: FlaskClient, redis: Redis, stand_in: tuple[Keys, PubSub], long_answers: bool
+) -> None:
+    keys, _ = stand_in
+    content = "word " * (INLINE_BYTES // 10) if long_answers else ""  # 3 x half of INLINE_BYTES
+    _, batch_id = _three_answered_lines(http, redis, keys, content)
+    read = http.get(f"/v1/batches/{batch_id}").get_json()
+    assert read["status"] == ("finalizing" if long_answers else "completed")
+    assert settled(http, batch_id)["request_counts"]["completed"] == 3
 
 
 def test_a_read_starts_no_finalizer_while_one_holds_the_lock_and_one_once_it_has_expired(
