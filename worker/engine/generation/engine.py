@@ -246,7 +246,7 @@ class Engine:
         start_of: dict[tuple[str, int], Reuse],
         scored: dict[tuple[str, int], list[TokenLogprob] | None],
     ) -> None:
-        running = {job_id: len(job.uids) for job_id, job in self._jobs.items()}
+        running = {p.job_id: len(self._jobs[p.job_id].uids) for p, _ in rows}
         rows, held = self._held.admit(rows, running, start_of, scored)
         for p, _ in held:  # a held choice keeps its job open, as a staged one does
             self._jobs[p.job_id].staged += 1

@@ -35,7 +35,6 @@ class _Waiting:
     rows: deque[Row] = field(default_factory=deque)
     starts: dict[Key, Reuse] = field(default_factory=dict)
     scored: dict[Key, list[TokenLogprob] | None] = field(default_factory=dict)
-    left: Counter[Key] = field(default_factory=Counter)  # held choices per prompt
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,6 @@ class HeldChoices:
             waiting.starts[key] = Reuse(cache, start.tokens, start.hits)
             waiting.scored[key] = scored
         waiting.rows.append(row)
-        waiting.left[key] += 1
 
     def __bool__(self) -> bool:
         return bool(self._waiting)
@@ -108,9 +106,8 @@ class HeldChoices:
         rows = [waiting.rows.popleft() for _ in range(min(room, len(waiting.rows)))]
         starts: dict[Key, Reuse] = {}
         for key in dict.fromkeys(key_of(row) for row in rows):
-            waiting.left[key] -= sum(1 for row in rows if key_of(row) == key)
             held = waiting.starts[key]
-            if waiting.left[key]:
+            if any(key_of(row) == key for row in waiting.rows):  # more of its choices wait
                 starts[key] = Reuse(copy.deepcopy(held.cache), held.tokens, held.hits)
             else:
                 starts[key] = waiting.starts.pop(key)
