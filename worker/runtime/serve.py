@@ -14,6 +14,7 @@ EXIT_BURIED when other workers declared this one dead (it hung or slept) and too
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import socket
@@ -85,6 +86,9 @@ EXIT_WEDGED = 70  # EX_SOFTWARE
 EXIT_BURIED = 75  # EX_TEMPFAIL
 PRESENCE_WAIT_S = 10.0
 LEND_JOIN_S = 5.0  # a lend in progress: its file's write, then its push
+# A stop still going this long after the drain writes every thread's stack to the log: a stop
+# was seen to hang there (before "stopped") until the pool's SIGKILL at 45 s, and said nothing.
+STOP_DUMP_S = 20.0
 
 
 def resolve_model(settings: Settings) -> tuple[str, str]:
@@ -334,6 +338,7 @@ def serve(settings: Settings) -> None:
         log.exception("the engine loop crashed")
         die(EXIT_WEDGED, "the engine loop crashed")
     stepping.set()
+    faulthandler.dump_traceback_later(STOP_DUMP_S)
     left = stop_slots(slots, wait_s=LEAVE_S)
     why = "the worker shut down before finishing it"
     try:
@@ -345,6 +350,7 @@ def serve(settings: Settings) -> None:
         return
     finally:  # its jobs handed on first: they need not wait for the disk
         keep_on_disk(prefixes, lending)
+    faulthandler.cancel_dump_traceback_later()
     log.info("worker %s stopped (%d jobs handed back)", worker_id, handed)
 
 
